@@ -1,0 +1,74 @@
+"""The Celery configuration that producer and workers share: JSON only, late acks, no results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from fleetgen.contract import QUEUE, TASK_NAME
+
+# Default visibility timeout: longer than the worst task (every attempt timing out plus
+# backoff, see WorkerSettings). A SIGKILLed worker's prompts come back after this; a worker
+# stopped with SIGTERM hands them back at once through soft shutdown.
+DEFAULT_VISIBILITY_TIMEOUT_S = 7200
+
+
+def celery_config(
+    redis_url: str, *, visibility_timeout_s: float, max_connections: int = 64
+) -> dict[str, Any]:
+    transport = {
+        "visibility_timeout": visibility_timeout_s,
+        "max_connections": max_connections,
+        "socket_keepalive": True,
+        "health_check_interval": 15,
+        "socket_connect_timeout": 10,
+        "socket_timeout": 30,
+        "retry_on_timeout": True,
+    }
+    return {
+        "broker_url": redis_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "broker_pool_limit": max_connections,
+        # JSON only: pickle executes code on load.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # Outcomes go to the run's stream, never to a result backend.
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_store_errors_even_if_ignored": False,
+        # Late ack + prefetch 1: a worker holds exactly `concurrency` prompts, and a killed
+        # worker's prompts are redelivered.
+        "task_acks_late": True,
+        "worker_prefetch_multiplier": 1,
+        "task_acks_on_failure_or_timeout": True,
+        "task_reject_on_worker_lost": False,
+        "task_default_queue": QUEUE,
+        "task_routes": {TASK_NAME: {"queue": QUEUE}},
+        "task_create_missing_queues": True,
+        # A stopped worker requeues what it holds instead of leaving it to the timeout.
+        "worker_soft_shutdown_timeout": 30.0,
+        "worker_enable_soft_shutdown_on_idle": True,
+        # After a Redis blip, don't keep running prompts that will be redelivered anyway.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": False,
+        "worker_hijack_root_logger": False,
+        "broker_channel_error_retry": True,
+    }
+
+
+def make_app(redis_url: str, *, visibility_timeout_s: float, max_connections: int = 64) -> Celery:
+    app = Celery("fleetgen", set_as_current=False)
+    app.conf.update(
+        celery_config(
+            redis_url, visibility_timeout_s=visibility_timeout_s, max_connections=max_connections
+        )
+    )
+    # Celery's app-level copy of the timeout (used by its own redis bits) must match.
+    app.conf.visibility_timeout = visibility_timeout_s
+    return app

@@ -1,0 +1,67 @@
+"""The `fleetgen` command: one parser with a subcommand per role, and one error policy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+import redis
+
+from fleetgen import __version__, exitcodes
+from fleetgen.redisconn import ConfigError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fleetgen import cmd_demo, cmd_drain, cmd_produce, cmd_sim, cmd_status
+
+    parser = argparse.ArgumentParser(
+        prog="fleetgen",
+        description="Generate completions for huge prompt sets on a fleet of SGLang servers: "
+                    "exact token budgets, every row written exactly once, resumable.",
+        epilog="Start with `fleetgen demo`. Every command reads the Redis URL from "
+               "FLEETGEN_REDIS_URL unless --redis is given.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_sim):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        print(f"fleetgen {args.command}: {exc}", file=sys.stderr)
+        return exitcodes.CONFIG
+    except redis.AuthenticationError:
+        print(f"fleetgen {args.command}: Redis refused the password; check FLEETGEN_REDIS_URL",
+              file=sys.stderr)
+        return exitcodes.UNAVAILABLE
+    except redis.ConnectionError as exc:
+        print(f"fleetgen {args.command}: cannot reach Redis ({_no_secret(exc)}); check "
+              "FLEETGEN_REDIS_URL or --redis", file=sys.stderr)
+        return exitcodes.UNAVAILABLE
+    except KeyboardInterrupt:
+        print(f"fleetgen {args.command}: interrupted; run the same command again to resume",
+              file=sys.stderr)
+        return exitcodes.INTERRUPTED
+
+
+def _no_secret(exc: Exception) -> str:
+    # redis-py's messages name host and port, never the password; keep only the first line.
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def entrypoint() -> None:
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`fleetgen demo`: the whole pipeline on one machine, on an embedded Valkey and simulated GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetgen import exitcodes
+from fleetgen.cmd_produce import add_producer_options, produce, sampling_from
+from fleetgen.fleet import FleetSpec, LocalFleet
+from fleetgen.redisconn import ConfigError, connect
+
+OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run the whole pipeline here, on simulated GPUs",
+                       description="Starts an embedded Valkey, N simulated SGLang servers and "
+                       "N Celery workers, produces the prompts, drains the results to --out, "
+                       "prints the summary and stops everything it started.")
+    p.add_argument("--prompts", type=Path, help="prompt file (default: the bundled sample)")
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output dir (out/demo)")
+    p.add_argument("--gpus", type=int, default=8, help="simulated GPUs (8)")
+    p.add_argument("--context-length", type=int, default=8192, help="server context (8192)")
+    p.add_argument("--slots", type=int, default=32, help="running requests per server (32)")
+    p.add_argument("--tpot-ms", type=float, default=1.0, help="simulated ms per token (1)")
+    p.add_argument("--output-tokens-mean", type=int, default=200,
+                   help="simulated mean completion length (200)")
+    add_producer_options(p, demo=True)
+    p.set_defaults(handler=run)
+
+
+def sample_prompts() -> Path:
+    return Path(str(resources.files("fleetgen") / "data" / "sample_prompts.jsonl"))
+
+
+def _prepare_out(out: Path) -> None:
+    """The demo overwrites only an earlier demo's output, never another run's."""
+    summary = out / "summary.json"
+    if summary.exists():
+        run = orjson.loads(summary.read_bytes()).get("run", "")
+        if not str(run).startswith("demo-"):
+            raise ConfigError(f"{out} holds the output of run {run!r}; pick another --out")
+    elif any((out / name).exists() for name in OUTPUT_FILES):
+        raise ConfigError(f"{out} already holds output files; pick another --out")
+    for name in (*OUTPUT_FILES, ".fleetgen-run"):
+        (out / name).unlink(missing_ok=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = args.prompts or sample_prompts()
+    if not prompts.exists():
+        raise ConfigError(f"prompt file not found: {prompts}")
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus must be at least 1, got {args.gpus}")
+    _prepare_out(args.out)
+    spec = FleetSpec(gpus=args.gpus, context_length=args.context_length,
+                     max_running_requests=args.slots, tpot_ms=args.tpot_ms,
+                     output_tokens_mean=args.output_tokens_mean)
+    with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:
+        fleet = LocalFleet(Path(tmp), spec)
+        try:
+            print(f"fleetgen demo: starting Valkey, {args.gpus} simulated GPUs and "
+                  f"{args.gpus} workers ...", flush=True)
+            fleet.start()
+            summary = _run_pipeline(fleet, args, prompts)
+        finally:
+            fleet.stop()
+    print(summary_table(summary, args.out))
+    return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+
+
+def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path) -> dict[str, Any]:
+    from producer.settings import ProducerSettings
+    from workers.drainer import Drainer
+
+    run_name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    settings = ProducerSettings(
+        input=prompts, run=run_name, redis_url=fleet.redis_url, tokenizer=args.tokenizer,
+        context_length=args.context_length, max_output_tokens=args.max_output_tokens,
+        min_output_tokens=args.min_output_tokens, margin=args.margin,
+        sampling=sampling_from(args), high_water=args.high_water, batch_size=args.batch_size)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=_produce_in_thread, args=(settings, errors), daemon=True)
+    thread.start()
+    drainer = Drainer(connect(fleet.redis_url), run_name, args.out)
+    drainer.recover()
+    bar = _progress_bar()
+
+    def on_progress(d: Drainer) -> None:
+        if errors:
+            raise errors[0]
+        total = d.manifest().get("total")
+        if bar is not None:
+            bar.total = int(total) if total else None
+            bar.update(d.tally.written - bar.n)
+
+    try:
+        drainer.run_until_complete(on_progress=on_progress)
+    finally:
+        drainer.close()
+        if bar is not None:
+            bar.close()
+    thread.join(timeout=5)
+    return drainer.write_summary()
+
+
+def _produce_in_thread(settings: Any, errors: list[BaseException]) -> None:
+    try:
+        produce(settings)
+    except BaseException as exc:  # handed to the main thread, which reports it
+        errors.append(exc)
+
+
+def _progress_bar() -> Any:
+    from tqdm import tqdm
+
+    return tqdm(desc="rows written", unit=" rows", file=sys.stderr, dynamic_ncols=True)
+
+
+def summary_table(s: dict[str, Any], out: Path) -> str:
+    rows = [("run", s["run"]), ("rows", s["total"]), ("done", s["done"]),
+            ("failed", s["failed"]), ("rejected", s["rejected"]),
+            ("truncated (finish=length)", s["truncated"]),
+            ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),
+            ("wall time", f"{s['wall_s']} s"), ("rows/s", s["rows_per_s"]),
+            ("completion tokens/s", s["completion_tokens_per_s"]),
+            ("complete", "yes" if s["complete"] else "NO"), ("output", str(out))]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

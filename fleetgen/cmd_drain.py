@@ -1,0 +1,54 @@
+"""`fleetgen drain`: write a run's outcomes from its stream to JSONL files, exactly once."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetgen import exitcodes
+from fleetgen.redisconn import connect, redis_url
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("drain", help="write a run's results to JSONL files",
+                       description="Read the run's stream and append whole lines to "
+                       "results.jsonl, failures.jsonl and rejected.jsonl in --out; exits when "
+                       "every row is written, unless --follow. Safe to kill and restart.")
+    p.add_argument("--run", required=True)
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    p.add_argument("--follow", action="store_true", help="keep running after the run completes")
+    p.add_argument("--batch", type=int, default=512, help="entries written per fsync (512)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from workers.drainer import Drainer
+
+    client = connect(redis_url(args.redis))
+    drainer = Drainer(client, args.run, args.out, batch=args.batch)
+    stopping = _stop_flag()
+    drainer.recover()
+    try:
+        drainer.run_until_complete(follow=args.follow, should_stop=lambda: stopping[0])
+    finally:
+        drainer.close()
+    summary = drainer.write_summary()
+    sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return exitcodes.OK if summary["complete"] or args.follow else exitcodes.INCOMPLETE
+
+
+def _stop_flag() -> list[bool]:
+    """SIGTERM finishes the current batch and exits cleanly (nothing half-written)."""
+    flag = [False]
+
+    def _stop(*_: Any) -> None:
+        flag[0] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    return flag

@@ -1,0 +1,123 @@
+"""`fleetgen produce`: tokenize, budget and enqueue a prompt file as a run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleetgen import exitcodes
+from fleetgen.contract import Sampling
+from fleetgen.redisconn import ConfigError, connect, redact, redis_url
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("produce", help="enqueue a prompt file as a run (resumable)",
+                       description="Read INPUT as a stream, render each row with the chat "
+                       "template, tokenize it once, give it an exact max_tokens budget and "
+                       "enqueue it; rows that cannot fit are rejected with a reason. Running "
+                       "the same command again resumes the run.")
+    p.add_argument("input", type=Path, metavar="INPUT", help="prompts, .jsonl or .parquet")
+    add_producer_options(p)
+    p.set_defaults(handler=run)
+
+
+def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    if not demo:
+        p.add_argument("--run", required=True, help="run name (resume with the same name)")
+        p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+        p.add_argument("--context-length", type=int,
+                       help="the servers' context length in tokens")
+        p.add_argument("--engine-url", help="read the context length from this server's "
+                       "/v1/models instead")
+    p.add_argument("--tokenizer", default="qwen3.6",
+                   help="a local Hugging Face tokenizer directory, or qwen3.6 (built offline; "
+                   "default)")
+    p.add_argument("--max-output-tokens", type=int, default=None,
+                   help="cap on max_tokens (default: whatever the context leaves)")
+    p.add_argument("--min-output-tokens", type=int, default=16,
+                   help="reject a prompt that leaves fewer output tokens than this (16)")
+    p.add_argument("--margin", type=int, default=0,
+                   help="tokens kept free below the context, for a server tokenizer that "
+                   "counts more (0)")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--seed", type=int, help="sampling seed (SGLang's sampling_seed)")
+    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    p.add_argument("--high-water", type=int, help="most queued prompts (default: 2x the "
+                   "fleet's concurrency, at least 512)")
+    p.add_argument("--batch-size", type=int, default=512, help="rows tokenized and enqueued "
+                   "together (512)")
+
+
+def sampling_from(args: argparse.Namespace) -> Sampling:
+    names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
+    values = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return Sampling(**values)  # type: ignore[typeddict-item]
+
+
+def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
+    from producer.settings import ProducerSettings
+
+    return ProducerSettings(
+        input=args.input, run=args.run, redis_url=redis_url_value, tokenizer=args.tokenizer,
+        context_length=args.context_length, engine_url=args.engine_url,
+        engine_api_key=os.environ.get("FLEETGEN_ENGINE_API_KEY") or None,
+        max_output_tokens=args.max_output_tokens, min_output_tokens=args.min_output_tokens,
+        margin=args.margin, sampling=sampling_from(args), high_water=args.high_water,
+        batch_size=args.batch_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    url = redis_url(args.redis)
+    settings = settings_from(args, url)
+    report = produce(settings, show_progress=sys.stderr.isatty())
+    print(f"fleetgen produce: run {settings.run!r} on {redact(url)}: {report.read} rows read, "
+          f"{report.enqueued} enqueued, {report.rejected} rejected, {report.skipped} already "
+          f"done or in flight ({report.elapsed_s:.1f} s)")
+    return exitcodes.OK
+
+
+def produce(settings: Any, *, show_progress: bool = False) -> Any:
+    """Build the parts and run the producer; shared by `produce` and `demo`."""
+    from producer.enqueue import Enqueuer
+    from producer.rows import InputError
+    from producer.run import Producer, Progress, is_complete, resolve_limits
+    from producer.tokenizer import TokenizerError, load_tokenizer
+
+    if not settings.input.exists():
+        raise ConfigError(f"input file not found: {settings.input}")
+    client = connect(settings.redis_url)
+    if is_complete(client, settings.run):
+        print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
+              "(use a new --run name to generate again)")
+        return Progress()
+    limits = resolve_limits(settings)
+    try:
+        tokenizer = load_tokenizer(settings.tokenizer)
+    except TokenizerError as exc:
+        raise ConfigError(str(exc)) from exc
+    enqueuer = Enqueuer(client, settings.redis_url, settings.run, settings.high_water)
+    bar = _bar(show_progress)
+    try:
+        producer = Producer(settings, tokenizer, client, enqueuer, limits)
+        return producer.run(on_batch=lambda p: bar.update(p.read - bar.n) if bar else None)
+    except InputError as exc:
+        raise ConfigError(str(exc)) from exc
+    finally:
+        enqueuer.close()
+        if bar:
+            bar.close()
+
+
+def _bar(show: bool) -> Any:
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(desc="produce", unit=" rows", dynamic_ncols=True)

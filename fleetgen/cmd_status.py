@@ -1,0 +1,41 @@
+"""`fleetgen status`: counts, rates and ETA of a run, once, live (--watch) or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from fleetgen import exitcodes, status
+from fleetgen.contract import runs_index_key
+from fleetgen.redisconn import ConfigError, connect, redis_url
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="show a run's progress, rates and ETA")
+    p.add_argument("--run", help="run name (default: list the runs)")
+    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=2.0, help="--watch refresh in s (2)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = connect(redis_url(args.redis))
+    if not args.run:
+        runs = sorted(r.decode() for r in client.smembers(runs_index_key()))
+        print("\n".join(runs) if runs else "no runs")
+        return exitcodes.OK
+    while True:
+        s = status.gather(client, args.run)
+        if s is None:
+            raise ConfigError(f"no run named {args.run!r} in this Redis")
+        text = status.dumps(s) if args.json else status.render(s)
+        if args.watch and sys.stdout.isatty():
+            sys.stdout.write("\x1b[H\x1b[2J")
+        print(text, flush=True)
+        if not args.watch:
+            return exitcodes.OK
+        time.sleep(args.interval)

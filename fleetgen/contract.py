@@ -1,0 +1,96 @@
+"""The one contract between producer, workers, drainer and status: names, keys, message fields."""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypedDict
+
+# Celery routing. Workers must be started with `-Q fleetgen` (celery#10335: never rely on defaults).
+QUEUE: Final = "fleetgen"
+TASK_NAME: Final = "fleetgen.generate"
+
+# Every Redis key fleetgen owns starts with this prefix, so one Redis can host many runs
+# and `SCAN fleetgen:*` shows all of them.
+PREFIX: Final = "fleetgen"
+
+# Stream entry kinds, in field "k"; the record itself is orjson in field "d".
+KIND_RESULT: Final = "result"
+KIND_FAILURE: Final = "failure"
+KIND_REJECTED: Final = "rejected"
+KINDS: Final = (KIND_RESULT, KIND_FAILURE, KIND_REJECTED)
+
+DRAINER_GROUP: Final = "drainer"
+
+# Manifest states: producing -> produced. `retrying` while `fleetgen retry` re-enqueues failures.
+STATE_PRODUCING: Final = "producing"
+STATE_PRODUCED: Final = "produced"
+
+
+class RunKeys:
+    """All Redis keys of one run. No TTLs: a run's keys live until `fleetgen purge`,
+    because a run may be resumed days later; the large ones (stream, queue) are emptied
+    as work is written, the rest is a few bytes per row (bitmaps) or per worker."""
+
+    def __init__(self, run: str) -> None:
+        base = f"{PREFIX}:run:{run}"
+        self.run = run
+        # Append-only log of outcomes (results, failures, rejections). The drainer XDELs
+        # entries once they are fsynced to the output files, so it stays small.
+        self.stream = f"{base}:events"
+        # Hash: settings, total rows, state, timestamps. Written by the producer.
+        self.manifest = f"{base}:manifest"
+        # Bitmap by input line: the row was enqueued or rejected by the producer.
+        self.sent = f"{base}:sent"
+        # Bitmap by input line: an outcome for the row is in the stream (set atomically
+        # with the XADD). A redelivered task whose bit is set does not call the engine again.
+        self.done = f"{base}:done"
+        # Hash: counters written by workers (per worker and total) for `status`.
+        self.stats = f"{base}:stats"
+        # Hash: counters of what the drainer has durably written.
+        self.written = f"{base}:written"
+        # Hash id -> task payload of failed rows, so `fleetgen retry` can re-enqueue them.
+        self.failed = f"{base}:failed"
+        # Set of input lines that `fleetgen retry` sent back to work; a worker removes a
+        # line when it emits its new outcome. The run is not complete while it is non-empty.
+        self.retrying = f"{base}:retrying"
+
+    def all(self) -> list[str]:
+        return [
+            self.stream, self.manifest, self.sent, self.done,
+            self.stats, self.written, self.failed, self.retrying,
+        ]
+
+
+def runs_index_key() -> str:
+    """Set of run names, for `fleetgen status` without --run."""
+    return f"{PREFIX}:runs"
+
+
+def worker_key(worker: str) -> str:
+    """Hash a worker refreshes while alive (engine url, concurrency, health); 60 s TTL so a
+    dead worker disappears from the fleet view by itself."""
+    return f"{PREFIX}:worker:{worker}"
+
+
+WORKER_TTL_S: Final = 60
+
+
+class Sampling(TypedDict, total=False):
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    seed: int
+    stop: list[str]
+
+
+class TaskPayload(TypedDict):
+    """The single argument of the Celery task (JSON)."""
+
+    run: str
+    line: int  # 1-based input line (or Parquet row) number; the row's identity inside a run
+    id: str
+    input_ids: list[int]
+    max_tokens: int
+    sampling: Sampling
+    row: dict[str, Any]  # the input row's other fields, carried through to the output

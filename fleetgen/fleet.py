@@ -1,0 +1,140 @@
+"""A whole fleet on one machine: embedded Valkey, N simulated SGLang servers, N Celery workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fleetgen.procs import Child, ProcessGroup, celery_worker_argv, python_argv, wait_for
+from fleetgen.valkey import EmbeddedValkey, free_port
+
+
+@dataclass
+class FleetSpec:
+    gpus: int = 8
+    context_length: int = 8192
+    max_running_requests: int = 32
+    ttft_ms: float = 20.0
+    tpot_ms: float = 1.0
+    output_tokens_mean: int = 200
+    seed: int = 0
+    sim_args: list[str] = field(default_factory=list)  # extra `fleetgen sim` flags
+    worker_env: dict[str, str] = field(default_factory=dict)
+    concurrency: int | None = None  # default: the engine's slot count
+    redis_password: str | None = None
+
+
+class LocalFleet:
+    def __init__(self, work_dir: Path, spec: FleetSpec) -> None:
+        self.work_dir = work_dir
+        self.spec = spec
+        self.procs = ProcessGroup(work_dir / "logs")
+        self.valkey = EmbeddedValkey(work_dir / "valkey", password=spec.redis_password)
+        self.sim_port = 0
+        self.sim: Child | None = None
+        self.workers: list[Child] = []
+
+    @property
+    def redis_url(self) -> str:
+        return self.valkey.url
+
+    def engine_url(self, gpu: int) -> str:
+        return f"http://127.0.0.1:{self.sim_port + gpu}"
+
+    def start(self, timeout_s: float = 60.0) -> LocalFleet:
+        self.valkey.start()
+        self.start_sims(timeout_s)
+        for gpu in range(self.spec.gpus):
+            self.start_worker(gpu)
+        self.wait_workers_ready(timeout_s)
+        return self
+
+    def start_sims(self, timeout_s: float) -> None:
+        s = self.spec
+        self.sim_port = _free_port_range(s.gpus)
+        argv = python_argv("-m", "simulator", "--port", str(self.sim_port), "--count",
+                           str(s.gpus), "--context-length", str(s.context_length),
+                           "--max-running-requests", str(s.max_running_requests),
+                           "--ttft-ms", str(s.ttft_ms), "--tpot-ms", str(s.tpot_ms),
+                           "--output-tokens-mean", str(s.output_tokens_mean),
+                           "--seed", str(s.seed), *s.sim_args)
+        self.sim = self.procs.start("sim", argv)
+        for gpu in range(s.gpus):
+            wait_for(lambda g=gpu: _healthy(self.engine_url(g)), timeout_s,
+                     f"simulated server gpu{gpu}", check=self._check_sim)
+
+    def _check_sim(self) -> None:
+        if self.sim is not None and not self.sim.alive():
+            raise RuntimeError(f"simulator exited:\n{self.sim.log_text()[-2000:]}")
+
+    def worker_env(self, gpu: int) -> dict[str, str]:
+        return {"FLEETGEN_REDIS_URL": self.redis_url, "FLEETGEN_ENGINE_URL": self.engine_url(gpu),
+                "FLEETGEN_HEALTH_INTERVAL_S": "1", **self.spec.worker_env}
+
+    def start_worker(self, gpu: int, name: str | None = None) -> Child:
+        concurrency = self.spec.concurrency or self.spec.max_running_requests
+        child = self.procs.start(name or f"gpu{gpu}",
+                                 celery_worker_argv(f"gpu{gpu}", concurrency, "WARNING"),
+                                 env=self.worker_env(gpu))
+        if gpu < len(self.workers):
+            self.workers[gpu] = child
+        else:
+            self.workers.append(child)
+        return child
+
+    def wait_workers_ready(self, timeout_s: float) -> None:
+        """A worker is ready once its health gate has published its heartbeat."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        from fleetgen.contract import worker_key
+
+        def ready() -> bool:
+            return sum(client.exists(worker_key(f"gpu{g}@" + _hostname()))
+                       for g in range(self.spec.gpus)) == self.spec.gpus
+
+        def check() -> None:
+            for w in self.workers:
+                if not w.alive():
+                    raise RuntimeError(f"worker {w.name} exited:\n{w.log_text()[-3000:]}")
+
+        wait_for(ready, timeout_s, "workers to come online", poll_s=0.2, check=check)
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+        self.valkey.stop()
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _free_port_range(count: int) -> int:
+    """A base port with `count` free ports after it (best effort; the sim fails loudly)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count < 65000 and all(_port_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

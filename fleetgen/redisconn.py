@@ -1,0 +1,53 @@
+"""Redis connections that survive a server restart, and URLs that never leak a password."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+ENV_REDIS_URL = "FLEETGEN_REDIS_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; the CLI prints it as one line."""
+
+
+def redis_url(flag: str | None) -> str:
+    """The --redis flag wins over FLEETGEN_REDIS_URL; the default is a local Redis."""
+    url = flag or os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{ENV_REDIS_URL} must be a redis://, rediss:// or unix:// URL, "
+                          f"got {redact(url)}")
+    return url
+
+
+def redact(url: str) -> str:
+    """The URL with its password (and ACL user's password) replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
+
+
+def connect(url: str, *, timeout_s: float = 10.0) -> redis.Redis:
+    """A client that retries through a Redis restart (about 30 s of backoff) instead of
+    failing the run on the first refused connection."""
+    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25)
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        socket_keepalive=True,
+        health_check_interval=15,
+        retry=retry,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
+    )

@@ -1,0 +1,1 @@
+"""Producer: read prompts, render and tokenize them, budget them, enqueue them."""

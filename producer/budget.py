@@ -1,0 +1,75 @@
+"""The exact max_tokens budget of one prompt against an SGLang server's context rules (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# SGLang clamps every request to `max_req_len - input - 1` new tokens, where
+# max_req_len = context_len - 1; so the largest budget that is sent as-is is
+# context_len - input - 2. Staying there also keeps input + max_tokens strictly below
+# context_len, which satisfies the tokenizer manager's check in both its old (>=) and
+# new (>) forms.
+# The scheduler rejects an input >= max_req_input_len = max_req_len - 5.
+SCHEDULER_INPUT_MARGIN = 5
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server allows, plus the user's cap, margin and minimum output."""
+
+    context_length: int
+    max_total_tokens: int | None = None  # KV capacity from /get_server_info, if smaller
+    cap: int | None = None  # --max-output-tokens; None means "as much as the context allows"
+    margin: int = 0  # extra tokens kept free, e.g. for a server tokenizer that counts more
+    min_output_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.context_length < 16:
+            raise ValueError(f"context_length must be at least 16, got {self.context_length}")
+        if self.cap is not None and self.cap < 1:
+            raise ValueError(f"max_output_tokens must be at least 1, got {self.cap}")
+        if self.margin < 0:
+            raise ValueError(f"margin must be >= 0, got {self.margin}")
+        if self.min_output_tokens < 1:
+            raise ValueError(f"min_output_tokens must be >= 1, got {self.min_output_tokens}")
+
+    @property
+    def max_req_len(self) -> int:
+        if self.max_total_tokens is None:
+            return self.context_length - 1
+        return min(self.context_length - 1, self.max_total_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        return self.max_req_len - SCHEDULER_INPUT_MARGIN
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Either a max_tokens to send, or the reason the prompt cannot be sent."""
+
+    max_tokens: int
+    reason: str | None = None
+
+    @property
+    def rejected(self) -> bool:
+        return self.reason is not None
+
+
+def budget(prompt_tokens: int, limits: Limits) -> Budget:
+    """max_tokens = min(cap, room), where room keeps the request inside every SGLang rule."""
+    if prompt_tokens >= limits.max_req_input_len:
+        return Budget(0, (
+            f"prompt_too_long: {prompt_tokens} prompt tokens; the server accepts at most "
+            f"{limits.max_req_input_len - 1} (context {limits.context_length})"
+        ))
+    # max_req_len - input - 1 is SGLang's own clamp; never ask for more than it would give.
+    room = limits.max_req_len - prompt_tokens - 1 - limits.margin
+    max_tokens = room if limits.cap is None else min(limits.cap, room)
+    if max_tokens < limits.min_output_tokens:
+        return Budget(max(max_tokens, 0), (
+            f"no_room_for_output: {prompt_tokens} prompt tokens leave {max(room, 0)} of the "
+            f"{limits.context_length}-token context; --min-output-tokens is "
+            f"{limits.min_output_tokens}"
+        ))
+    return Budget(max_tokens)

@@ -1,0 +1,181 @@
+"""Read prompt rows as a stream (JSONL or Parquet) and turn each into a Row or a BadRow."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# A line longer than this is rejected unread-as-JSON: it would cost more memory than the
+# prompt could ever fit in a context anyway. 64 MiB leaves room for huge multi-turn rows.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "chatgpt": "assistant", "bing": "assistant"}
+ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One usable input row. Exactly one of `messages` and `prompt` is set."""
+
+    line: int
+    id: str
+    messages: list[dict[str, Any]] | None
+    prompt: str | None
+    fields: dict[str, Any] = field(default_factory=dict)  # the row minus `id`, carried through
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row that cannot be used, with the reason (and its id where one could be read)."""
+
+    line: int
+    reason: str
+    id: str | None = None
+
+
+class InputError(Exception):
+    """The input as a whole cannot be read (missing file, unknown format, wrong columns)."""
+
+
+def read_rows(path: Path) -> Iterator[Row | BadRow]:
+    """Yield one Row or BadRow per input line (JSONL) or row (Parquet), in order."""
+    if not path.exists():
+        raise InputError(f"input file not found: {path}")
+    if path.is_dir():
+        raise InputError(f"input is a directory, not a file: {path}")
+    if path.suffix in (".parquet", ".pq"):
+        yield from _read_parquet(path)
+    else:
+        yield from _read_jsonl(path)
+
+
+def _read_jsonl(path: Path) -> Iterator[Row | BadRow]:
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit {MAX_LINE_BYTES})")
+                continue
+            if not raw.strip():
+                yield BadRow(line_no, "empty_line")
+                continue
+            yield parse_line(line_no, raw)
+
+
+def parse_line(line_no: int, raw: bytes) -> Row | BadRow:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        cause = "invalid_utf8" if _bad_utf8(raw) else "invalid_json"
+        return BadRow(line_no, f"{cause}: {exc}")
+    return parse_row(line_no, obj)
+
+
+def _bad_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _read_parquet(path: Path) -> Iterator[Row | BadRow]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several unrelated types for a bad file
+        raise InputError(f"cannot read Parquet file {path}: {exc}") from exc
+    names = set(pf.schema_arrow.names)
+    if not names & {"messages", "conversations", "prompt"}:
+        raise InputError(
+            f"Parquet file {path} has none of the columns messages, conversations, prompt "
+            f"(it has: {', '.join(sorted(names)) or 'none'})"
+        )
+    line_no = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for obj in batch.to_pylist():
+            line_no += 1
+            yield parse_row(line_no, {k: v for k, v in obj.items() if v is not None})
+
+
+def parse_row(line_no: int, obj: Any) -> Row | BadRow:
+    """Validate one decoded row; never raises for bad data."""
+    if not isinstance(obj, dict):
+        return BadRow(line_no, f"not_an_object: a row must be a JSON object, got {_kind(obj)}")
+    row_id, id_error = _row_id(obj)
+    if id_error:
+        return BadRow(line_no, id_error)
+    fields = {k: v for k, v in obj.items() if k != "id"}
+    try:
+        messages, prompt = _conversation(obj)
+    except ValueError as exc:
+        return BadRow(line_no, str(exc), row_id)
+    return Row(line_no, row_id, messages, prompt, fields)
+
+
+def _row_id(obj: dict[str, Any]) -> tuple[str, str | None]:
+    raw = obj.get("id")
+    if raw is None:
+        # Derived from the content, so re-reading the same file gives the same ids.
+        digest = hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=10)
+        return "row-" + digest.hexdigest(), None
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        return "", f"bad_id: id must be a string, got {_kind(raw)}"
+    text = str(raw)
+    if not text.strip():
+        return "", "bad_id: id is empty"
+    return text, None
+
+
+def _conversation(obj: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
+    if "messages" in obj:
+        return _messages(obj["messages"], "messages"), None
+    if "conversations" in obj:
+        return _messages(obj["conversations"], "conversations"), None
+    if "prompt" in obj:
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str):
+            raise ValueError(f"bad_prompt: prompt must be a string, got {_kind(prompt)}")
+        if not prompt.strip():
+            raise ValueError("empty_prompt: prompt is empty")
+        return None, prompt
+    raise ValueError("no_prompt: the row has none of messages, conversations, prompt")
+
+
+def _messages(turns: Any, name: str) -> list[dict[str, Any]]:
+    if not isinstance(turns, list):
+        raise ValueError(f"bad_{name}: {name} must be a list of turns, got {_kind(turns)}")
+    messages = [_turn(t, i, name) for i, t in enumerate(turns)]
+    # A trailing assistant turn is the answer we are about to regenerate.
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    if not messages:
+        raise ValueError(f"empty_{name}: no turn left to answer")
+    return messages
+
+
+def _turn(turn: Any, index: int, name: str) -> dict[str, Any]:
+    if not isinstance(turn, dict):
+        raise ValueError(f"bad_{name}: turn {index} must be an object, got {_kind(turn)}")
+    if "from" in turn or "value" in turn:
+        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
+        content = turn.get("value")
+    else:
+        role = turn.get("role") if turn.get("role") in ROLES else None
+        content = turn.get("content")
+    if role is None:
+        got = turn.get("from", turn.get("role"))
+        raise ValueError(f"bad_{name}: turn {index} has unknown role {got!r}")
+    if not isinstance(content, str | list):
+        raise ValueError(f"bad_{name}: turn {index} content must be text, got {_kind(content)}")
+    return {"role": role, "content": content}
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__

@@ -1,0 +1,141 @@
+"""Settings of a simulated SGLang fleet: one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Fault rates are drawn from one uniform number per request, so together they
+# must leave room for the requests that are answered normally.
+FAULT_RATE_FIELDS = ("error_rate", "queue_full_rate", "hang_rate", "drop_rate")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What every simulated server in the fleet looks like and how it misbehaves.
+
+    Times are those of a full-speed GPU; `speed` divides them all. A down window
+    `(start_s, end_s)` is measured from the moment the fleet starts listening.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 30000  # 0: every server takes its own ephemeral port (tests)
+    count: int = 1
+    context_length: int = 8192
+    max_total_tokens: int | None = None
+    max_running_requests: int = 64
+    max_queued_requests: int | None = None
+    ttft_ms: float = 50.0
+    tpot_ms: float = 5.0
+    slowdown: float = 0.0
+    speed: float = 1.0
+    output_tokens_mean: int = 256
+    seed: int = 0
+    model_name: str = "fleetgen-sim"
+    api_key: str | None = field(default=None, repr=False)
+    error_rate: float = 0.0
+    queue_full_rate: float = 0.0
+    hang_rate: float = 0.0
+    drop_rate: float = 0.0
+    extra_prompt_tokens: int = 0
+    die_after_s: float | None = None
+    down_windows: Sequence[tuple[float, float]] = ()
+    # How long SIGTERM waits for in-flight requests before cutting them off.
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        # Accept a list of pairs (the brief, JSON) but store a hashable tuple.
+        windows = tuple((float(a), float(b)) for a, b in self.down_windows)
+        object.__setattr__(self, "down_windows", windows)
+        self._validate_sizes()
+        self._validate_times()
+        self._validate_faults()
+
+    def _validate_sizes(self) -> None:
+        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]", self.port)
+        _require(1 <= self.count <= 1024, "count", "must be in [1, 1024]", self.count)
+        if self.port:
+            last = self.port + self.count - 1
+            _require(last <= 65535, "count", f"puts the last port at {last}", self.count)
+        _require(self.context_length >= 8, "context_length", "must be >= 8", self.context_length)
+        if self.max_total_tokens is not None:
+            _require(
+                self.max_total_tokens >= 8, "max_total_tokens", "must be >= 8",
+                self.max_total_tokens,
+            )
+        _require(
+            self.max_running_requests >= 1, "max_running_requests", "must be >= 1",
+            self.max_running_requests,
+        )
+        if self.max_queued_requests is not None:
+            _require(
+                self.max_queued_requests >= 0, "max_queued_requests", "must be >= 0",
+                self.max_queued_requests,
+            )
+        _require(
+            self.output_tokens_mean >= 1, "output_tokens_mean", "must be >= 1",
+            self.output_tokens_mean,
+        )
+        _require(
+            self.extra_prompt_tokens >= 0, "extra_prompt_tokens", "must be >= 0",
+            self.extra_prompt_tokens,
+        )
+        _require(bool(self.model_name), "model_name", "must not be empty", self.model_name)
+
+    def _validate_times(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "slowdown"):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0, name, "must be a number >= 0", value)
+        _require(_finite(self.speed) and self.speed > 0, "speed", "must be > 0", self.speed)
+        _require(
+            _finite(self.drain_timeout_s) and self.drain_timeout_s >= 0,
+            "drain_timeout_s", "must be >= 0", self.drain_timeout_s,
+        )
+        if self.die_after_s is not None:
+            _require(
+                _finite(self.die_after_s) and self.die_after_s >= 0,
+                "die_after_s", "must be >= 0", self.die_after_s,
+            )
+        for start_s, end_s in self.down_windows:
+            _require(
+                _finite(start_s) and _finite(end_s) and 0 <= start_s < end_s,
+                "down_windows", "needs 0 <= start_s < end_s in each window",
+                (start_s, end_s),
+            )
+
+    def _validate_faults(self) -> None:
+        for name in FAULT_RATE_FIELDS:
+            value = getattr(self, name)
+            _require(_finite(value) and 0 <= value <= 1, name, "must be in [0, 1]", value)
+        total = sum(getattr(self, name) for name in FAULT_RATE_FIELDS)
+        _require(
+            total <= 1 + 1e-9, "error_rate", "plus queue_full_rate, hang_rate and drop_rate "
+            "must not exceed 1", total,
+        )
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """KV capacity as a server reports it; unset means it never binds before context."""
+        if self.max_total_tokens is not None:
+            return self.max_total_tokens
+        return self.context_length * self.max_running_requests
+
+    @property
+    def max_req_len(self) -> int:
+        """Longest prompt + completion the scheduler admits."""
+        return min(self.context_length - 1, self.max_total_num_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        """Prompts of this many tokens or more are refused by the scheduler."""
+        return self.max_req_len - 5
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _require(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"SimConfig.{name} {rule}, got {value!r}")

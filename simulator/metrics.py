@@ -1,0 +1,124 @@
+"""Per-server counters, exposed as SGLang-named Prometheus text and as JSON for tests."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+# gen_throughput is averaged over this window, like a dashboard would smooth it.
+THROUGHPUT_WINDOW_S = 10.0
+
+
+class ServerMetrics:
+    """Counters of one simulated server; the running/queued gauges come from its slots."""
+
+    def __init__(
+        self,
+        model_name: str,
+        max_running_requests: int,
+        speed: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model_name = model_name
+        self.max_running_requests = max_running_requests
+        self.speed = speed
+        self._clock = clock
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_total: Counter[str] = Counter()
+        self.faults_total: Counter[str] = Counter()
+        self.aborted_total = 0
+        self._running = 0
+        self._busy_s = 0.0
+        self._busy_since = clock()
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def on_running(self, running: int) -> None:
+        """Advance the busy-slot integral; called on every change of the running count."""
+        now = self._clock()
+        self._busy_s += self._running * (now - self._busy_since)
+        self._busy_since = now
+        self._running = running
+
+    def busy_slot_seconds(self) -> float:
+        return self._busy_s + self._running * (self._clock() - self._busy_since)
+
+    def count_request(self, code: str) -> None:
+        self.requests_total[code] += 1
+
+    def count_fault(self, kind: str) -> None:
+        self.faults_total[kind] += 1
+
+    def count_tokens(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += completion_tokens
+        now = self._clock()
+        self._recent.append((now, completion_tokens))
+        while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+
+    def gen_throughput(self) -> float:
+        """Generated tokens per second over the last window."""
+        horizon = self._clock() - THROUGHPUT_WINDOW_S
+        return sum(tokens for at, tokens in self._recent if at >= horizon) / THROUGHPUT_WINDOW_S
+
+    def stats(self, running: int, queued: int) -> dict[str, Any]:
+        return {
+            "num_running_reqs": running,
+            "num_queue_reqs": queued,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "gen_throughput": self.gen_throughput(),
+            "busy_slot_seconds_total": self.busy_slot_seconds(),
+            "requests_total": dict(self.requests_total),
+            "faults_total": dict(self.faults_total),
+            "aborted_total": self.aborted_total,
+            "max_running_requests": self.max_running_requests,
+            "speed": self.speed,
+        }
+
+
+def render_prometheus(stats: dict[str, Any], model_name: str) -> str:
+    """Prometheus text exposition (version 0.0.4) of `stats`."""
+    label = f'model_name="{_escape(model_name)}"'
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{sample} {float(value)!r}" for sample, value in samples)
+
+    def one(name: str, kind: str, help_text: str, value: float, suffix: str = "") -> None:
+        family(name, kind, help_text, [(f"{name}{suffix}{{{label}}}", value)])
+
+    one("sglang:num_running_reqs", "gauge", "Running requests.", stats["num_running_reqs"])
+    one("sglang:num_queue_reqs", "gauge", "Waiting requests.", stats["num_queue_reqs"])
+    one("sglang:prompt_tokens", "counter", "Prompt tokens processed.",
+        stats["prompt_tokens_total"], "_total")
+    one("sglang:generation_tokens", "counter", "Tokens generated.",
+        stats["generation_tokens_total"], "_total")
+    one("sglang:gen_throughput", "gauge", "Generation throughput (token/s).",
+        stats["gen_throughput"])
+    one("fleetgen_sim_busy_slot_seconds", "counter",
+        "Integral of running requests over time; divide by K x wall time for utilization.",
+        stats["busy_slot_seconds_total"], "_total")
+    family("fleetgen_sim_requests", "counter", "Generation requests answered, by HTTP code.", [
+        (f'fleetgen_sim_requests_total{{{label},code="{_escape(code)}"}}', count)
+        for code, count in sorted(stats["requests_total"].items())
+    ])
+    family("fleetgen_sim_faults", "counter", "Injected faults, by kind.", [
+        (f'fleetgen_sim_faults_total{{{label},kind="{_escape(kind)}"}}', count)
+        for kind, count in sorted(stats["faults_total"].items())
+    ])
+    one("fleetgen_sim_aborted_requests", "counter", "Requests ended by abort.",
+        stats["aborted_total"], "_total")
+    one("fleetgen_sim_max_running_requests", "gauge", "Running slots (K).",
+        stats["max_running_requests"])
+    one("fleetgen_sim_speed", "gauge", "Speed relative to the reference GPU.", stats["speed"])
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,311 @@
+"""The drainer: the only writer of the output directory; stream -> whole JSONL lines, once each."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+import redis
+
+from fleetgen.contract import (
+    DRAINER_GROUP,
+    KIND_FAILURE,
+    KIND_REJECTED,
+    KIND_RESULT,
+    KINDS,
+    STATE_PRODUCED,
+    RunKeys,
+)
+from fleetgen.redisconn import ConfigError
+
+log = logging.getLogger("fleetgen.drainer")
+
+FILES = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
+         KIND_REJECTED: "rejected.jsonl"}
+CONSUMER = "drainer"
+RUN_MARKER = ".fleetgen-run"
+
+
+CODES = {KIND_RESULT: 1, KIND_FAILURE: 2, KIND_REJECTED: 3}
+
+
+@dataclass
+class Tally:
+    """What the output directory holds, rebuilt from the files on every start. One byte per
+    input line (which kind holds it), so a 10-million-row run costs 10 MB here."""
+
+    kinds: bytearray = field(default_factory=bytearray)
+    by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    truncated: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def written(self) -> int:
+        return sum(self.by_kind.values())
+
+    def kind_of(self, line: int) -> str | None:
+        code = self.kinds[line] if line < len(self.kinds) else 0
+        return KINDS[code - 1] if code else None
+
+    def add(self, kind: str, record: dict[str, Any]) -> None:
+        line = int(record["line"])
+        if line >= len(self.kinds):
+            self.kinds.extend(bytes(max(line + 1 - len(self.kinds), len(self.kinds))))
+        previous = self.kind_of(line)
+        if previous is not None:
+            self.by_kind[previous] -= 1
+        self.kinds[line] = CODES[kind]
+        self.by_kind[kind] += 1
+        if kind == KIND_RESULT:
+            self.truncated += record.get("finish_reason") == "length"
+            self.prompt_tokens += int(record.get("prompt_tokens", 0))
+            self.completion_tokens += int(record.get("completion_tokens", 0))
+
+
+def repair_tail(path: Path) -> int:
+    """Cut a torn last line (no trailing newline) left by a crash; returns bytes removed."""
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as f:
+        keep = _last_newline_end(f, size)
+        if keep < size:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+    return size - keep
+
+
+def _last_newline_end(f: BinaryIO, size: int) -> int:
+    chunk = 1 << 16
+    pos = size
+    while pos > 0:
+        start = max(0, pos - chunk)
+        f.seek(start)
+        data = f.read(pos - start)
+        idx = data.rfind(b"\n")
+        if idx >= 0:
+            return start + idx + 1
+        pos = start
+    return 0
+
+
+def load_file(path: Path, kind: str, tally: Tally) -> None:
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        for raw in f:
+            tally.add(kind, orjson.loads(raw))
+
+
+class Drainer:
+    def __init__(self, client: redis.Redis, run: str, out_dir: Path, *, batch: int = 512,
+                 block_ms: int = 1000) -> None:
+        self.redis = client
+        self.keys = RunKeys(run)
+        self.run = run
+        self.out = out_dir
+        self.batch = batch
+        self.block_ms = block_ms
+        self.tally = Tally()
+        self._files: dict[str, BinaryIO] = {}
+        self._superseded = False
+
+    # -- start-up -------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Repair torn tails, rebuild what was written, and drop failures that a later retry
+        turned into results (a crash can leave a row in both for a moment)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._claim_out_dir()
+        for kind in (KIND_FAILURE, KIND_REJECTED, KIND_RESULT):  # results last: they win
+            path = self.out / FILES[kind]
+            cut = repair_tail(path)
+            if cut:
+                log.warning("%s: removed a torn last line (%d bytes)", path, cut)
+            load_file(path, kind, self.tally)
+        self._compact_failures()
+        for kind in KINDS:
+            self._files[kind] = (self.out / FILES[kind]).open("ab")
+        try:
+            self.redis.xgroup_create(self.keys.stream, DRAINER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _claim_out_dir(self) -> None:
+        """One output directory holds one run: mixing two would break exactly-once."""
+        marker = self.out / RUN_MARKER
+        if marker.exists():
+            owner = marker.read_text().strip()
+            if owner != self.run:
+                raise ConfigError(f"{self.out} holds the output of run {owner!r}, not "
+                                  f"{self.run!r}; pick another --out")
+            return
+        if any((self.out / name).exists() for name in FILES.values()):
+            raise ConfigError(f"{self.out} already holds output files of an unknown run; "
+                              "pick another --out")
+        marker.write_text(self.run + "\n")
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    # -- the loop -------------------------------------------------------------------------
+    def run_until_complete(self, follow: bool = False,
+                           on_progress: Callable[[Drainer], None] | None = None,
+                           should_stop: Callable[[], bool] = lambda: False) -> None:
+        self._drain_pending()
+        while not should_stop():
+            self.step(block_ms=self.block_ms)
+            if on_progress:
+                on_progress(self)
+            if not follow and self.complete():
+                break
+        self.write_summary()
+
+    def _drain_pending(self) -> None:
+        """After a restart, our own read-but-unacked entries come first (id 0)."""
+        while self.step(read_id="0", block_ms=None):
+            pass
+
+    def step(self, read_id: str = ">", block_ms: int | None = 1000) -> int:
+        """Read one batch, write it durably, then ack and delete it. Returns entries read."""
+        reply = self.redis.xreadgroup(DRAINER_GROUP, CONSUMER, {self.keys.stream: read_id},
+                                      count=self.batch, block=block_ms)
+        entries = reply[0][1] if reply else []
+        if not entries:
+            return 0
+        self._write(entries)
+        ids = [entry_id for entry_id, _ in entries]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(self.keys.stream, DRAINER_GROUP, *ids)
+        pipe.xdel(self.keys.stream, *ids)  # written and fsynced: the stream forgets it
+        self._publish_counts(pipe)
+        pipe.execute()
+        return len(entries)
+
+    def _write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        touched: set[str] = set()
+        for _, fields in entries:
+            if b"d" not in fields:  # an entry XDELed earlier shows as empty in a pending read
+                continue
+            kind = fields[b"k"].decode()
+            record = orjson.loads(fields[b"d"])
+            if not self._is_new(kind, int(record["line"])):
+                continue
+            self._files[kind].write(orjson.dumps(record) + b"\n")
+            self.tally.add(kind, record)
+            touched.add(kind)
+        # Write, flush, fsync, and only then ack: a crash re-reads, never loses.
+        for kind in touched:
+            f = self._files[kind]
+            f.flush()
+            os.fsync(f.fileno())
+        if self._superseded:
+            self._compact_failures()
+
+    def _is_new(self, kind: str, line: int) -> bool:
+        previous = self.tally.kind_of(line)
+        if previous is None:
+            return True
+        if previous == KIND_FAILURE and kind == KIND_RESULT:
+            self._superseded = True  # a retried row succeeded: it moves to results
+            return True
+        return False
+
+    def _compact_failures(self) -> None:
+        """Rewrite failures.jsonl without rows that now have a result (atomic rename)."""
+        self._superseded = False
+        path = self.out / FILES[KIND_FAILURE]
+        if not path.exists():
+            return
+        with path.open("rb") as f:
+            rows = f.readlines()
+        keep = [r for r in rows if self.tally.kind_of(orjson.loads(r)["line"]) == KIND_FAILURE]
+        if len(keep) == len(rows):
+            return
+        old = self._files.pop(KIND_FAILURE, None)
+        if old:
+            old.close()
+        tmp = path.with_suffix(".jsonl.tmp")
+        with tmp.open("wb") as f:
+            f.writelines(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.out)
+        if old:
+            self._files[KIND_FAILURE] = path.open("ab")
+
+    # -- completion and summary -------------------------------------------------------------
+    def manifest(self) -> dict[str, str]:
+        raw = self.redis.hgetall(self.keys.manifest)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def complete(self) -> bool:
+        m = self.manifest()
+        if m.get("state") != STATE_PRODUCED:
+            return False
+        if self.tally.written < int(m.get("total", "-1")):
+            return False
+        # Rows that `fleetgen retry` sent back to work are not final until they land again;
+        # and an entry XADDed just after our last read is still in the stream.
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.scard(self.keys.retrying)
+        pipe.xlen(self.keys.stream)
+        retrying, unread = pipe.execute()
+        return retrying == 0 and unread == 0
+
+    def _publish_counts(self, pipe: Any) -> None:
+        pipe.hset(self.keys.written, mapping=self.counts())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "done": self.tally.by_kind[KIND_RESULT],
+            "failed": self.tally.by_kind[KIND_FAILURE],
+            "rejected": self.tally.by_kind[KIND_REJECTED],
+            "truncated": self.tally.truncated,
+            "prompt_tokens": self.tally.prompt_tokens,
+            "completion_tokens": self.tally.completion_tokens,
+        }
+
+    def write_summary(self) -> dict[str, Any]:
+        m = self.manifest()
+        counts = self.counts()
+        started = float(m.get("started_at", "0") or 0)
+        finished = time.time()
+        wall_s = max(finished - started, 1e-9) if started else None
+        summary: dict[str, Any] = {
+            "run": self.run,
+            "total": int(m.get("total", "0") or 0) or self.tally.written,
+            **counts,
+            "complete": self.complete(),
+            "started_at": started or None,
+            "finished_at": finished,
+            "wall_s": round(wall_s, 3) if wall_s else None,
+            "rows_per_s": round(self.tally.written / wall_s, 2) if wall_s else None,
+            "completion_tokens_per_s": (round(counts["completion_tokens"] / wall_s, 1)
+                                        if wall_s else None),
+        }
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+        os.replace(tmp, self.out / "summary.json")
+        return summary
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

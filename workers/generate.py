@@ -1,0 +1,118 @@
+"""One prompt, start to finish: call the engine with retries, then emit exactly one outcome."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleetgen.contract import KIND_FAILURE, KIND_RESULT, TaskPayload
+from workers import errors
+from workers.engine import Engine, Generation
+from workers.records import failure_record, result_record
+from workers.sink import Sink
+
+log = logging.getLogger("fleetgen.worker")
+
+
+class EngineGone(Exception):
+    """The local engine is down: hand the prompt back to the queue for another GPU."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    base_s: float = 1.0
+    cap_s: float = 30.0
+
+    def backoff_s(self, attempt: int, rng: random.Random) -> float:
+        """Exponential backoff with full jitter, so retries from 128 threads don't align."""
+        return rng.uniform(0, min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
+
+
+def corrected_budget(error: errors.ContextLengthError, max_tokens: int) -> int | None:
+    """The largest budget the server would accept by its own count, or None."""
+    if error.server_prompt_tokens is None or error.context_length is None:
+        return None
+    room = error.context_length - error.server_prompt_tokens - 2
+    return room if 0 < room < max_tokens else None
+
+
+@dataclass
+class Attempt:
+    max_tokens: int
+    attempts: int = 0
+    corrected: bool = False
+    retries: int = 0
+
+
+def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
+                 worker: str, sleep: Callable[[float], None] = time.sleep,
+                 rng: random.Random | None = None) -> str:
+    """Returns the outcome kind ('result', 'failure', 'skipped'); raises EngineGone."""
+    run, line = payload["run"], payload["line"]
+    if sink.is_done(run, line):
+        log.info("id=%s already done, redelivery skipped", payload["id"])
+        return "skipped"
+    rng = rng or random.Random()
+    state = Attempt(payload["max_tokens"])
+    while True:
+        state.attempts += 1
+        try:
+            gen = engine.generate(payload["input_ids"], state.max_tokens, dict(payload["sampling"]),
+                                  rid=f"{run}:{line}:{state.attempts}")
+        except errors.EngineError as exc:
+            if _should_retry(exc, state, policy, engine, payload["id"]):
+                sleep(policy.backoff_s(state.retries, rng))
+                continue
+            _emit_failure(payload, exc, state, sink, worker)
+            return KIND_FAILURE
+        _emit_result(payload, gen, state, sink, worker)
+        return KIND_RESULT
+
+
+def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
+                  engine: Engine, row_id: str) -> bool:
+    if isinstance(exc, errors.ContextLengthError):
+        fixed = None if state.corrected else corrected_budget(exc, state.max_tokens)
+        if fixed is None:
+            return False
+        log.info("id=%s context-length 400, retrying once with max_tokens %d -> %d",
+                 row_id, state.max_tokens, fixed)
+        state.max_tokens, state.corrected = fixed, True
+        return True
+    if not isinstance(exc, errors.RetryableError):
+        return False
+    if isinstance(exc, errors.EngineUnreachable) and not engine.healthy():
+        raise EngineGone(str(exc))
+    state.retries += 1
+    if state.attempts >= policy.max_attempts:
+        return False
+    log.info("id=%s attempt %d failed (%s), retrying", row_id, state.attempts, exc.message)
+    return True
+
+
+def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Sink,
+                 worker: str) -> None:
+    record = result_record(payload, gen, max_tokens=state.max_tokens, attempts=state.attempts,
+                           worker=worker)
+    stats = {
+        "done": 1,
+        "truncated": int(gen.finish_reason == "length"),
+        "prompt_tokens": gen.prompt_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "retries": state.retries,
+    }
+    sink.emit(payload["run"], KIND_RESULT, payload["line"], record, stats)
+
+
+def _emit_failure(payload: TaskPayload, exc: errors.EngineError, state: Attempt, sink: Sink,
+                  worker: str) -> None:
+    log.warning("id=%s failed after %d attempt(s): %s", payload["id"], state.attempts,
+                exc.message)
+    record = failure_record(payload, exc, max_tokens=state.max_tokens, attempts=state.attempts,
+                            worker=worker)
+    stats = {"failed": 1, "retries": state.retries}
+    sink.emit(payload["run"], KIND_FAILURE, payload["line"], record, stats, dict(payload))

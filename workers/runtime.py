@@ -1,0 +1,60 @@
+"""Per-process singletons of a worker: settings, the engine client, Redis and the sink."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+
+import redis
+
+from fleetgen.redisconn import connect
+from workers.engine import EngineClient
+from workers.generate import RetryPolicy
+from workers.settings import WorkerSettings
+from workers.sink import StreamSink
+
+
+@dataclass
+class Runtime:
+    settings: WorkerSettings
+    engine: EngineClient
+    redis: redis.Redis
+    sink: StreamSink
+    policy: RetryPolicy
+    worker: str
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_worker_name = f"worker@{socket.gethostname()}"
+_concurrency = 16
+
+
+def configure(worker_name: str, concurrency: int) -> None:
+    """Called at worker start, before any task, with Celery's node name and pool size."""
+    global _worker_name, _concurrency
+    _worker_name, _concurrency = worker_name, concurrency
+
+
+def concurrency() -> int:
+    return _concurrency
+
+
+def get() -> Runtime:
+    """Built on first use and then shared by every pool thread of the process."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            s = WorkerSettings.from_env()
+            client = connect(s.redis_url)
+            _runtime = Runtime(
+                settings=s,
+                engine=EngineClient(s.engine_url, timeout_s=s.request_timeout_s,
+                                    concurrency=_concurrency, api_key=s.engine_api_key),
+                redis=client,
+                sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
+                policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s),
+                worker=_worker_name,
+            )
+        return _runtime

@@ -1,0 +1,65 @@
+"""Worker settings: one frozen dataclass built from FLEETGEN_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from fleetgen.celeryconf import DEFAULT_VISIBILITY_TIMEOUT_S
+from fleetgen.redisconn import ConfigError, redact, redis_url
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    redis_url: str = field(repr=False)
+    engine_url: str
+    engine_api_key: str | None = field(default=None, repr=False)
+    visibility_timeout_s: float = DEFAULT_VISIBILITY_TIMEOUT_S
+    request_timeout_s: float = 900.0
+    max_attempts: int = 5
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 30.0
+    health_interval_s: float = 5.0
+    wait_aof: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.engine_url.startswith(("http://", "https://")):
+            raise ConfigError(f"FLEETGEN_ENGINE_URL must be an http(s) URL, got {self.engine_url!r}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"FLEETGEN_MAX_ATTEMPTS must be >= 1, got {self.max_attempts}")
+        if self.visibility_timeout_s <= self.request_timeout_s:
+            raise ConfigError(
+                f"FLEETGEN_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g}) must exceed "
+                f"FLEETGEN_REQUEST_TIMEOUT_S ({self.request_timeout_s:g}), or every slow "
+                "prompt would be delivered twice")
+
+    @property
+    def redis_display(self) -> str:
+        return redact(self.redis_url)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> WorkerSettings:
+        env = dict(os.environ if env is None else env)
+        return cls(
+            redis_url=redis_url(env.get("FLEETGEN_REDIS_URL")),
+            engine_url=env.get("FLEETGEN_ENGINE_URL", "http://127.0.0.1:30000"),
+            engine_api_key=env.get("FLEETGEN_ENGINE_API_KEY") or None,
+            visibility_timeout_s=_num(env, "FLEETGEN_VISIBILITY_TIMEOUT_S",
+                                      DEFAULT_VISIBILITY_TIMEOUT_S),
+            request_timeout_s=_num(env, "FLEETGEN_REQUEST_TIMEOUT_S", 900.0),
+            max_attempts=int(_num(env, "FLEETGEN_MAX_ATTEMPTS", 5)),
+            backoff_base_s=_num(env, "FLEETGEN_BACKOFF_BASE_S", 1.0),
+            backoff_cap_s=_num(env, "FLEETGEN_BACKOFF_CAP_S", 30.0),
+            health_interval_s=_num(env, "FLEETGEN_HEALTH_INTERVAL_S", 5.0),
+            wait_aof=env.get("FLEETGEN_WAIT_AOF", "0").lower() in ("1", "true", "yes"),
+        )
+
+
+def _num(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return float(default)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
