@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per request would drown the progress bar; fleetgen logs what matters itself.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -9,7 +9,7 @@ from typing import Any
 
 from fleetgen import exitcodes, status
 from fleetgen.contract import runs_index_key
-from fleetgen.redisconn import ConfigError, connect, redis_url
+from fleetgen.redisconn import ConfigError, connect, redis_url, text
 
 
 def add_parser(sub: Any) -> None:
@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     client = connect(redis_url(args.redis))
     if not args.run:
-        runs = sorted(r.decode() for r in client.smembers(runs_index_key()))
+        runs = sorted(text(r) for r in client.smembers(runs_index_key()))
         print("\n".join(runs) if runs else "no runs")
         return exitcodes.OK
     while True:

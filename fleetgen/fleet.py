@@ -62,7 +62,8 @@ class LocalFleet:
                            "--seed", str(s.seed), *s.sim_args)
         self.sim = self.procs.start("sim", argv)
         for gpu in range(s.gpus):
-            wait_for(lambda g=gpu: _healthy(self.engine_url(g)), timeout_s,
+            url = self.engine_url(gpu)
+            wait_for(lambda u=url: _healthy(u), timeout_s,  # type: ignore[misc]
                      f"simulated server gpu{gpu}", check=self._check_sim)
 
     def _check_sim(self) -> None:

@@ -51,3 +51,12 @@ def connect(url: str, *, timeout_s: float = 10.0) -> redis.Redis:
         retry=retry,
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
     )
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def read_hash(client: redis.Redis, key: str) -> dict[str, str]:
+    """HGETALL as str -> str (fleetgen keeps only text in its hashes)."""
+    return {text(k): text(v) for k, v in client.hgetall(key).items()}

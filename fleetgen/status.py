@@ -10,6 +10,7 @@ import orjson
 import redis
 
 from fleetgen.contract import QUEUE, RunKeys, worker_key
+from fleetgen.redisconn import read_hash
 
 
 @dataclass
@@ -57,7 +58,7 @@ class RunStatus:
 
 
 def _hash(client: redis.Redis, key: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+    return read_hash(client, key)
 
 
 def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus | None:
@@ -125,7 +126,8 @@ def render(s: RunStatus) -> str:
         f"  tokens  prompt {s.prompt_tokens}  completion {s.completion_tokens}",
     ]
     if s.workers:
-        lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'rows/s':>8} {'tok/s':>9} health")
+        lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'rows/s':>8} {'tok/s':>9} "
+                     "health")
         for w in s.workers:
             health = {True: "ok", False: "DOWN", None: "?"}[w.healthy]
             lines.append(f"  {w.name:<28} {w.done:>8} {w.failed:>6} {w.rows_per_s:>8.1f} "

@@ -21,7 +21,7 @@ from fleetgen.contract import (
     TaskPayload,
     runs_index_key,
 )
-from fleetgen.redisconn import ConfigError
+from fleetgen.redisconn import ConfigError, read_hash
 from producer.budget import Limits, budget
 from producer.enqueue import Enqueuer
 from producer.rows import BadRow, Row, read_rows
@@ -77,7 +77,7 @@ class Producer:
     def run(self, on_batch: Callable[[Progress], None] | None = None,
             should_stop: Callable[[], bool] = lambda: False) -> Progress:
         self._open_manifest()
-        done = Bits(self.redis.get(self.keys.done))
+        done = Bits(_raw(self.redis.get(self.keys.done)))
         in_flight = self._lines_in_flight()
         for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
             if should_stop():
@@ -147,8 +147,7 @@ class Producer:
 
     # -- manifest and resume ----------------------------------------------------------------
     def manifest(self) -> dict[str, str]:
-        raw = self.redis.hgetall(self.keys.manifest)
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return read_hash(self.redis, self.keys.manifest)
 
     def _open_manifest(self) -> None:
         settings = self.s.manifest_settings()
@@ -176,7 +175,7 @@ class Producer:
         must not enqueue them again. Both are bounded by the high-water mark and the fleet's
         concurrency, so this scan is small whatever the run's size."""
         lines: set[int] = set()
-        raw_messages: list[bytes] = list(self.redis.lrange(QUEUE, 0, -1))
+        raw_messages: list[bytes | str] = list(self.redis.lrange(QUEUE, 0, -1))
         for value in self.redis.hvals(KOMBU_UNACKED):
             raw_messages.append(orjson.dumps(orjson.loads(value)[0]))
         for raw in raw_messages:
@@ -188,12 +187,12 @@ class Producer:
 
 def is_complete(client: redis.Redis, run: str) -> bool:
     keys = RunKeys(run)
-    state, total = client.hmget(keys.manifest, ["state", "total"])
-    if state is None or state.decode() != STATE_PRODUCED or total is None:
+    manifest = read_hash(client, keys.manifest)
+    if manifest.get("state") != STATE_PRODUCED or "total" not in manifest:
         return False
-    written = client.hget(keys.written, "done"), client.hget(keys.written, "failed"), \
-        client.hget(keys.written, "rejected")
-    return sum(int(v or 0) for v in written) >= int(total) and client.xlen(keys.stream) == 0
+    written = read_hash(client, keys.written)
+    count = sum(int(written.get(k, 0)) for k in ("done", "failed", "rejected"))
+    return count >= int(manifest["total"]) and client.xlen(keys.stream) == 0
 
 
 def _check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -204,7 +203,11 @@ def _check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> 
                 f"resume it with the same settings, or use a new --run name")
 
 
-def _task_payload(raw: bytes) -> dict[str, Any] | None:
+def _raw(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _task_payload(raw: bytes | str) -> dict[str, Any] | None:
     """The payload inside a kombu/Celery protocol-2 JSON message, or None if not ours."""
     try:
         message = orjson.loads(raw)

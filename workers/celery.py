@@ -1,10 +1,10 @@
-"""The Celery app of `celery -A workers worker`: settings from FLEETGEN_*, one task, a health gate."""
+"""The Celery app of `celery -A workers worker`: FLEETGEN_* settings, one task, a health gate."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from celery import Celery, bootsteps, signals
 from celery.exceptions import Reject
@@ -44,7 +44,7 @@ class HealthGate(bootsteps.StartStopStep):
     """Stops consuming while the local engine is down and resumes when it is back, so a dead
     GPU server does not burn every prompt's retries. Also publishes the worker's heartbeat."""
 
-    requires = {"celery.worker.consumer.tasks:Tasks"}
+    requires: ClassVar[set[str]] = {"celery.worker.consumer.tasks:Tasks"}
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)

@@ -22,7 +22,7 @@ from fleetgen.contract import (
     STATE_PRODUCED,
     RunKeys,
 )
-from fleetgen.redisconn import ConfigError
+from fleetgen.redisconn import ConfigError, read_hash
 
 log = logging.getLogger("fleetgen.drainer")
 
@@ -180,9 +180,9 @@ class Drainer:
 
     def step(self, read_id: str = ">", block_ms: int | None = 1000) -> int:
         """Read one batch, write it durably, then ack and delete it. Returns entries read."""
-        reply = self.redis.xreadgroup(DRAINER_GROUP, CONSUMER, {self.keys.stream: read_id},
+        reply: Any = self.redis.xreadgroup(DRAINER_GROUP, CONSUMER, {self.keys.stream: read_id},
                                       count=self.batch, block=block_ms)
-        entries = reply[0][1] if reply else []
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1] if reply else []
         if not entries:
             return 0
         self._write(entries)
@@ -249,8 +249,7 @@ class Drainer:
 
     # -- completion and summary -------------------------------------------------------------
     def manifest(self) -> dict[str, str]:
-        raw = self.redis.hgetall(self.keys.manifest)
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return read_hash(self.redis, self.keys.manifest)
 
     def complete(self) -> bool:
         m = self.manifest()

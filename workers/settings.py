@@ -24,7 +24,8 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
-            raise ConfigError(f"FLEETGEN_ENGINE_URL must be an http(s) URL, got {self.engine_url!r}")
+            raise ConfigError("FLEETGEN_ENGINE_URL must be an http(s) URL, "
+                              f"got {self.engine_url!r}")
         if self.max_attempts < 1:
             raise ConfigError(f"FLEETGEN_MAX_ATTEMPTS must be >= 1, got {self.max_attempts}")
         if self.visibility_timeout_s <= self.request_timeout_s:
