@@ -32,11 +32,12 @@ class Row:
 
 @dataclass(frozen=True)
 class BadRow:
-    """A row that cannot be used, with the reason (and its id where one could be read)."""
+    """A row that cannot be used, with the reason. Its id is the row's own where it could be
+    read, else derived from its bytes, so every output line has an id."""
 
     line: int
     reason: str
-    id: str | None = None
+    id: str
 
 
 class InputError(Exception):
@@ -59,10 +60,11 @@ def _read_jsonl(path: Path) -> Iterator[Row | BadRow]:
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
             if len(raw) > MAX_LINE_BYTES:
-                yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit {MAX_LINE_BYTES})")
+                yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit "
+                             f"{MAX_LINE_BYTES})", derive_id(raw))
                 continue
             if not raw.strip():
-                yield BadRow(line_no, "empty_line")
+                yield BadRow(line_no, "empty_line", f"line-{line_no}")
                 continue
             yield parse_line(line_no, raw)
 
@@ -72,8 +74,13 @@ def parse_line(line_no: int, raw: bytes) -> Row | BadRow:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         cause = "invalid_utf8" if _bad_utf8(raw) else "invalid_json"
-        return BadRow(line_no, f"{cause}: {exc}")
+        return BadRow(line_no, f"{cause}: {exc}", derive_id(raw))
     return parse_row(line_no, obj)
+
+
+def derive_id(data: bytes) -> str:
+    """An id from the row's bytes, so re-reading the same file gives the same ids."""
+    return "row-" + hashlib.blake2b(data, digest_size=10).hexdigest()
 
 
 def _bad_utf8(raw: bytes) -> bool:
@@ -107,10 +114,11 @@ def _read_parquet(path: Path) -> Iterator[Row | BadRow]:
 def parse_row(line_no: int, obj: Any) -> Row | BadRow:
     """Validate one decoded row; never raises for bad data."""
     if not isinstance(obj, dict):
-        return BadRow(line_no, f"not_an_object: a row must be a JSON object, got {_kind(obj)}")
+        return BadRow(line_no, f"not_an_object: a row must be a JSON object, got {_kind(obj)}",
+                      derive_id(orjson.dumps(obj)))
     row_id, id_error = _row_id(obj)
     if id_error:
-        return BadRow(line_no, id_error)
+        return BadRow(line_no, id_error, derive_id(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)))
     fields = {k: v for k, v in obj.items() if k != "id"}
     try:
         messages, prompt = _conversation(obj)
@@ -122,9 +130,7 @@ def parse_row(line_no: int, obj: Any) -> Row | BadRow:
 def _row_id(obj: dict[str, Any]) -> tuple[str, str | None]:
     raw = obj.get("id")
     if raw is None:
-        # Derived from the content, so re-reading the same file gives the same ids.
-        digest = hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=10)
-        return "row-" + digest.hexdigest(), None
+        return derive_id(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)), None
     if isinstance(raw, bool) or not isinstance(raw, str | int):
         return "", f"bad_id: id must be a string, got {_kind(raw)}"
     text = str(raw)

@@ -135,10 +135,8 @@ class Producer:
         assert row.messages is not None
         return self.tokenizer.render(row.messages)
 
-    def _is_duplicate(self, row_id: str | None) -> bool:
+    def _is_duplicate(self, row_id: str) -> bool:
         """First occurrence wins. 64-bit hashes: ~60 bytes a row, not the ids themselves."""
-        if row_id is None:
-            return False
         h = hash(row_id)
         if h in self._seen_ids:
             return True

@@ -42,7 +42,7 @@ def failure_record(payload: TaskPayload, error: EngineError, *, max_tokens: int,
     }
 
 
-def rejected_record(row_id: str | None, line: int, reason: str,
+def rejected_record(row_id: str, line: int, reason: str,
                     prompt_tokens: int | None = None) -> dict[str, Any]:
     record: dict[str, Any] = {"id": row_id, "reason": reason, "line": line}
     if prompt_tokens is not None:

@@ -1,0 +1,115 @@
+"""Test helpers: make prompt files, run producer + drainer against a fleet, read the output."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetgen.fleet import LocalFleet
+from fleetgen.redisconn import connect
+from producer.enqueue import Enqueuer
+from producer.run import Producer, Progress, resolve_limits
+from producer.settings import ProducerSettings
+from producer.tokenizer import load_tokenizer
+from workers.drainer import Drainer
+
+WORDS = ["alpha", "beta", "gamma", "delta", "数据", "模型", "😀", "def", "f(x):\n", "", "", "", "return", "x", "*", "2\n", "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+
+
+def make_prompts(path: Path, n: int, *, too_long: int = 0, malformed: int = 0,
+                 seed: int = 7, long_tokens: int = 12000) -> dict[str, list[str]]:
+    """n good rows of varied length, plus too-long and malformed ones spread through.
+    Returns the ids of each kind ('good', 'too_long') and 'malformed' line markers."""
+    rng = random.Random(seed)
+    lines: list[bytes] = []
+    kinds: dict[str, list[str]] = {"good": [], "too_long": [], "malformed": []}
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 400)))
+        row = {"id": f"p{i}", "messages": [{"role": "user", "content": words}], "k": i}
+        lines.append(orjson.dumps(row))
+        kinds["good"].append(f"p{i}")
+    for j in range(too_long):
+        text = "lorem ipsum dolor " * (long_tokens // 3)
+        lines.insert(rng.randrange(len(lines)), orjson.dumps(
+            {"id": f"long{j}", "messages": [{"role": "user", "content": text}]}))
+        kinds["too_long"].append(f"long{j}")
+    for j in range(malformed):
+        lines.insert(rng.randrange(len(lines)), f'{{"id": "bad{j}", "messages": [}}'.encode())
+        kinds["malformed"].append(f"bad{j}")
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return kinds
+
+
+def produce(fleet: LocalFleet, prompts: Path, run: str, **options: Any) -> Progress:
+    settings = ProducerSettings(input=prompts, run=run, redis_url=fleet.redis_url,
+                                context_length=options.pop("context_length",
+                                                           fleet.spec.context_length),
+                                **options)
+    client = connect(fleet.redis_url)
+    enqueuer = Enqueuer(client, fleet.redis_url, run, settings.high_water)
+    try:
+        producer = Producer(settings, load_tokenizer(settings.tokenizer), client, enqueuer,
+                            resolve_limits(settings))
+        return producer.run()
+    finally:
+        enqueuer.close()
+
+
+def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,
+                 **options: Any) -> dict[str, Any]:
+    """Producer in a thread, drainer here until the run is complete; returns the summary."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            produce(fleet, prompts, run, **options)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return drain(fleet, run, out, errors)
+
+
+def drain(fleet: LocalFleet, run: str, out: Path,
+          errors: list[BaseException] | None = None) -> dict[str, Any]:
+    drainer = Drainer(connect(fleet.redis_url), run, out, block_ms=200)
+    drainer.recover()
+
+    def check(_: Drainer) -> None:
+        if errors:
+            raise errors[0]
+
+    try:
+        drainer.run_until_complete(on_progress=check)
+    finally:
+        drainer.close()
+    return drainer.write_summary()
+
+
+def read_output(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Parse every output file; a torn or invalid line fails the test here."""
+    data: dict[str, list[dict[str, Any]]] = {}
+    for kind in ("results", "failures", "rejected"):
+        path = out / f"{kind}.jsonl"
+        raw = path.read_bytes() if path.exists() else b""
+        assert raw == b"" or raw.endswith(b"\n"), f"{path} ends with a torn line"
+        data[kind] = [orjson.loads(line) for line in raw.splitlines()]
+    return data
+
+
+def assert_exactly_once(out: Path, expected_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every expected id once across results/failures/rejected, nothing else, no duplicate."""
+    data = read_output(out)
+    seen = Counter(r["id"] for kind in data.values() for r in kind)
+    dupes = {i: c for i, c in seen.items() if c > 1}
+    assert not dupes, f"ids written more than once: {list(dupes.items())[:10]}"
+    ids = {i for i in seen if i is not None}
+    assert ids == expected_ids, (f"missing {sorted(expected_ids - ids)[:10]}, "
+                                 f"unexpected {sorted(ids - expected_ids)[:10]}")
+    return data

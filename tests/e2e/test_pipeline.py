@@ -1,0 +1,77 @@
+"""The whole pipeline on real parts: Valkey, Celery workers, simulated SGLang over HTTP, files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from fleetgen.fleet import LocalFleet
+from producer.tokenizer import load_tokenizer
+from tests.e2e.pipeline import assert_exactly_once, make_prompts, read_output, run_pipeline
+
+CTX = 8192
+
+
+def test_500_prompts_on_4_gpus_every_row_exactly_once(fleet4: LocalFleet, tmp_path: Path,
+                                                      out_dir: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    kinds = make_prompts(prompts, 500, too_long=5, malformed=5)
+    summary = run_pipeline(fleet4, prompts, "e2e-500", out_dir, max_output_tokens=8192)
+
+    rejected_bad = {r["id"] for r in read_output(out_dir)["rejected"]
+                    if r["reason"].startswith("invalid_json")}
+    assert len(rejected_bad) == 5  # a line that is not JSON gets an id derived from its bytes
+    expected = set(kinds["good"]) | set(kinds["too_long"]) | rejected_bad
+    data = assert_exactly_once(out_dir, expected)
+    assert summary["complete"] and summary["total"] == 510
+    assert summary["done"] == 500 and summary["rejected"] == 10 and summary["failed"] == 0
+    assert not data["failures"], data["failures"][:3]
+
+    results = {r["id"]: r for r in data["results"]}
+    for r in results.values():
+        assert r["prompt_tokens"] + r["max_tokens"] < CTX
+        assert r["finish_reason"] in ("stop", "length")
+        assert r["k"] == int(r["id"][1:])  # carried-through field
+    workers = {r["worker"].split("@")[0] for r in results.values()}
+    assert workers == {"gpu0", "gpu1", "gpu2", "gpu3"}, workers
+
+    # The prompt_tokens the server saw equal our own count of the rendered prompt.
+    tok = load_tokenizer("qwen3.6")
+    sample = sorted(results.values(), key=lambda r: r["id"])[:100]
+    counts = tok.encode_batch([tok.render(r["messages"]) for r in sample])
+    assert [r["prompt_tokens"] for r in sample] == [len(c) for c in counts]
+
+    rejected = {r["id"]: r for r in data["rejected"]}
+    for i in kinds["too_long"]:
+        assert rejected[i]["reason"].startswith("prompt_too_long")
+        assert rejected[i]["prompt_tokens"] > CTX
+    bad_lines = sorted(r["line"] for r in data["rejected"] if r["id"] in rejected_bad)
+    source = prompts.read_bytes().splitlines()
+    assert all(source[n - 1].startswith(b'{"id": "bad') for n in bad_lines)
+
+
+def test_seed_scenario_context_8192_cap_8192_no_400(fleet4: LocalFleet, tmp_path: Path,
+                                                    out_dir: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    kinds = make_prompts(prompts, 60, seed=11)
+    # The seed's script: max_new_tokens=8192 with every prompt. Every request is refused.
+    tok = load_tokenizer("qwen3.6")
+    import orjson
+
+    rows = [orjson.loads(line) for line in prompts.read_bytes().splitlines()]
+    ids = tok.encode_batch([tok.render(r["messages"]) for r in rows[:20]])
+    statuses = []
+    with httpx.Client(base_url=fleet4.engine_url(0), timeout=30) as http:
+        for input_ids in ids:
+            response = http.post("/generate", json={
+                "input_ids": input_ids, "sampling_params": {"max_new_tokens": 8192}})
+            statuses.append(response.status_code)
+            assert "maximum context length of 8192 tokens" in response.json()["error"]["message"]
+    assert statuses == [400] * 20
+
+    # fleetgen with the same cap: exact budgets, no 400, nothing truncated by the cap.
+    summary = run_pipeline(fleet4, prompts, "seed-8192", out_dir, max_output_tokens=8192)
+    data = assert_exactly_once(out_dir, set(kinds["good"]))
+    assert summary["failed"] == 0 and summary["done"] == 60
+    assert all(r["max_tokens"] == CTX - r["prompt_tokens"] - 2 for r in data["results"])
