@@ -125,7 +125,8 @@ def fit_to_context(prompt_tokens: int, max_new_tokens: int, config: SimConfig) -
 _RANGE_RULES: tuple[tuple[str, float, Callable[[float], bool], str], ...] = (
     ("temperature", 1.0, lambda v: v >= 0, "temperature must be non-negative, got {}."),
     ("top_p", 1.0, lambda v: 0 < v <= 1, "top_p must be in (0, 1], got {}."),
-    ("top_k", -1, lambda v: v == -1 or v >= 1, "top_k must be -1 (disable), or at least 1, got {}."),
+    ("top_k", -1, lambda v: v == -1 or v >= 1,
+     "top_k must be -1 (disable), or at least 1, got {}."),
     ("min_p", 0.0, lambda v: 0 <= v <= 1, "min_p must be in [0, 1], got {}."),
     ("frequency_penalty", 0.0, lambda v: -2 <= v <= 2,
      "frequency_penalty must be in [-2, 2], got {}."),
@@ -304,7 +305,8 @@ def parse_completions(body: Any, config: SimConfig) -> Job:
     }
     raw.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
     sampling = parse_sampling(raw)
-    base = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    rid = body.get("rid")
+    base = rid if isinstance(rid, str) else uuid.uuid4().hex
     rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
     return _build_job(prompts, [sampling] * len(prompts), rids, True, config)
 

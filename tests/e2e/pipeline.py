@@ -18,7 +18,8 @@ from producer.settings import ProducerSettings
 from producer.tokenizer import load_tokenizer
 from workers.drainer import Drainer
 
-WORDS = ["alpha", "beta", "gamma", "delta", "数据", "模型", "😀", "def", "f(x):\n", "", "", "", "return", "x", "*", "2\n", "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+WORDS = ["alpha", "beta", "gamma", "数据", "模型", "😀", "def f(x):\n    return x * 2\n",
+         "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "\t", "\n\n"]
 
 
 def make_prompts(path: Path, n: int, *, too_long: int = 0, malformed: int = 0,
