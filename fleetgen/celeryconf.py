@@ -25,6 +25,10 @@ def celery_config(
         "socket_connect_timeout": 10,
         "socket_timeout": 30,
         "retry_on_timeout": True,
+        # Sweep for abandoned (SIGKILLed) messages often enough that a small visibility
+        # timeout means a quick redelivery: every min(10 s, timeout / 10), no throttling.
+        "unacked_restore_interval": max(1, min(10, int(visibility_timeout_s // 10))),
+        "unacked_restore_throttle": 1,
     }
     return {
         "broker_url": redis_url,

@@ -16,7 +16,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleetgen import cmd_demo, cmd_drain, cmd_produce, cmd_sim, cmd_status
+    from fleetgen import cmd_demo, cmd_drain, cmd_produce, cmd_retry, cmd_sim, cmd_status
 
     parser = argparse.ArgumentParser(
         prog="fleetgen",
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_sim):
+    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_retry, cmd_sim):
         module.add_parser(sub)
     return parser
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,11 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                        help="the servers' context length in tokens")
         p.add_argument("--engine-url", help="read the context length from this server's "
                        "/v1/models instead")
+        p.add_argument("--no-wait", action="store_true",
+                       help="exit once every row is enqueued, instead of waiting until every "
+                       "row has an outcome and re-enqueueing rows lost to a Redis crash")
+        p.add_argument("--reconcile-interval", type=float, default=30.0,
+                       help="seconds between checks for lost rows while waiting (30)")
     p.add_argument("--tokenizer", default="qwen3.6",
                    help="a local Hugging Face tokenizer directory, or qwen3.6 (built offline; "
                    "default)")
@@ -76,15 +83,19 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     url = redis_url(args.redis)
     settings = settings_from(args, url)
-    report = produce(settings, show_progress=sys.stderr.isatty())
+    report = produce(settings, show_progress=sys.stderr.isatty(), wait=not args.no_wait,
+                     reconcile_interval_s=args.reconcile_interval)
     print(f"fleetgen produce: run {settings.run!r} on {redact(url)}: {report.read} rows read, "
           f"{report.enqueued} enqueued, {report.rejected} rejected, {report.skipped} already "
-          f"done or in flight ({report.elapsed_s:.1f} s)")
+          f"done or in flight, {report.requeued} re-enqueued after loss "
+          f"({report.elapsed_s:.1f} s)")
     return exitcodes.OK
 
 
-def produce(settings: Any, *, show_progress: bool = False) -> Any:
-    """Build the parts and run the producer; shared by `produce` and `demo`."""
+def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
+            reconcile_interval_s: float = 30.0) -> Any:
+    """Build the parts and run the producer; shared by `produce` and `demo`. With `wait`,
+    stay until every row has an outcome, re-enqueueing rows lost on the way."""
     from producer.enqueue import Enqueuer
     from producer.rows import InputError
     from producer.run import Producer, Progress, is_complete, resolve_limits
@@ -104,15 +115,30 @@ def produce(settings: Any, *, show_progress: bool = False) -> Any:
         raise ConfigError(str(exc)) from exc
     enqueuer = Enqueuer(client, settings.redis_url, settings.run, settings.high_water)
     bar = _bar(show_progress)
+    stopping = _stop_flag()
     try:
         producer = Producer(settings, tokenizer, client, enqueuer, limits)
-        return producer.run(on_batch=lambda p: bar.update(p.read - bar.n) if bar else None)
+        report = producer.run(on_batch=lambda p: bar.update(p.read - bar.n) if bar else None,
+                              should_stop=lambda: stopping[0])
+        if wait and not stopping[0]:
+            report.requeued = producer.wait_until_generated(
+                reconcile_interval_s, should_stop=lambda: stopping[0])
+        return report
     except InputError as exc:
         raise ConfigError(str(exc)) from exc
     finally:
         enqueuer.close()
         if bar:
             bar.close()
+
+
+def _stop_flag() -> list[bool]:
+    """SIGTERM stops between two batches: what was enqueued is marked, the rest is resumed
+    by running the same command again. (Only the main thread may install handlers.)"""
+    flag = [False]
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: flag.__setitem__(0, True))
+    return flag
 
 
 def _bar(show: bool) -> Any:

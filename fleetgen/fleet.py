@@ -21,6 +21,9 @@ class FleetSpec:
     output_tokens_mean: int = 200
     seed: int = 0
     sim_args: list[str] = field(default_factory=list)  # extra `fleetgen sim` flags
+    # Flags for single GPUs (a half-speed card, a server that dies): GPUs named here get a
+    # simulator process of their own; the others share one.
+    gpu_sim_args: dict[int, list[str]] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
     redis_password: str | None = None
@@ -34,6 +37,7 @@ class LocalFleet:
         self.valkey = EmbeddedValkey(work_dir / "valkey", password=spec.redis_password)
         self.sim_port = 0
         self.sim: Child | None = None
+        self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
         self.workers: list[Child] = []
 
     @property
@@ -51,24 +55,35 @@ class LocalFleet:
         self.wait_workers_ready(timeout_s)
         return self
 
-    def start_sims(self, timeout_s: float) -> None:
+    def _sim_argv(self, port: int, count: int, extra: list[str]) -> list[str]:
         s = self.spec
-        self.sim_port = _free_port_range(s.gpus)
-        argv = python_argv("-m", "simulator", "--port", str(self.sim_port), "--count",
-                           str(s.gpus), "--context-length", str(s.context_length),
+        return python_argv("-m", "simulator", "--port", str(port), "--count", str(count),
+                           "--context-length", str(s.context_length),
                            "--max-running-requests", str(s.max_running_requests),
                            "--ttft-ms", str(s.ttft_ms), "--tpot-ms", str(s.tpot_ms),
                            "--output-tokens-mean", str(s.output_tokens_mean),
-                           "--seed", str(s.seed), *s.sim_args)
-        self.sim = self.procs.start("sim", argv)
+                           "--seed", str(s.seed), *s.sim_args, *extra)
+
+    def start_sims(self, timeout_s: float) -> None:
+        s = self.spec
+        self.sim_port = _free_port_range(s.gpus)
+        if not s.gpu_sim_args:
+            self.sim = self.procs.start("sim", self._sim_argv(self.sim_port, s.gpus, []))
+        else:
+            for gpu in range(s.gpus):
+                argv = self._sim_argv(self.sim_port + gpu, 1, s.gpu_sim_args.get(gpu, []))
+                child = self.procs.start(f"sim{gpu}", argv)
+                self.sims.append(child)
+                self.sim = self.sim or child
         for gpu in range(s.gpus):
             url = self.engine_url(gpu)
             wait_for(lambda u=url: _healthy(u), timeout_s,  # type: ignore[misc]
                      f"simulated server gpu{gpu}", check=self._check_sim)
 
     def _check_sim(self) -> None:
-        if self.sim is not None and not self.sim.alive():
-            raise RuntimeError(f"simulator exited:\n{self.sim.log_text()[-2000:]}")
+        for sim in self.sims or ([self.sim] if self.sim else []):
+            if not sim.alive():
+                raise RuntimeError(f"simulator exited:\n{sim.log_text()[-2000:]}")
 
     def worker_env(self, gpu: int) -> dict[str, str]:
         return {"FLEETGEN_REDIS_URL": self.redis_url, "FLEETGEN_ENGINE_URL": self.engine_url(gpu),

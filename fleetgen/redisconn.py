@@ -38,9 +38,13 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
 
 
-def connect(url: str, *, timeout_s: float = 10.0) -> redis.Redis:
+def connect(url: str, *, timeout_s: float = 10.0, ping: bool = True) -> redis.Redis:
     """A client that retries through a Redis restart (about 30 s of backoff) instead of
-    failing the run on the first refused connection."""
+    failing the run on the first refused connection. With `ping`, a Redis that is not there
+    at all is reported at once (a user mistake, not an outage to ride out)."""
+    if ping:
+        with redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3) as probe:
+            probe.ping()
     retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25)
     return redis.Redis.from_url(
         url,

@@ -35,6 +35,8 @@ log = logging.getLogger("fleetgen.producer")
 PINNED = ("input", "tokenizer", "context_length", "max_output_tokens", "min_output_tokens",
           "margin", "sampling")
 KOMBU_UNACKED = "unacked"
+# Longer than any token of the vocabularies we know (Qwen3.6's longest is 128 bytes).
+MAX_BYTES_PER_TOKEN = 256
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Progress:
     enqueued: int = 0
     rejected: int = 0
     skipped: int = 0  # already done or in flight from an earlier invocation
+    requeued: int = 0  # lost rows enqueued again while waiting (see wait_until_generated)
     started_s: float = field(default_factory=time.monotonic)
 
     @property
@@ -76,14 +79,27 @@ class Producer:
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_batch: Callable[[Progress], None] | None = None,
             should_stop: Callable[[], bool] = lambda: False) -> Progress:
+        """Enqueue every row that is neither done nor in flight (all of them on a first run;
+        what an interrupted run left on a resumed one), then mark the run produced."""
         self._open_manifest()
         done = Bits(_raw(self.redis.get(self.keys.done)))
         in_flight = self._lines_in_flight()
+        self._pass(lambda line: line not in done and line not in in_flight, on_batch,
+                   should_stop)
+        if not should_stop():
+            self._close_manifest()
+        return self.progress
+
+    def _pass(self, wanted: Callable[[int], bool],
+              on_batch: Callable[[Progress], None] | None,
+              should_stop: Callable[[], bool]) -> None:
+        self.progress = Progress()
+        self._seen_ids.clear()
         for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
             if should_stop():
-                return self.progress
+                return
             self.enqueuer.wait_for_room(should_stop)
-            payloads, rejections = self._prepare(chunk, done, in_flight)
+            payloads, rejections = self._prepare(chunk, wanted)
             self.enqueuer.reject(rejections)
             self.enqueuer.send(payloads)
             self.progress.enqueued += len(payloads)
@@ -91,17 +107,54 @@ class Producer:
             self.redis.hset(self.keys.manifest, "read", self.progress.read)
             if on_batch:
                 on_batch(self.progress)
-        self._close_manifest()
-        return self.progress
 
-    def _prepare(self, chunk: list[Row | BadRow], done: Bits,
-                 in_flight: set[int]) -> tuple[list[TaskPayload], list[dict[str, Any]]]:
+    # -- reconciliation -------------------------------------------------------------------
+    def lost_lines(self) -> set[int]:
+        """Lines with no outcome that are neither queued nor held by a worker. After a Redis
+        crash (AOF everysec loses up to a second of writes) or a worker killed between
+        taking a message and recording it, these would otherwise never finish."""
+        total = int(self.manifest().get("total", 0))
+        done = Bits(_raw(self.redis.get(self.keys.done)))
+        in_flight = self._lines_in_flight()
+        return {n for n in range(1, total + 1) if n not in done and n not in in_flight}
+
+    def wait_until_generated(self, interval_s: float = 30.0,
+                             should_stop: Callable[[], bool] = lambda: False,
+                             on_tick: Callable[[int, int], None] | None = None) -> int:
+        """Wait until every line has an outcome. A line seen lost at two checks in a row (so
+        not merely between a worker's BRPOP and its bookkeeping) is enqueued again.
+        Returns how many lines were re-enqueued."""
+        total = int(self.manifest().get("total", 0))
+        suspects: set[int] = set()
+        requeued = 0
+        next_check = time.monotonic() + interval_s
+        while not should_stop():
+            generated = int(self.redis.bitcount(self.keys.done))
+            if on_tick:
+                on_tick(generated, total)
+            if generated >= total:
+                break
+            if time.monotonic() >= next_check:
+                lost = self.lost_lines()
+                confirmed = lost & suspects
+                if confirmed:
+                    log.warning("re-enqueueing %d line(s) that were lost (neither queued, in "
+                                "flight nor done)", len(confirmed))
+                    self._pass(confirmed.__contains__, None, should_stop)
+                    requeued += len(confirmed)
+                suspects = lost - confirmed
+                next_check = time.monotonic() + interval_s
+            time.sleep(min(0.5, interval_s))
+        return requeued
+
+    def _prepare(self, chunk: list[Row | BadRow],
+                 wanted: Callable[[int], bool]) -> tuple[list[TaskPayload], list[dict[str, Any]]]:
         rejections: list[dict[str, Any]] = []
         todo: list[tuple[Row, str]] = []
         for item in chunk:
             self.progress.read += 1
             duplicate = self._is_duplicate(item.id)
-            if item.line in done or item.line in in_flight:
+            if not wanted(item.line):
                 self.progress.skipped += 1
             elif duplicate:
                 rejections.append(rejected_record(item.id, item.line, "duplicate_id: an "
@@ -109,11 +162,24 @@ class Producer:
             elif isinstance(item, BadRow):
                 rejections.append(rejected_record(item.id, item.line, item.reason))
             else:
-                try:
-                    todo.append((item, self._render(item)))
-                except ValueError as exc:
-                    rejections.append(rejected_record(item.id, item.line, f"bad_messages: {exc}"))
+                self._render_or_reject(item, todo, rejections)
         return self._budget(todo, rejections), rejections
+
+    def _render_or_reject(self, row: Row, todo: list[tuple[Row, str]],
+                          rejections: list[dict[str, Any]]) -> None:
+        try:
+            text = self._render(row)
+        except ValueError as exc:
+            rejections.append(rejected_record(row.id, row.line, f"bad_messages: {exc}"))
+            return
+        # No token is longer than MAX_BYTES_PER_TOKEN bytes (and a character is at least one
+        # byte), so a text this long cannot fit: reject it without paying to tokenize it.
+        if len(text) > MAX_BYTES_PER_TOKEN * self.limits.max_req_input_len:
+            rejections.append(rejected_record(row.id, row.line, (
+                f"prompt_too_long: {len(text)} characters cannot fit in a "
+                f"{self.limits.context_length}-token context")))
+            return
+        todo.append((row, text))
 
     def _budget(self, todo: list[tuple[Row, str]],
                 rejections: list[dict[str, Any]]) -> list[TaskPayload]:

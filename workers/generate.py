@@ -85,7 +85,9 @@ def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
         return True
     if not isinstance(exc, errors.RetryableError):
         return False
-    if isinstance(exc, errors.EngineUnreachable) and not engine.healthy():
+    # A retryable error from a server that also fails /health is a server that is gone (down,
+    # draining, dead): hand the prompt to another GPU instead of burning its retries here.
+    if not engine.healthy():
         raise EngineGone(str(exc))
     state.retries += 1
     if state.attempts >= policy.max_attempts:

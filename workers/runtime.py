@@ -47,7 +47,7 @@ def get() -> Runtime:
     with _lock:
         if _runtime is None:
             s = WorkerSettings.from_env()
-            client = connect(s.redis_url)
+            client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
             _runtime = Runtime(
                 settings=s,
                 engine=EngineClient(s.engine_url, timeout_s=s.request_timeout_s,

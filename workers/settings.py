@@ -19,7 +19,7 @@ class WorkerSettings:
     max_attempts: int = 5
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
-    health_interval_s: float = 5.0
+    health_interval_s: float = 2.0
     wait_aof: bool = False
 
     def __post_init__(self) -> None:
@@ -51,7 +51,7 @@ class WorkerSettings:
             max_attempts=int(_num(env, "FLEETGEN_MAX_ATTEMPTS", 5)),
             backoff_base_s=_num(env, "FLEETGEN_BACKOFF_BASE_S", 1.0),
             backoff_cap_s=_num(env, "FLEETGEN_BACKOFF_CAP_S", 30.0),
-            health_interval_s=_num(env, "FLEETGEN_HEALTH_INTERVAL_S", 5.0),
+            health_interval_s=_num(env, "FLEETGEN_HEALTH_INTERVAL_S", 2.0),
             wait_aof=env.get("FLEETGEN_WAIT_AOF", "0").lower() in ("1", "true", "yes"),
         )
 

@@ -1,0 +1,53 @@
+"""`fleetgen retry`: send a run's failed rows back to work; a success moves them to results."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, cast
+
+import orjson
+
+from fleetgen import exitcodes
+from fleetgen.contract import RunKeys, TaskPayload
+from fleetgen.redisconn import ConfigError, connect, redis_url
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("retry", help="re-enqueue a run's failed rows",
+                       description="Sends every failed row of the run back to the workers. A "
+                       "row that now succeeds moves from failures.jsonl to results.jsonl when "
+                       "the drainer writes it (run `fleetgen drain` again if it has exited).")
+    p.add_argument("--run", required=True)
+    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from producer.enqueue import Enqueuer
+
+    url = redis_url(args.redis)
+    client = connect(url)
+    keys = RunKeys(args.run)
+    if not client.exists(keys.manifest):
+        raise ConfigError(f"no run named {args.run!r} in this Redis")
+    payloads = [cast(TaskPayload, orjson.loads(v)) for v in client.hvals(keys.failed)]
+    if not payloads:
+        print(f"fleetgen retry: run {args.run!r} has no failed rows")
+        return exitcodes.OK
+    # Mark them as in retry before they can run: the drainer does not call the run complete
+    # while the set is non-empty, and a worker removes each line when it records its outcome.
+    pipe = client.pipeline(transaction=True)
+    for p in payloads:
+        pipe.sadd(keys.retrying, p["line"])
+        pipe.setbit(keys.done, p["line"], 0)
+    pipe.execute()
+    enqueuer = Enqueuer(client, url, args.run)
+    try:
+        enqueuer.send(payloads)
+    finally:
+        enqueuer.close()
+    ids = ", ".join(p["id"] for p in payloads[:5])
+    more = f" and {len(payloads) - 5} more" if len(payloads) > 5 else ""
+    print(f"fleetgen retry: {len(payloads)} failed row(s) of run {args.run!r} re-enqueued "
+          f"({ids}{more})")
+    return exitcodes.OK
