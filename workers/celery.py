@@ -26,7 +26,8 @@ app: Celery = make_app(_settings.redis_url, visibility_timeout_s=_settings.visib
 def generate(self: Any, payload: TaskPayload) -> None:
     rt = runtime.get()
     try:
-        generate_one(payload, rt.engine, rt.sink, rt.policy, worker=rt.worker)
+        with runtime.in_flight():
+            generate_one(payload, rt.engine, rt.sink, rt.policy, worker=rt.worker)
     except EngineGone as exc:
         # Back to the queue at once, for a GPU whose server is up; the health gate stops
         # this worker from taking more until its own server answers again.
@@ -80,7 +81,8 @@ class HealthGate(bootsteps.StartStopStep):
             pipe = rt.redis.pipeline()
             pipe.hset(key, mapping={"engine": rt.engine.base_url, "healthy": int(healthy),
                                     "consuming": int(self._consuming), "at": time.time(),
-                                    "concurrency": runtime.concurrency()})
+                                    "concurrency": runtime.concurrency(),
+                                    "inflight": runtime.in_flight_count()})
             pipe.expire(key, WORKER_TTL_S)
             pipe.execute()
         except Exception:  # a heartbeat must never kill the consumer's timer

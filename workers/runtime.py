@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -35,6 +37,29 @@ def configure(worker_name: str, concurrency: int) -> None:
     """Called at worker start, before any task, with Celery's node name and pool size."""
     global _worker_name, _concurrency
     _worker_name, _concurrency = worker_name, concurrency
+
+
+_inflight = 0
+_inflight_lock = threading.Lock()
+
+
+@contextmanager
+def in_flight() -> Iterator[None]:
+    """Counts the prompts this process is working on. Kept in memory and published with the
+    heartbeat (no Redis write per prompt), so a killed worker cannot leave a stale count: its
+    heartbeat key simply expires."""
+    global _inflight
+    with _inflight_lock:
+        _inflight += 1
+    try:
+        yield
+    finally:
+        with _inflight_lock:
+            _inflight -= 1
+
+
+def in_flight_count() -> int:
+    return _inflight
 
 
 def concurrency() -> int:
