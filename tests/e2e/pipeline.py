@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def produce(fleet: LocalFleet, prompts: Path, run: str, **options: Any) -> Progr
 
 
 def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,
-                 **options: Any) -> dict[str, Any]:
+                 timeout_s: float = 180.0, **options: Any) -> dict[str, Any]:
     """Producer in a thread, drainer here until the run is complete; returns the summary."""
     errors: list[BaseException] = []
 
@@ -74,23 +75,28 @@ def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    return drain(fleet, run, out, errors)
+    return drain(fleet, run, out, errors, timeout_s=timeout_s)
 
 
-def drain(fleet: LocalFleet, run: str, out: Path,
-          errors: list[BaseException] | None = None) -> dict[str, Any]:
+def drain(fleet: LocalFleet, run: str, out: Path, errors: list[BaseException] | None = None,
+          timeout_s: float = 180.0) -> dict[str, Any]:
+    """Drain until the run is complete; fail (with the drainer's view) past the deadline."""
     drainer = Drainer(connect(fleet.redis_url), run, out, block_ms=200)
     drainer.recover()
+    deadline = time.monotonic() + timeout_s
 
     def check(_: Drainer) -> None:
         if errors:
             raise errors[0]
 
     try:
-        drainer.run_until_complete(on_progress=check)
+        drainer.run_until_complete(on_progress=check,
+                                   should_stop=lambda: time.monotonic() > deadline)
     finally:
         drainer.close()
-    return drainer.write_summary()
+    summary = drainer.write_summary()
+    assert summary["complete"], f"run {run} not complete after {timeout_s} s: {summary}"
+    return summary
 
 
 def read_output(out: Path) -> dict[str, list[dict[str, Any]]]:

@@ -1,0 +1,5 @@
+"""`python -m fleetgen` is the `fleetgen` command."""
+
+from fleetgen.cli import entrypoint
+
+entrypoint()
