@@ -16,7 +16,17 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleetgen import cmd_demo, cmd_drain, cmd_produce, cmd_retry, cmd_sim, cmd_status
+    from fleetgen import (
+        cmd_check,
+        cmd_demo,
+        cmd_drain,
+        cmd_metrics,
+        cmd_produce,
+        cmd_retry,
+        cmd_sim,
+        cmd_status,
+        cmd_valkey,
+    )
 
     parser = argparse.ArgumentParser(
         prog="fleetgen",
@@ -28,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_retry, cmd_sim):
+    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_retry, cmd_sim,
+                   cmd_check, cmd_metrics, cmd_valkey):
         module.add_parser(sub)
     return parser
 

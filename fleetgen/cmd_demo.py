@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import threading
@@ -34,6 +35,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tpot-ms", type=float, default=1.0, help="simulated ms per token (1)")
     p.add_argument("--output-tokens-mean", type=int, default=200,
                    help="simulated mean completion length (200)")
+    p.add_argument("--flower", type=int, metavar="PORT",
+                   help="also serve Flower (Celery's web UI) on 127.0.0.1:PORT, with basic "
+                   "auth from $FLOWER_BASIC_AUTH (user:password) or a generated password "
+                   "that is printed; it stays up after the run until Ctrl-C when run in a "
+                   "terminal")
     add_producer_options(p, demo=True)
     p.set_defaults(handler=run)
 
@@ -71,11 +77,36 @@ def run(args: argparse.Namespace) -> int:
             print(f"fleetgen demo: starting Valkey, {args.gpus} simulated GPUs and "
                   f"{args.gpus} workers ...", flush=True)
             fleet.start()
+            if args.flower:
+                _start_flower(fleet, args.flower)
             summary = _run_pipeline(fleet, args, prompts)
+            print(summary_table(summary, args.out))
+            if args.flower and sys.stdin.isatty():
+                _linger(args.flower)
         finally:
             fleet.stop()
-    print(summary_table(summary, args.out))
     return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+
+
+def _start_flower(fleet: LocalFleet, port: int) -> None:
+    from fleetgen.flower import ENV_BASIC_AUTH, basic_auth, start_flower
+
+    credentials, generated = basic_auth()
+    start_flower(fleet.procs, fleet.redis_url, port, credentials)
+    user = credentials.split(",")[0].split(":", 1)[0]
+    # A generated password is shown once, on the terminal, so the user can log in; one from
+    # the environment is the user's own and is not echoed.
+    login = f"user {user}, password {credentials.split(':', 1)[1]}" if generated else \
+        f"user {user}, password from ${ENV_BASIC_AUTH}"
+    print(f"fleetgen demo: Flower at http://127.0.0.1:{port}/workers ({login})", flush=True)
+
+
+def _linger(port: int) -> None:
+    """Keep the fleet (and Flower) up so the finished run can be inspected."""
+    print(f"fleetgen demo: Flower stays up at http://127.0.0.1:{port}; Ctrl-C to stop",
+          flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
 
 
 def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path) -> dict[str, Any]:

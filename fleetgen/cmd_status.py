@@ -13,7 +13,12 @@ from fleetgen.redisconn import ConfigError, connect, redis_url, text
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("status", help="show a run's progress, rates and ETA")
+    p = sub.add_parser(
+        "status", help="show a run's progress, rates and ETA",
+        description="Totals, queue depth, in-flight prompts, truncation rate, ETA and a row "
+        "per worker (done, in flight, rows/s, tokens/s, health), read from Redis alone. "
+        "With --watch the table refreshes and rates are measured between refreshes; "
+        "--json --watch prints one JSON object per line.")
     p.add_argument("--run", help="run name (default: list the runs)")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
@@ -28,14 +33,20 @@ def run(args: argparse.Namespace) -> int:
         runs = sorted(text(r) for r in client.smembers(runs_index_key()))
         print("\n".join(runs) if runs else "no runs")
         return exitcodes.OK
+    if args.interval <= 0:
+        raise ConfigError(f"--interval must be positive, got {args.interval}")
+    previous: status.RunStatus | None = None
+    clear = args.watch and not args.json and sys.stdout.isatty()
     while True:
         s = status.gather(client, args.run)
         if s is None:
             raise ConfigError(f"no run named {args.run!r} in this Redis")
-        text = status.dumps(s) if args.json else status.render(s)
-        if args.watch and sys.stdout.isatty():
+        s = status.with_window(s, previous)
+        out = status.dumps(s, compact=args.watch) if args.json else status.render(s)
+        if clear:
             sys.stdout.write("\x1b[H\x1b[2J")
-        print(text, flush=True)
+        print(out, flush=True)
         if not args.watch:
             return exitcodes.OK
-        time.sleep(args.interval)
+        previous = s
+        time.sleep(args.interval)  # the refresh period itself, not a synchronisation

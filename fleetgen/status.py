@@ -10,7 +10,7 @@ import orjson
 import redis
 
 from fleetgen.contract import QUEUE, RunKeys, worker_key
-from fleetgen.redisconn import read_hash
+from fleetgen.redisconn import read_hash, text
 
 
 @dataclass
@@ -19,10 +19,15 @@ class WorkerStatus:
     done: int = 0
     failed: int = 0
     completion_tokens: int = 0
-    healthy: bool | None = None
+    healthy: bool | None = None  # None: no heartbeat (stopped, or dead for over a minute)
+    consuming: bool | None = None
     engine: str | None = None
-    rows_per_s: float = 0.0
+    in_flight: int | None = None  # from the heartbeat, so up to one health interval old
+    concurrency: int | None = None
+    rows_per_s: float = 0.0  # average since the run started
     tokens_per_s: float = 0.0
+    recent_rows_per_s: float | None = None  # over the last --watch interval
+    recent_tokens_per_s: float | None = None
 
 
 @dataclass
@@ -45,11 +50,20 @@ class RunStatus:
     rows_per_s: float
     tokens_per_s: float
     eta_s: float | None
+    at: float = 0.0  # when this snapshot was taken (epoch s)
+    recent_rows_per_s: float | None = None
+    recent_tokens_per_s: float | None = None
     workers: list[WorkerStatus] = field(default_factory=list)
 
     @property
     def truncation_rate(self) -> float:
         return self.truncated / self.done if self.done else 0.0
+
+    @property
+    def remaining(self) -> int | None:
+        if self.total is None:
+            return None
+        return max(self.total - self.done - self.failed - self.rejected, 0)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -57,17 +71,13 @@ class RunStatus:
         return data
 
 
-def _hash(client: redis.Redis, key: str) -> dict[str, str]:
-    return read_hash(client, key)
-
-
 def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus | None:
     keys = RunKeys(run)
-    manifest = _hash(client, keys.manifest)
+    manifest = read_hash(client, keys.manifest)
     if not manifest:
         return None
-    stats = _hash(client, keys.stats)
-    written = _hash(client, keys.written)
+    stats = read_hash(client, keys.stats)
+    written = read_hash(client, keys.written)
     now = now or time.time()
     started = float(manifest.get("started_at", now))
     elapsed = max(now - started, 1e-9)
@@ -90,10 +100,17 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         written=n(written, "done") + n(written, "failed") + n(written, "rejected"),
         elapsed_s=round(elapsed, 1), rows_per_s=round(rate, 2),
         tokens_per_s=round(n(stats, "completion_tokens") / elapsed, 1),
-        eta_s=round(remaining / rate, 1) if rate > 0 and remaining > 0 else None,
+        eta_s=round(remaining / rate, 1) if rate > 0 and remaining > 0 else None, at=now,
     )
     status.workers = _workers(client, stats, elapsed)
     return status
+
+
+def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
+    """Heartbeats of every worker alive in the last minute, by node name."""
+    prefix = worker_key("")
+    return {text(key)[len(prefix):]: read_hash(client, text(key))
+            for key in client.scan_iter(match=worker_key("*"), count=1000)}
 
 
 def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float) -> list[WorkerStatus]:
@@ -105,34 +122,87 @@ def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float) -> list
         w = by_name.setdefault(name, WorkerStatus(name))
         if field_name in ("done", "failed", "completion_tokens"):
             setattr(w, field_name, int(value))
+    # Idle workers show too: an online GPU that does nothing is what one wants to spot.
+    for name, beat in live_workers(client).items():
+        _apply_heartbeat(by_name.setdefault(name, WorkerStatus(name)), beat)
     for w in by_name.values():
-        beat = _hash(client, worker_key(w.name))
-        w.healthy = bool(int(beat["healthy"])) if "healthy" in beat else None
-        w.engine = beat.get("engine")
         w.rows_per_s = round(w.done / elapsed, 2)
         w.tokens_per_s = round(w.completion_tokens / elapsed, 1)
     return sorted(by_name.values(), key=lambda w: w.name)
 
 
+def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str]) -> None:
+    def flag(name: str) -> bool | None:
+        return bool(int(beat[name])) if name in beat else None
+
+    def number(name: str) -> int | None:
+        return int(beat[name]) if beat.get(name, "").isdigit() else None
+
+    w.healthy, w.consuming = flag("healthy"), flag("consuming")
+    w.engine = beat.get("engine")
+    w.in_flight, w.concurrency = number("inflight"), number("concurrency")
+
+
+def with_window(current: RunStatus, previous: RunStatus | None) -> RunStatus:
+    """Rates over the interval since `previous` (what --watch shows), and an ETA from them:
+    the average since the start hides a GPU that just went down."""
+    if previous is None or current.at <= previous.at:
+        return current
+    dt = current.at - previous.at
+    rows = (current.done + current.failed) - (previous.done + previous.failed)
+    current.recent_rows_per_s = round(max(rows, 0) / dt, 2)
+    current.recent_tokens_per_s = round(
+        max(current.completion_tokens - previous.completion_tokens, 0) / dt, 1)
+    remaining = current.remaining
+    if remaining is not None:
+        rate = current.recent_rows_per_s
+        current.eta_s = round(remaining / rate, 1) if rate > 0 and remaining > 0 else None
+    before = {w.name: w for w in previous.workers}
+    for w in current.workers:
+        old = before.get(w.name)
+        if old is None:
+            continue
+        w.recent_rows_per_s = round(max(w.done + w.failed - old.done - old.failed, 0) / dt, 2)
+        w.recent_tokens_per_s = round(
+            max(w.completion_tokens - old.completion_tokens, 0) / dt, 1)
+    return current
+
+
 def render(s: RunStatus) -> str:
     total = "?" if s.total is None else str(s.total)
     eta = "-" if s.eta_s is None else _duration(s.eta_s)
+    windowed = s.recent_rows_per_s is not None
+    rows_s = s.recent_rows_per_s if windowed else s.rows_per_s
+    tok_s = s.recent_tokens_per_s if windowed else s.tokens_per_s
     lines = [
         f"run {s.run}  [{s.state}]  elapsed {_duration(s.elapsed_s)}  ETA {eta}",
-        f"  rows    total {total}  read {s.read}  queued {s.queued}  in flight {s.in_flight}",
+        f"  rows    total {total}  read {s.read}  queue depth {s.queued}  "
+        f"in flight {s.in_flight}  written {s.written}",
         f"  outcome done {s.done}  failed {s.failed}  rejected {s.rejected}  "
         f"truncated {s.truncated} ({s.truncation_rate:.1%})  retries {s.retries}",
-        f"  written {s.written}   rate {s.rows_per_s:.1f} rows/s  {s.tokens_per_s:.0f} tok/s",
+        f"  rate    {rows_s or 0:.1f} rows/s  {tok_s or 0:.0f} tok/s "
+        f"({'since last refresh' if windowed else 'average since start'})",
         f"  tokens  prompt {s.prompt_tokens}  completion {s.completion_tokens}",
     ]
     if s.workers:
-        lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'rows/s':>8} {'tok/s':>9} "
-                     "health")
-        for w in s.workers:
-            health = {True: "ok", False: "DOWN", None: "?"}[w.healthy]
-            lines.append(f"  {w.name:<28} {w.done:>8} {w.failed:>6} {w.rows_per_s:>8.1f} "
-                         f"{w.tokens_per_s:>9.0f} {health}")
+        lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'in flight':>9} "
+                     f"{'rows/s':>8} {'tok/s':>9}  health")
+        lines += [_worker_line(w) for w in s.workers]
     return "\n".join(lines)
+
+
+def _worker_line(w: WorkerStatus) -> str:
+    rows_s = w.recent_rows_per_s if w.recent_rows_per_s is not None else w.rows_per_s
+    tok_s = w.recent_tokens_per_s if w.recent_tokens_per_s is not None else w.tokens_per_s
+    in_flight = "-" if w.in_flight is None else f"{w.in_flight}/{w.concurrency or '?'}"
+    if w.healthy is None:
+        health = "offline"
+    elif not w.healthy:
+        health = "ENGINE DOWN"
+    else:
+        health = "ok" if w.consuming is not False else "paused"
+    return (f"  {w.name:<28} {w.done:>8} {w.failed:>6} {in_flight:>9} {rows_s:>8.1f} "
+            f"{tok_s:>9.0f}  {health}")
 
 
 def _duration(seconds: float) -> str:
@@ -142,5 +212,5 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def dumps(s: RunStatus) -> str:
-    return orjson.dumps(s.to_json(), option=orjson.OPT_INDENT_2).decode()
+def dumps(s: RunStatus, *, compact: bool = False) -> str:
+    return orjson.dumps(s.to_json(), option=0 if compact else orjson.OPT_INDENT_2).decode()
