@@ -1,0 +1,196 @@
+"""The `fleetgen sim` command: flags, building the config, serving until signalled."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from simulator.config import SimConfig
+
+if TYPE_CHECKING:
+    from simulator.server import SimFleet
+
+EXIT_OK = 0
+EXIT_CANNOT_SERVE = 1  # e.g. the port is taken
+EXIT_BAD_CONFIG = 2  # same code argparse uses for a usage error
+
+API_KEY_ENV = "FLEETGEN_SIM_API_KEY"
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's flags (defaults are SimConfig's) to `parser`."""
+    d = SimConfig()
+    serve = parser.add_argument_group("serving")
+    serve.add_argument("--host", metavar="HOST", default=d.host,
+                       help="interface to listen on (default %(default)s)")
+    serve.add_argument("--port", metavar="PORT", type=int, default=d.port,
+                       help="first port; server i listens on PORT+i, 0 picks free ports "
+                            "(default %(default)s)")
+    serve.add_argument("--count", metavar="N", type=int, default=d.count,
+                       help="simulated servers (one per GPU) in this process (default %(default)s)")
+    serve.add_argument("--model-name", metavar="NAME", default=d.model_name,
+                       help="name reported by /v1/models (default %(default)s)")
+    serve.add_argument("--api-key", metavar="KEY", default=None,
+                       help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
+    serve.add_argument("--drain-timeout-s", metavar="S", type=float, default=d.drain_timeout_s,
+                       help="on SIGTERM, wait this long for requests in flight "
+                            "(default %(default)s)")
+
+    limits = parser.add_argument_group("limits (applied as SGLang applies them)")
+    limits.add_argument("--context-length", metavar="TOKENS", type=int,
+                        default=d.context_length, help="model context (default %(default)s)")
+    limits.add_argument("--max-total-tokens", metavar="TOKENS", type=int, default=None,
+                        help="KV cache capacity (default: never tighter than the context)")
+    limits.add_argument("--max-running-requests", metavar="K", type=int,
+                        default=d.max_running_requests, help="running slots (default %(default)s)")
+    limits.add_argument("--max-queued-requests", metavar="N", type=int, default=None,
+                        help="waiting requests allowed; beyond them 503 (default: unbounded)")
+
+    timing = parser.add_argument_group("capacity model")
+    timing.add_argument("--ttft-ms", metavar="MS", type=float, default=d.ttft_ms,
+                        help="time to first token (default %(default)s)")
+    timing.add_argument("--tpot-ms", metavar="MS", type=float, default=d.tpot_ms,
+                        help="time per output token (default %(default)s)")
+    timing.add_argument("--slowdown", metavar="F", type=float, default=d.slowdown,
+                        help="tpot is multiplied by 1 + F x running/K (default %(default)s)")
+    timing.add_argument("--speed", metavar="F", type=float, default=d.speed,
+                        help="relative GPU speed; 0.5 doubles every time (default %(default)s)")
+    timing.add_argument("--output-tokens-mean", metavar="TOKENS", type=int,
+                        default=d.output_tokens_mean,
+                        help="mean natural answer length, heavy-tailed (default %(default)s)")
+    timing.add_argument("--seed", metavar="S", type=int, default=d.seed,
+                        help="seed of answers and faults (default %(default)s)")
+
+    faults = parser.add_argument_group("fault injection")
+    faults.add_argument("--error-rate", metavar="RATE", type=float, default=0.0,
+                        help="fraction of requests answered 500/502/503/504")
+    faults.add_argument("--queue-full-rate", metavar="RATE", type=float, default=0.0,
+                        help="fraction answered 503 'The request queue is full.'")
+    faults.add_argument("--hang-rate", metavar="RATE", type=float, default=0.0,
+                        help="fraction never answered until the client gives up")
+    faults.add_argument("--drop-rate", metavar="RATE", type=float, default=0.0,
+                        help="fraction whose connection is closed without an answer")
+    faults.add_argument("--extra-prompt-tokens", metavar="N", type=int, default=0,
+                        help="count every prompt as N tokens longer than sent")
+    faults.add_argument("--die-after-s", metavar="S", type=float, default=None,
+                        help="crash after S seconds: close the port, cut every connection")
+    faults.add_argument("--down-window", metavar="START:END", type=_down_window,
+                        action="append", default=[],
+                        help="answer 503 on /health and generation from START to END seconds "
+                             "after start (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """Build the config from parsed flags; raises ValueError naming the bad field."""
+    return SimConfig(
+        host=args.host,
+        port=args.port,
+        count=args.count,
+        context_length=args.context_length,
+        max_total_tokens=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
+        ttft_ms=args.ttft_ms,
+        tpot_ms=args.tpot_ms,
+        slowdown=args.slowdown,
+        speed=args.speed,
+        output_tokens_mean=args.output_tokens_mean,
+        seed=args.seed,
+        model_name=args.model_name,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        error_rate=args.error_rate,
+        queue_full_rate=args.queue_full_rate,
+        hang_rate=args.hang_rate,
+        drop_rate=args.drop_rate,
+        extra_prompt_tokens=args.extra_prompt_tokens,
+        die_after_s=args.die_after_s,
+        down_windows=tuple(args.down_window),
+        drain_timeout_s=args.drain_timeout_s,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT, then drain; returns an exit code."""
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        print(f"fleetgen sim: error: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        return asyncio.run(serve(config))
+    except OSError as error:
+        print(
+            f"fleetgen sim: error: cannot listen on {config.host}:{config.port}: "
+            f"{error.strerror or error}. Pick another --port or stop what uses it.",
+            file=sys.stderr,
+        )
+        return EXIT_CANNOT_SERVE
+
+
+async def serve(config: SimConfig) -> int:
+    """Run a fleet until the first signal; a second signal cuts the drain short."""
+    from simulator.server import SimFleet
+
+    fleet = SimFleet(config)
+    await fleet.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    drain: asyncio.Task[bool] | None = None
+
+    def on_signal() -> None:
+        if drain is not None:
+            drain.cancel()
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        print(ready_line(fleet), flush=True)
+        await stop.wait()
+        logger.info("signal received: draining (up to %.1f s)", config.drain_timeout_s)
+        drain = asyncio.ensure_future(fleet.drain())
+        try:
+            await drain
+        except asyncio.CancelledError:
+            logger.warning("second signal: stopping without waiting for in-flight requests")
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await fleet.stop()
+    return EXIT_OK
+
+
+def ready_line(fleet: SimFleet) -> str:
+    """The one line scripts wait for: where the servers listen and their limits."""
+    servers = fleet.servers
+    first, last = servers[0], servers[-1]
+    if len(servers) == 1:
+        where = first.url
+    elif last.port - first.port == len(servers) - 1:
+        where = f"{first.url}..{last.port}"
+    else:
+        where = ", ".join(fleet.urls)
+    config = fleet.config
+    return (
+        f"fleetgen sim: serving {len(servers)} server(s) on {where} "
+        f"(context {config.context_length}, {config.max_running_requests} slots)"
+    )
+
+
+def _down_window(text: str) -> tuple[float, float]:
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected START:END in seconds (e.g. 10:25), got {text!r}"
+        ) from None
