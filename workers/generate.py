@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetgen.contract import KIND_FAILURE, KIND_RESULT, TaskPayload
+from producer.budget import SCHEDULER_INPUT_MARGIN
 from workers import errors
 from workers.engine import Engine, Generation
 from workers.records import failure_record, result_record
@@ -35,6 +36,9 @@ class RetryPolicy:
 def corrected_budget(error: errors.ContextLengthError, max_tokens: int) -> int | None:
     """The largest budget the server would accept by its own count, or None."""
     if error.server_prompt_tokens is None or error.context_length is None:
+        return None
+    # By the server's count the input breaks the scheduler's limit too: no budget can help.
+    if error.server_prompt_tokens >= error.context_length - 1 - SCHEDULER_INPUT_MARGIN:
         return None
     room = error.context_length - error.server_prompt_tokens - 2
     return room if 0 < room < max_tokens else None
