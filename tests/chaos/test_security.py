@@ -1,0 +1,128 @@
+"""Secure by default: JSON-only Celery, passwords and API keys that never leak."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from fleetgen.celeryconf import make_app
+from fleetgen.contract import QUEUE, TASK_NAME
+from fleetgen.procs import wait_for
+from fleetgen.redisconn import ConfigError, redact, redis_url
+from producer.settings import ProducerSettings
+from tests.chaos.conftest import FleetFactory
+from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from workers import errors
+from workers.engine import EngineClient, read_limits
+from workers.settings import WorkerSettings
+
+PASSWORD = "s3cr3t-Pw-7f1c"
+API_KEY = "sk-test-9a8b7c"
+
+
+class Boom:
+    """Unpickling this creates a file: proof of code execution if it ever happens."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, ...]]:
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_pickle_message_is_refused_and_runs_nothing(make_fleet: FleetFactory,
+                                                      tmp_path: Path) -> None:
+    fleet = make_fleet(gpus=1)
+    marker = tmp_path / "pwned"
+    sender = make_app(fleet.redis_url, visibility_timeout_s=60)
+    sender.conf.accept_content = ["json", "pickle"]
+    sender.send_task(TASK_NAME, args=[Boom(str(marker))], queue=QUEUE, serializer="pickle")
+    client = redis.Redis.from_url(fleet.redis_url)
+    worker = fleet.workers[0]
+    wait_for(lambda: "untrusted content" in worker.log_text(), 30, "the worker to refuse it")
+    wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 30,
+             "the message to be gone")
+    assert not marker.exists()
+    assert "pickle" in worker.log_text()
+    sender.close()
+
+
+def test_password_and_api_key_work_and_never_leak(make_fleet: FleetFactory,
+                                                  tmp_path: Path) -> None:
+    fleet = make_fleet(redis_password=PASSWORD, sim_args=["--api-key", API_KEY],
+                       worker_env={"FLEETGEN_ENGINE_API_KEY": API_KEY})
+    assert PASSWORD in fleet.redis_url
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
+    kinds = make_prompts(prompts, 60)
+    # The producer reads the context from the engine, with the key.
+    run_pipeline(fleet, prompts, "secure", out, context_length=None,
+                 engine_url=fleet.engine_url(0), engine_api_key=API_KEY)
+    assert_exactly_once(out, set(kinds["good"]))
+
+    env = {**os.environ, "FLEETGEN_REDIS_URL": fleet.redis_url}
+    for args in (["status", "--run", "secure"], ["status", "--run", "secure", "--json"],
+                 ["status", "--run", "nope"], ["produce", str(prompts), "--run", "x:y",
+                                                "--context-length", "4096"]):
+        done = subprocess.run([sys.executable, "-m", "fleetgen", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert PASSWORD not in done.stdout + done.stderr, args
+    for worker in fleet.workers:
+        log = worker.log_text()
+        assert log and PASSWORD not in log and API_KEY not in log
+    for text in (repr(WorkerSettings.from_env({"FLEETGEN_REDIS_URL": fleet.redis_url,
+                                                "FLEETGEN_ENGINE_API_KEY": API_KEY})),
+                 repr(ProducerSettings(input=prompts, run="r", redis_url=fleet.redis_url,
+                                       context_length=4096, engine_api_key=API_KEY)),
+                 str(ProducerSettings(input=prompts, run="r", redis_url=fleet.redis_url,
+                                      context_length=4096).manifest_settings())):
+        assert PASSWORD not in text and API_KEY not in text
+
+    # Without the key the engine refuses, and the client calls it a permanent error.
+    assert httpx.post(fleet.engine_url(0) + "/generate", json={"input_ids": [1]}).status_code \
+        == 401
+    client = EngineClient(fleet.engine_url(0), timeout_s=5, concurrency=1)
+    with pytest.raises(errors.PermanentError) as info:
+        client.generate([1, 2, 3], 4, {}, rid="x")
+    assert info.value.status == 401
+    client.close()
+    assert read_limits(fleet.engine_url(0), api_key=API_KEY).context_length == 4096
+
+
+def test_wrong_password_is_one_line_without_the_password(make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(gpus=1, redis_password=PASSWORD)
+    wrong = fleet.redis_url.replace(PASSWORD, PASSWORD + "-wrong")
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "status", "--run", "r",
+                           "--redis", wrong], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 4
+    assert PASSWORD not in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_acl_user_url_works(make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(gpus=1)
+    admin = redis.Redis.from_url(fleet.redis_url)
+    admin.execute_command("ACL", "SETUSER", "fleet", "on", f">{PASSWORD}", "~*", "&*", "+@all")
+    url = fleet.redis_url.replace("redis://", f"redis://fleet:{PASSWORD}@")
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "status", "--redis", url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert redact(url) == url.replace(PASSWORD, "***")
+
+
+@pytest.mark.parametrize("url", ["rediss://:pw@redis.example:6380/0",
+                                 "rediss://user:pw@10.0.0.1:6380/1?ssl_cert_reqs=required"])
+def test_tls_urls_are_accepted_and_redacted(url: str) -> None:
+    assert redis_url(url) == url
+    assert "pw" not in redact(url).replace("***", "")
+
+
+def test_a_non_redis_url_is_a_config_error_naming_no_secret() -> None:
+    with pytest.raises(ConfigError) as info:
+        redis_url("http://user:hunter2@host:6379")
+    assert "hunter2" not in str(info.value)
