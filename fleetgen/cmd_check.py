@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-age-s", type=float, default=30.0,
                    help="oldest acceptable heartbeat in s (30)")
     p.add_argument("--timeout-s", type=float, default=5.0, help="per check (5)")
+    p.add_argument("--wait-s", type=float, default=0.0,
+                   help="retry until healthy or this many s have passed, e.g. before starting "
+                   "a process that needs Redis up (0: check once)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures only")
     p.set_defaults(handler=run)
 
@@ -89,17 +92,27 @@ def check_worker(client: redis.Redis, name: str, max_age_s: float,
                  f"consuming={beat.get('consuming', '?')}")
 
 
-def run(args: argparse.Namespace) -> int:
-    url = redis_url(args.redis)
-    # No retries here: a probe must answer within its own timeout, not ride out an outage.
-    client = redis.Redis.from_url(url, socket_timeout=args.timeout_s,
-                                  socket_connect_timeout=args.timeout_s)
+def run_checks(args: argparse.Namespace, url: str, client: redis.Redis) -> list[Check]:
     checks = [check_redis(client, url)]
     engine = args.engine_url or os.environ.get("FLEETGEN_ENGINE_URL")
     if engine:
         checks.append(check_engine(engine, args.timeout_s))
     if args.worker and checks[0].ok:
         checks.append(check_worker(client, worker_name(args.worker), args.max_age_s))
+    return checks
+
+
+def run(args: argparse.Namespace) -> int:
+    url = redis_url(args.redis)
+    # No retry policy on the client: a probe answers within its own timeout; --wait-s is the
+    # only (explicit) way to ride out a service that is still starting.
+    client = redis.Redis.from_url(url, socket_timeout=args.timeout_s,
+                                  socket_connect_timeout=args.timeout_s)
+    deadline = time.monotonic() + args.wait_s
+    checks = run_checks(args, url, client)
+    while not all(c.ok for c in checks) and time.monotonic() < deadline:
+        time.sleep(0.5)  # a poll interval while waiting for services to come up
+        checks = run_checks(args, url, client)
     for c in checks:
         if not (args.quiet and c.ok):
             print(c.line())

@@ -39,13 +39,18 @@ def run(args: argparse.Namespace) -> int:
     clear = args.watch and not args.json and sys.stdout.isatty()
     while True:
         s = status.gather(client, args.run)
-        if s is None:
+        if s is None and not args.watch:
             raise ConfigError(f"no run named {args.run!r} in this Redis")
-        s = status.with_window(s, previous)
-        out = status.dumps(s, compact=args.watch) if args.json else status.render(s)
+        if s is None:
+            # --watch may be started before the producer; it shows the run once it exists.
+            out = "" if args.json else f"run {args.run}: not started yet (waiting)"
+        else:
+            s = status.with_window(s, previous)
+            out = status.dumps(s, compact=args.watch) if args.json else status.render(s)
         if clear:
             sys.stdout.write("\x1b[H\x1b[2J")
-        print(out, flush=True)
+        if out:
+            print(out, flush=True)
         if not args.watch:
             return exitcodes.OK
         previous = s

@@ -1,0 +1,61 @@
+"""Helpers for the ops tests: free ports, the venv's executables, Prometheus scrapes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A base port with `count` free ports from it on (best effort, like LocalFleet's)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + count < 65000 and all(_free(host, base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def venv_env(**extra: str) -> dict[str, str]:
+    """The environment of a shell in which `fleetgen`, `celery` and `honcho` are the venv's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETGEN_", "FLOWER_"))}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text -> {(sample name, sorted labels): value}."""
+    text = httpx.get(url, timeout=10).text
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+           **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
