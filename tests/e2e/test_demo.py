@@ -1,0 +1,63 @@
+"""`fleetgen demo`: the README's first command, on a small set; it cleans up after itself."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import psutil
+
+from fleetgen.cmd_demo import sample_prompts
+from fleetgen.procs import wait_for
+
+
+def demo_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fleetgen", "demo", *args]
+
+
+def children_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_demo_runs_the_bundled_sample_and_stops_everything(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(demo_argv("--gpus", "2", "--out", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[psutil.Process] = []
+    wait_for(lambda: len(children_of(proc.pid)) >= 4 or proc.poll() is not None, 60,
+             "the demo's processes")
+    seen = children_of(proc.pid)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    rows = sample_prompts().read_bytes().count(b"\n")
+    assert summary["complete"] and summary["total"] == rows
+    assert summary["done"] + summary["rejected"] == rows and summary["failed"] == 0
+    assert summary["rejected"] >= 8  # too-long and malformed rows ship in the sample
+    assert "completion tokens/s" in stdout
+    assert seen and not [p for p in seen if p.is_running() and p.status() != "zombie"]
+
+
+def test_demo_interrupted_stops_every_process(tmp_path: Path) -> None:
+    prompts = tmp_path / "many.jsonl"
+    prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "question {i}"}}\n'
+                               for i in range(3000)))
+    proc = subprocess.Popen(demo_argv("--gpus", "2", "--prompts", str(prompts), "--out",
+                                      str(tmp_path / "out"), "--tpot-ms", "20"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / "out" / "results.jsonl").exists()
+             and (tmp_path / "out" / "results.jsonl").stat().st_size > 0, 120,
+             "the demo to write results")
+    seen = children_of(proc.pid)
+    assert len(seen) >= 4
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "resume" in stderr and "Traceback" not in stderr
+    assert not [p for p in seen if p.is_running() and p.status() != "zombie"]
