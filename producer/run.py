@@ -23,6 +23,7 @@ from fleetgen.contract import (
 )
 from fleetgen.redisconn import ConfigError, read_hash
 from producer.budget import Limits, budget
+from producer.dedup import SeenIds
 from producer.enqueue import Enqueuer
 from producer.rows import BadRow, Row, read_rows
 from producer.settings import ProducerSettings
@@ -74,7 +75,7 @@ class Producer:
         self.limits = limits
         self.keys = RunKeys(settings.run)
         self.progress = Progress()
-        self._seen_ids: set[int] = set()
+        self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_batch: Callable[[Progress], None] | None = None,
@@ -202,12 +203,8 @@ class Producer:
         return self.tokenizer.render(row.messages)
 
     def _is_duplicate(self, row_id: str) -> bool:
-        """First occurrence wins. 64-bit hashes: ~60 bytes a row, not the ids themselves."""
-        h = hash(row_id)
-        if h in self._seen_ids:
-            return True
-        self._seen_ids.add(h)
-        return False
+        """First occurrence wins. 64-bit hashes, not the ids themselves."""
+        return not self._seen_ids.add(hash(row_id))
 
     # -- manifest and resume ----------------------------------------------------------------
     def manifest(self) -> dict[str, str]:

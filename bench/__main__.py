@@ -1,0 +1,39 @@
+"""`python -m bench [NAME ...]`: run every bench or the named one; tables out, JSON in results/."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+# name -> module; each module has main(argv) -> int and prints its own table.
+BENCHES = {
+    "producer": "bench.produce",
+    "drainer": "bench.drain",
+    "memory": "bench.memory",
+    "ceiling": "bench.ceiling",
+    "fleet": "bench.fleet",
+}
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print("benches:", ", ".join(BENCHES), "(extra arguments go to a single named bench)")
+        return 0
+    if argv and argv[0] in BENCHES:
+        names, rest = [argv[0]], argv[1:]
+    else:
+        names, rest = list(BENCHES), argv
+    for name in names:
+        started = time.monotonic()
+        print(f"== bench {name} ==", flush=True)
+        code = importlib.import_module(BENCHES[name]).main(rest if len(names) == 1 else [])
+        print(f"== bench {name}: {time.monotonic() - started:.0f} s ==\n", flush=True)
+        if code:
+            return int(code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,120 @@
+"""Shared bench helpers: deterministic prompt files, tables, JSON results, process memory."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# Words that tokenize to about one Qwen3.6 token each, plus a few multi-token snippets so
+# the text is not all ASCII (the tokenizer's slow paths must be exercised too).
+WORDS = (
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be",
+    "by", "this", "are", "or", "from", "at", "which", "an", "have", "not", "but", "data",
+    "model", "token", "server", "request", "queue", "budget", "prompt", "python", "function",
+    "value", "return", "error", "context", "length", "batch", "worker", "result", "stream",
+    "latency", "throughput", "2024", "42", "3.14",
+)
+SNIPPETS = (
+    "\n```python\ndef f(x):\n    return x * {i}\n```\n",
+    "\n请用中文回答这个问题,谢谢。\n",
+    "\n| a | b |\n|---|---|\n| {i} | {i} |\n",
+    "\nÉcris une réponse courte, s'il te plaît.\n",
+)
+
+
+def chat_row(i: int, words: int, rng: random.Random) -> dict[str, Any]:
+    """One system+user chat row of about `words` + 30 tokens."""
+    body = " ".join(rng.choice(WORDS) for _ in range(words))
+    return {"id": f"r{i}", "messages": [
+        {"role": "system", "content": "You are a helpful assistant. Answer precisely."},
+        {"role": "user", "content": body + rng.choice(SNIPPETS).format(i=i)}]}
+
+
+def write_uniform_prompts(path: Path, count: int, words: int = 260, seed: int = 0) -> Path:
+    """`count` rows of about 300 tokens each (the issue's producer target), streamed to disk."""
+    rng = random.Random(seed)
+    with path.open("wb") as f:
+        for i in range(count):
+            f.write(orjson.dumps(chat_row(i, words, rng)) + b"\n")
+    return path
+
+
+def write_varied_prompts(path: Path, count: int, long_share: float = 0.01,
+                         seed: int = 0) -> Path:
+    """Prompt lengths from 30 to ~2,500 tokens, and `long_share` of 4,200-7,500 tokens: long
+    enough that a fixed max_new_tokens=4096 overflows an 8,192-token context."""
+    rng = random.Random(seed)
+    with path.open("wb") as f:
+        for i in range(count):
+            words = (rng.randint(4200, 7500) if rng.random() < long_share
+                     else int(rng.uniform(0, 1) ** 2 * 2500))
+            f.write(orjson.dumps(chat_row(i, words, rng)) + b"\n")
+    return path
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (what `make bench` prints)."""
+    cells = [[str(h) for h in header]] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells[1:]]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def save(name: str, data: dict[str, Any]) -> Path:
+    """Write bench/results/<name>.json with the machine it ran on."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    data = {"bench": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(),
+            **data}
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    return path
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def run_child(argv: list[str], timeout_s: float) -> tuple[str, int]:
+    """Run a Python child; return its stdout and its peak RSS in bytes (ru_maxrss of a fresh
+    child, so each measurement starts from nothing)."""
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv} failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    # ru_maxrss of RUSAGE_CHILDREN is the largest of all children so far; the child reports
+    # its own instead (see report_peak_rss), which is exact per run.
+    return out.decode(), 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
