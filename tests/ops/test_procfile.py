@@ -280,3 +280,43 @@ def test_check_command_probes_redis_engine_and_worker(honcho_fleet: HonchoFleet,
     assert "ok   worker gpu0@" in printed and "FAIL engine" in printed
     assert "FAIL worker gpu7@" in printed and "password refused" in printed
     assert honcho_fleet.password not in printed
+
+
+def _procfile(name: str) -> dict[str, str]:
+    from honcho.environ import parse_procfile
+
+    return dict(parse_procfile((REPO / name).read_text()).processes)
+
+
+def test_procfile_pins_each_worker_to_its_own_gpu_server() -> None:
+    procs = _procfile("Procfile")
+    assert set(procs) == {"valkey", "drain", "flower", "metrics",
+                          *(f"sglang{n}" for n in range(8)), *(f"worker{n}" for n in range(8))}
+    for n in range(8):
+        sglang, worker = procs[f"sglang{n}"], procs[f"worker{n}"]
+        assert sglang.startswith(f"CUDA_VISIBLE_DEVICES={n} exec python -m sglang.launch_server")
+        for part in (f"--port 3000{n}", "--context-length $CONTEXT_LENGTH",
+                     "--mem-fraction-static 0.88", "--enable-metrics", '"$MODEL"'):
+            assert part in sglang, (n, part)
+        assert worker.startswith(f"FLEETGEN_ENGINE_URL=http://127.0.0.1:3000{n} exec celery "
+                                 f"-A workers worker -Q fleetgen -n gpu{n}@%h -P threads -c $SLOTS")
+    assert "--follow" in procs["drain"]
+    assert "FLOWER_BASIC_AUTH:?" in procs["flower"]  # refuses to start without auth
+    # Procfile.sim is the same process set with simulators in place of SGLang.
+    sim = _procfile("Procfile.sim")
+    assert {k: v for k, v in sim.items() if not k.startswith(("sim", "worker"))} == \
+        {k: v for k, v in procs.items() if not k.startswith(("sglang", "worker"))}
+    assert {k for k in sim if k.startswith("sim")} == {f"sim{n}" for n in range(8)}
+
+
+def test_procfile_fleetgen_commands_use_real_flags() -> None:
+    parser = cli.build_parser()
+    lines = [c for name in ("Procfile", "Procfile.sim") for c in _procfile(name).values()]
+    commands = [part.strip().removeprefix("exec ") for c in lines
+                for part in re.split(r"&&|;", c)]
+    commands = [c for c in commands if c.startswith("fleetgen ")]
+    assert len(commands) >= 8 + 2 * 2  # sims; valkey, check, drain, metrics in both files
+    for command in commands:
+        command = command.replace("$SIM_ARGS", "")  # extra flags, empty by default
+        argv = shlex.split(re.sub(r"\$\(\([^)]*\)\)|\$\{?\w+[^}\s\"]*\}?", "1", command))
+        parser.parse_args(argv[1:])
