@@ -197,7 +197,7 @@ class Drainer:
     def _write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         touched: set[str] = set()
         for _, fields in entries:
-            if b"d" not in fields:  # an entry XDELed earlier shows as empty in a pending read
+            if not fields or b"d" not in fields:  # XDELed earlier: empty in a pending read
                 continue
             kind = fields[b"k"].decode()
             record = orjson.loads(fields[b"d"])
