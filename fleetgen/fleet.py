@@ -27,6 +27,7 @@ class FleetSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
     redis_password: str | None = None
+    redis_url: str | None = None  # an existing Redis (e.g. rediss://); else an embedded Valkey
 
 
 class LocalFleet:
@@ -42,13 +43,14 @@ class LocalFleet:
 
     @property
     def redis_url(self) -> str:
-        return self.valkey.url
+        return self.spec.redis_url or self.valkey.url
 
     def engine_url(self, gpu: int) -> str:
         return f"http://127.0.0.1:{self.sim_port + gpu}"
 
     def start(self, timeout_s: float = 60.0) -> LocalFleet:
-        self.valkey.start()
+        if self.spec.redis_url is None:
+            self.valkey.start()
         self.start_sims(timeout_s)
         for gpu in range(self.spec.gpus):
             self.start_worker(gpu)

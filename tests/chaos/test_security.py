@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +17,7 @@ from fleetgen.celeryconf import make_app
 from fleetgen.contract import QUEUE, TASK_NAME
 from fleetgen.procs import wait_for
 from fleetgen.redisconn import ConfigError, redact, redis_url
+from fleetgen.valkey import free_port
 from producer.settings import ProducerSettings
 from tests.chaos.conftest import FleetFactory
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
@@ -126,3 +129,56 @@ def test_a_non_redis_url_is_a_config_error_naming_no_secret() -> None:
     with pytest.raises(ConfigError) as info:
         redis_url("http://user:hunter2@host:6379")
     assert "hunter2" not in str(info.value)
+
+
+@pytest.fixture()
+def tls_redis(tmp_path: Path) -> Iterator[str]:
+    """Debian's redis-server (built with TLS, unlike the embedded Valkey) behind a test CA."""
+    server, openssl = shutil.which("redis-server"), shutil.which("openssl")
+    if not server or not openssl:
+        pytest.skip("redis-server or openssl missing (.ci/run installs redis-server)")
+    ca_key, ca, key, csr, cert = (tmp_path / n for n in
+                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    ext = tmp_path / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for args in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out",
+                  ca, "-days", "2", "-subj", "/CN=fleetgen-test-ca"],
+                 ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+                  "-subj", "/CN=127.0.0.1"],
+                 ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                  "-out", cert, "-days", "2", "-extfile", ext]):
+        subprocess.run([openssl, *map(str, args)], check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", "0", "--tls-port", str(port), "--tls-cert-file",
+                             str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file",
+                             str(ca), "--tls-auth-clients", "no", "--requirepass", PASSWORD,
+                             "--save", "", "--appendonly", "yes", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = (f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_cert_reqs=required"
+           f"&ssl_ca_certs={ca}")
+    client = redis.Redis.from_url(url)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_for(up, 15, "redis-server with TLS")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_a_whole_run_over_rediss(make_fleet: FleetFactory, tmp_path: Path,
+                                 tls_redis: str) -> None:
+    fleet = make_fleet(gpus=2, redis_url=tls_redis)
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
+    kinds = make_prompts(prompts, 80)
+    run_pipeline(fleet, prompts, "tls", out)
+    assert_exactly_once(out, set(kinds["good"]))
+    plain = tls_redis.replace("rediss://", "redis://").split("?")[0]
+    with pytest.raises(redis.ConnectionError):  # the port speaks TLS only
+        redis.Redis.from_url(plain, socket_timeout=3).ping()
+    for worker in fleet.workers:
+        assert PASSWORD not in worker.log_text()
