@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any, ClassVar
 
 from celery import Celery, bootsteps, signals
 from celery.exceptions import Reject
 
+from fleetgen import exitcodes
 from fleetgen.celeryconf import make_app
 from fleetgen.contract import QUEUE, TASK_NAME, WORKER_TTL_S, TaskPayload, worker_key
+from fleetgen.redisconn import ConfigError
 from workers import runtime
 from workers.generate import EngineGone, generate_one
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("fleetgen.worker")
 
-_settings = WorkerSettings.from_env()
+try:
+    _settings = WorkerSettings.from_env()
+except ConfigError as exc:
+    # A misconfigured worker is a user mistake: one line and exit code 3, no traceback.
+    print(f"fleetgen worker: {exc}", file=sys.stderr)
+    raise SystemExit(exitcodes.CONFIG) from None
 app: Celery = make_app(_settings.redis_url, visibility_timeout_s=_settings.visibility_timeout_s,
                        max_connections=512)
 
