@@ -158,8 +158,7 @@ class Producer:
             if not wanted(item.line):
                 self.progress.skipped += 1
             elif duplicate:
-                rejections.append(rejected_record(item.id, item.line, "duplicate_id: an "
-                                                  "earlier row has the same id"))
+                rejections.append(duplicate_record(item))
             elif isinstance(item, BadRow):
                 rejections.append(rejected_record(item.id, item.line, item.reason))
             else:
@@ -254,6 +253,15 @@ def is_complete(client: redis.Redis, run: str) -> bool:
     written = read_hash(client, keys.written)
     count = sum(int(written.get(k, 0)) for k in ("done", "failed", "rejected"))
     return count >= int(manifest["total"]) and client.xlen(keys.stream) == 0
+
+
+def duplicate_record(item: Row | BadRow) -> dict[str, Any]:
+    """A later row reusing an id is rejected under `<id>#<line>`, so no id is ever written
+    twice; `duplicate_of` names the id it repeats."""
+    record = rejected_record(f"{item.id}#{item.line}", item.line,
+                             "duplicate_id: an earlier row has the same id")
+    record["duplicate_of"] = item.id
+    return record
 
 
 def _check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -44,7 +44,12 @@ def test_every_kind_of_bad_row_is_rejected_with_its_line_and_the_run_goes_on(
                        5: "bad_messages", 6: "invalid_utf8", 7: "duplicate_id",
                        8: "prompt_too_long", 9: "bad_messages"}
     ok1 = next(r for r in data["results"] if r["id"] == "ok1")
-    assert ok1["line"] == 1  # the first occurrence of a duplicated id wins
+    assert ok1["line"] == 1  # the first occurrence of a duplicated id wins ...
+    dup = next(r for r in data["rejected"] if r["line"] == 7)
+    assert dup["id"] == "ok1#7" and dup["duplicate_of"] == "ok1"  # ... and no id is written twice
+    assert_exactly_once(out_dir, {"ok1", "ok2", "j", "m", "e", "t", "u", "ok1#7", "huge",
+                                  "img"} - {"j", "u"} | {r["id"] for r in data["rejected"]
+                                                         if r["line"] in (2, 6)})
 
 
 def test_empty_file_completes_with_nothing(fleet4: LocalFleet, tmp_path: Path,
