@@ -64,6 +64,18 @@ class Bits:
         byte = line >> 3
         return byte < len(self.raw) and bool(self.raw[byte] & (0x80 >> (line & 7)))
 
+    def missing(self, first: int, last: int) -> Iterator[int]:
+        """Lines in first..last whose bit is clear; whole bytes of set bits are skipped, so a
+        nearly finished 10-million-row run is scanned in a fraction of a second."""
+        raw = self.raw.ljust((last >> 3) + 1, b"\0")
+        for index in range(first >> 3, (last >> 3) + 1):
+            if raw[index] == 0xFF:
+                continue
+            for bit in range(8):
+                line = (index << 3) | bit
+                if first <= line <= last and not raw[index] & (0x80 >> bit):
+                    yield line
+
 
 class Producer:
     def __init__(self, settings: ProducerSettings, tokenizer: PromptTokenizer,
@@ -117,7 +129,7 @@ class Producer:
         total = int(self.manifest().get("total", 0))
         done = Bits(_raw(self.redis.get(self.keys.done)))
         in_flight = self._lines_in_flight()
-        return {n for n in range(1, total + 1) if n not in done and n not in in_flight}
+        return {n for n in done.missing(1, total) if n not in in_flight}
 
     def wait_until_generated(self, interval_s: float = 30.0,
                              should_stop: Callable[[], bool] = lambda: False,

@@ -89,3 +89,4 @@ def test_invalid_limits_name_the_field() -> None:
         Limits(CTX, cap=0)
     with pytest.raises(ValueError, match="context_length"):
         Limits(8)
+
