@@ -102,8 +102,10 @@ def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path:
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, N)
     producer = subprocess.Popen(
+        # A small high-water mark keeps the producer mid-enqueue when Redis goes away.
         fleetgen_cli("produce", str(prompts), "--run", "vk", "--context-length", "4096",
-                     "--reconcile-interval", "2", "--redis", fleet.redis_url),
+                     "--reconcile-interval", "2", "--high-water", "30", "--batch-size", "10",
+                     "--redis", fleet.redis_url),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     drainer = subprocess.Popen(
         fleetgen_cli("drain", "--run", "vk", "--out", str(out), "--redis", fleet.redis_url),
@@ -114,7 +116,8 @@ def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path:
     fleet.valkey.start()
     assert drainer.wait(timeout=150) == 0, drainer.stdout.read().decode() if drainer.stdout \
         else ""
-    assert producer.wait(timeout=30) == 0
+    assert producer.wait(timeout=30) == 0, producer.stdout.read().decode() if producer.stdout \
+        else ""
     data = assert_exactly_once(out, set(kinds["good"]))
     assert len(data["results"]) == N
 
