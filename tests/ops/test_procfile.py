@@ -121,6 +121,12 @@ def _stop_honcho(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def _pid(log: Path, name: str) -> int:
+    found = re.search(rf"{name}\.1 started \(pid=(\d+)\)", log.read_text(errors="replace"))
+    assert found, f"honcho did not report {name}'s pid"
+    return int(found.group(1))
+
+
 @dataclass
 class CompletedRun:
     ids: set[str]
@@ -320,3 +326,16 @@ def test_procfile_fleetgen_commands_use_real_flags() -> None:
         command = command.replace("$SIM_ARGS", "")  # extra flags, empty by default
         argv = shlex.split(re.sub(r"\$\(\([^)]*\)\)|\$\{?\w+[^}\s\"]*\}?", "1", command))
         parser.parse_args(argv[1:])
+
+
+def test_stopping_the_drainer_writes_a_complete_summary_and_stops_the_set(
+        honcho_fleet: HonchoFleet, completed_run: CompletedRun) -> None:
+    """Last in this module: SIGTERM to the drainer (honcho runs each process in its own
+    group) ends it cleanly while Valkey is still up, and honcho then stops the rest."""
+    os.killpg(_pid(honcho_fleet.log, "drain"), signal.SIGTERM)
+    honcho_fleet.proc.wait(timeout=30)
+    log = honcho_fleet.log.read_text(errors="replace")
+    assert "drain.1 stopped (rc=0)" in log, log[-3000:]
+    summary = orjson.loads((honcho_fleet.tmp / "out" / "summary.json").read_bytes())
+    assert summary["complete"] is True
+    assert (summary["done"], summary["rejected"], summary["failed"]) == (160, 2, 0)
