@@ -37,11 +37,11 @@ PROCESSES = ["valkey", *[f"sim{g}" for g in range(GPUS)], *[f"worker{g}" for g i
 @dataclass
 class HonchoFleet:
     tmp: Path
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the passwords
     proc: subprocess.Popen[bytes]
     log: Path
-    password: str
-    flower_auth: tuple[str, str]
+    password: str = field(repr=False)
+    flower_auth: tuple[str, str] = field(repr=False)
     workers: list[str]
     watch_lines: list[str] = field(default_factory=list)
 
@@ -282,7 +282,10 @@ def test_check_command_probes_redis_engine_and_worker(honcho_fleet: HonchoFleet,
     assert cli.main(["check", "--redis", url, "--worker", "gpu7@%h"]) == exitcodes.UNAVAILABLE
     wrong_password = re.sub(r":[^:@]+@", ":nope@", url)
     assert cli.main(["check", "--redis", wrong_password]) == exitcodes.UNAVAILABLE
+    no_redis = f"redis://127.0.0.1:{free_port()}/0"
+    assert cli.main(["check", "--redis", no_redis, "--timeout-s", "1"]) == exitcodes.UNAVAILABLE
     printed = capsys.readouterr().out
+    assert f"FAIL redis: {no_redis} unreachable" in printed
     assert "ok   worker gpu0@" in printed and "FAIL engine" in printed
     assert "FAIL worker gpu7@" in printed and "password refused" in printed
     assert honcho_fleet.password not in printed
