@@ -115,8 +115,10 @@ def test_flower_in_chromium_shows_gpu_workers_and_their_task_counts(
         def counts_shown() -> bool:
             nonlocal shown
             shown = _table(driver)
+            # Active comes from the workers' heartbeat events (every 2 s): wait for the one
+            # after the run, so the screenshot shows the finished state.
             return all(shown.get(w, {}).get("Succeeded") == str(per_worker[w])
-                       for w in workers)
+                       and shown[w].get("Active") == "0" for w in workers)
 
         # The page refreshes itself from Flower's event state; no reload needed.
         wait_for(counts_shown, 30, f"Flower to show {dict(per_worker)} succeeded tasks",
