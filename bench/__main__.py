@@ -13,6 +13,7 @@ BENCHES = {
     "memory": "bench.memory",
     "ceiling": "bench.ceiling",
     "fleet": "bench.fleet",
+    "ordering": "bench.ordering",
 }
 
 

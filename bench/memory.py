@@ -88,7 +88,7 @@ def child(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     progress = producer.run()
     seconds = time.perf_counter() - started
-    seen = getattr(producer, "_seen_ids", None)
+    seen: Any = getattr(producer, "_seen_ids", None)
     seen_bytes = seen.nbytes() if hasattr(seen, "nbytes") else None
     print(json.dumps({"rows": progress.read, "enqueued": progress.enqueued, "seconds": seconds,
                       "run_peak_rss": rss_bytes("VmHWM"), "rss_before_run": before,

@@ -1,0 +1,88 @@
+"""Drainer bench: lines/s from the run's stream to fsynced JSONL, at the drainer's fsync policy.
+
+The stream is filled first with result entries shaped like a worker's (about 1.2 KB of
+JSON each), then the real Drainer reads, writes, fsyncs once per batch and per file
+touched, then XACKs and XDELs, until the run is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from bench.common import save, table
+from fleetgen.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
+from fleetgen.valkey import EmbeddedValkey
+
+
+def fill(client: redis.Redis, run: str, rows: int) -> int:
+    keys = RunKeys(run)
+    size = 0
+    for start in range(1, rows + 1, 1000):
+        pipe = client.pipeline(transaction=False)
+        for line in range(start, min(start + 1000, rows + 1)):
+            record = {"id": f"r{line}", "line": line, "completion": "word " * 200,
+                      "finish_reason": "stop", "prompt_tokens": 300,
+                      "completion_tokens": 200, "max_tokens": 7890, "attempts": 1,
+                      "worker": "gpu0@bench", "row": {"source": "bench"}}
+            data = orjson.dumps(record)
+            size = len(data)
+            pipe.xadd(keys.stream, {"k": KIND_RESULT, "d": data})
+        pipe.execute()
+    client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": rows})
+    return size
+
+
+def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
+    from fleetgen.redisconn import connect
+    from workers.drainer import Drainer
+
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    run = f"drain{batch}"
+    line_bytes = fill(client, run, rows)
+    drainer = Drainer(connect(url), run, out / run, batch=batch, block_ms=10)
+    drainer.recover()
+    started = time.perf_counter()
+    drainer.run_until_complete()
+    seconds = time.perf_counter() - started
+    drainer.close()
+    written = sum(1 for _ in (out / run / "results.jsonl").open("rb"))
+    if written != rows:
+        raise RuntimeError(f"drainer wrote {written} lines, not {rows}")
+    return {"rows": rows, "batch": batch, "seconds": seconds, "lines_per_s": rows / seconds,
+            "line_bytes": line_bytes, "stream_left": int(client.xlen(RunKeys(run).stream)),
+            "fsyncs": -(-rows // batch)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench drainer", description=__doc__)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--batches", default="512,64")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-drainer-") as tmp:
+        work = Path(tmp)
+        valkey = EmbeddedValkey(work / "valkey").start()
+        try:
+            results = [measure(valkey.url, work, args.rows, int(b))
+                       for b in args.batches.split(",")]
+        finally:
+            valkey.stop()
+    print(table(f"drainer: {args.rows:,} results of ~{results[0]['line_bytes']} bytes, "
+                "fsync per batch and file, then XACK + XDEL",
+                ["batch (XREADGROUP COUNT)", "lines/s", "seconds", "fsyncs", "stream left"],
+                [[r["batch"], r["lines_per_s"], r["seconds"], r["fsyncs"], r["stream_left"]]
+                 for r in results]))
+    save("drainer", {"results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
