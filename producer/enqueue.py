@@ -68,6 +68,9 @@ class Enqueuer:
 
     def __init__(self, client: redis.Redis, redis_url: str, run: str,
                  high_water: int | None = None) -> None:
+        # `redis_url` is no longer needed (no Celery app: every write goes through `client`);
+        # the argument stays so that callers keep working.
+        del redis_url
         self.redis = client
         self.keys = RunKeys(run)
         self.fixed_high_water = high_water
