@@ -15,6 +15,8 @@ from fleetgen.celeryconf import make_app
 from fleetgen.contract import QUEUE, TASK_NAME, WORKER_TTL_S, TaskPayload, worker_key
 from fleetgen.redisconn import ConfigError
 from workers import runtime
+from workers.engine import read_limits
+from workers.errors import EngineError
 from workers.generate import EngineGone, generate_one
 from workers.settings import WorkerSettings
 
@@ -41,6 +43,25 @@ def generate(self: Any, payload: TaskPayload) -> None:
         # this worker from taking more until its own server answers again.
         log.info("id=%s engine gone (%s); prompt handed back", payload["id"], exc)
         raise Reject(str(exc), requeue=True) from exc
+
+
+@signals.celeryd_init.connect
+def _size_pool_from_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
+    """Without -c, the pool follows the engine: K + 1 threads for K running slots, so one
+    request always waits in the server's queue while a thread does its bookkeeping (96 % ->
+    99.7 % slot utilization for short requests, docs/performance.md)."""
+    if conf is None or (options or {}).get("concurrency"):
+        return
+    try:
+        slots = read_limits(_settings.engine_url, api_key=_settings.engine_api_key,
+                            timeout_s=5.0).max_running_requests
+    except EngineError as exc:
+        log.warning("engine %s did not give its slot count (%s); pass -c", _settings.engine_url,
+                    exc.message)
+        return
+    if slots:
+        conf.worker_concurrency = slots + 1
+        log.warning("pool sized from the engine: %d running slots -> -c %d", slots, slots + 1)
 
 
 @signals.worker_init.connect
