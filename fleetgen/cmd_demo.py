@@ -122,6 +122,9 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path) ->
     errors: list[BaseException] = []
     thread = threading.Thread(target=_produce_in_thread, args=(settings, errors), daemon=True)
     thread.start()
+    print(f"fleetgen demo: run {run_name}; watch it from another shell with\n"
+          f"  FLEETGEN_REDIS_URL={fleet.redis_url} fleetgen status --run {run_name} --watch",
+          flush=True)
     drainer = Drainer(connect(fleet.redis_url), run_name, args.out)
     drainer.recover()
     bar = _progress_bar()
@@ -129,7 +132,8 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path) ->
     def on_progress(d: Drainer) -> None:
         if errors:
             raise errors[0]
-        total = d.manifest().get("total")
+        manifest = d.manifest()
+        total = manifest.get("total") or manifest.get("expected")
         if bar is not None:
             bar.total = int(total) if total else None
             bar.update(d.tally.written - bar.n)

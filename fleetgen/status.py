@@ -89,7 +89,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     sent = int(client.bitcount(keys.sent))
     finished = int(client.bitcount(keys.done))
     queued = int(client.llen(QUEUE))
-    total = int(manifest["total"]) if "total" in manifest else None
+    # The exact count once the producer has read everything; until then the input's size.
+    total = int(manifest.get("total") or manifest.get("expected") or 0) or None
     rate = (done + failed) / elapsed
     remaining = (total if total is not None else n(manifest, "read")) - finished
     status = RunStatus(

@@ -56,6 +56,21 @@ def read_rows(path: Path) -> Iterator[Row | BadRow]:
         yield from _read_jsonl(path)
 
 
+def count_rows(path: Path) -> int:
+    """How many rows read_rows will yield, cheaply (newlines, or Parquet's metadata), so
+    progress bars and ETAs have a total from the first second."""
+    if path.suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    count, last = 0, b"\n"
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")
+
+
 def _read_jsonl(path: Path) -> Iterator[Row | BadRow]:
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):

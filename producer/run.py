@@ -25,7 +25,7 @@ from fleetgen.redisconn import ConfigError, read_hash
 from producer.budget import Limits, budget
 from producer.dedup import SeenIds
 from producer.enqueue import Enqueuer
-from producer.rows import BadRow, Row, read_rows
+from producer.rows import BadRow, Row, count_rows, read_rows
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer
 from workers.records import rejected_record
@@ -232,7 +232,7 @@ class Producer:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.keys.manifest, mapping={
             "settings": orjson.dumps(settings), "state": STATE_PRODUCING,
-            "started_at": time.time(), "read": 0,
+            "started_at": time.time(), "read": 0, "expected": count_rows(self.s.input),
         })
         pipe.sadd(runs_index_key(), self.s.run)
         pipe.execute()

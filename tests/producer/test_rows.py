@@ -113,3 +113,12 @@ def test_parquet_with_wrong_columns_is_an_input_error(tmp_path: Path) -> None:
     pq.write_table(pa.table({"question": ["q"]}), tmp_path / "in.parquet")
     with pytest.raises(InputError, match="none of the columns"):
         rows_of(tmp_path / "in.parquet")
+
+
+@pytest.mark.parametrize("content", [b"", b"a\n", b"a\nb", b"a\n\nb\n", b"\n\n\n"])
+def test_count_rows_matches_what_read_rows_yields(tmp_path: Path, content: bytes) -> None:
+    from producer.rows import count_rows
+
+    f = tmp_path / "in.jsonl"
+    f.write_bytes(content)
+    assert count_rows(f) == len(rows_of(f))
