@@ -57,7 +57,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
                                     context_length=8192)
         client = connect(fleet.redis_url)
         producer = Producer(settings, tokenizer, client,
-                            Enqueuer(client, fleet.redis_url, "ceiling"),
+                            Enqueuer(client, "ceiling"),
                             resolve_limits(settings))
         drainer = Drainer(connect(fleet.redis_url), "ceiling", work / "out", block_ms=50)
         drainer.recover()

@@ -155,7 +155,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                                     context_length=CONTEXT)
         client = connect(local.redis_url)
         producer = Producer(settings, tokenizer, client,
-                            Enqueuer(client, local.redis_url, run), resolve_limits(settings))
+                            Enqueuer(client, run), resolve_limits(settings))
         poller = Poller([local.engine_url(g) for g in range(model.gpus)]).start()
         drainer = Drainer(connect(local.redis_url), run, work / f"fg-{fleet.name}-out",
                           block_ms=50)

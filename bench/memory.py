@@ -82,7 +82,7 @@ def child(args: argparse.Namespace) -> None:
     gc.collect()
     reset_peak_rss()  # what follows is the run itself, not the tokenizer build's peak
     before = rss_bytes("VmRSS")
-    producer = Producer(settings, tokenizer, client, Enqueuer(client, args.redis, args.run,
+    producer = Producer(settings, tokenizer, client, Enqueuer(client, args.run,
                                                               HIGH_WATER),
                         resolve_limits(settings))
     started = time.perf_counter()

@@ -37,7 +37,7 @@ def run_fleetgen(path: Path, url: str, tokenizer: Any) -> int:
     settings = ProducerSettings(input=path, run="fleetgen", redis_url=url,
                                 context_length=CONTEXT, high_water=10**9)
     client = connect(url)
-    producer = Producer(settings, tokenizer, client, Enqueuer(client, url, "fleetgen",
+    producer = Producer(settings, tokenizer, client, Enqueuer(client, "fleetgen",
                                                               10**9),
                         resolve_limits(settings))
     return producer.run().enqueued

@@ -113,7 +113,7 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
         tokenizer = load_tokenizer(settings.tokenizer)
     except TokenizerError as exc:
         raise ConfigError(str(exc)) from exc
-    enqueuer = Enqueuer(client, settings.redis_url, settings.run, settings.high_water)
+    enqueuer = Enqueuer(client, settings.run, settings.high_water)
     bar = _bar(show_progress)
     stopping = _stop_flag()
     try:
@@ -127,7 +127,6 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     except InputError as exc:
         raise ConfigError(str(exc)) from exc
     finally:
-        enqueuer.close()
         if bar:
             bar.close()
 

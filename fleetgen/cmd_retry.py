@@ -41,11 +41,7 @@ def run(args: argparse.Namespace) -> int:
         pipe.sadd(keys.retrying, p["line"])
         pipe.setbit(keys.done, p["line"], 0)
     pipe.execute()
-    enqueuer = Enqueuer(client, url, args.run)
-    try:
-        enqueuer.send(payloads)
-    finally:
-        enqueuer.close()
+    Enqueuer(client, args.run).send(payloads)
     ids = ", ".join(p["id"] for p in payloads[:5])
     more = f" and {len(payloads) - 5} more" if len(payloads) > 5 else ""
     print(f"fleetgen retry: {len(payloads)} failed row(s) of run {args.run!r} re-enqueued "

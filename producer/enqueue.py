@@ -66,18 +66,11 @@ class Enqueuer:
     """Writes task messages straight into the queue's Redis list, a whole batch in one
     MULTI round trip together with the rows' `sent` bits, and rejections to the stream."""
 
-    def __init__(self, client: redis.Redis, redis_url: str, run: str,
-                 high_water: int | None = None) -> None:
-        # `redis_url` is no longer needed (no Celery app: every write goes through `client`);
-        # the argument stays so that callers keep working.
-        del redis_url
+    def __init__(self, client: redis.Redis, run: str, high_water: int | None = None) -> None:
         self.redis = client
         self.keys = RunKeys(run)
         self.fixed_high_water = high_water
         self._high_water_cache: tuple[float, int] = (0.0, MIN_HIGH_WATER)
-
-    def close(self) -> None:
-        """Nothing to release: the Redis client belongs to the caller."""
 
     def send(self, payloads: list[TaskPayload]) -> None:
         """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out).

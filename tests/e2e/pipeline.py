@@ -53,13 +53,9 @@ def produce(fleet: LocalFleet, prompts: Path, run: str, **options: Any) -> Progr
                                                            fleet.spec.context_length),
                                 **options)
     client = connect(fleet.redis_url)
-    enqueuer = Enqueuer(client, fleet.redis_url, run, settings.high_water)
-    try:
-        producer = Producer(settings, load_tokenizer(settings.tokenizer), client, enqueuer,
-                            resolve_limits(settings))
-        return producer.run()
-    finally:
-        enqueuer.close()
+    producer = Producer(settings, load_tokenizer(settings.tokenizer), client,
+                        Enqueuer(client, run, settings.high_water), resolve_limits(settings))
+    return producer.run()
 
 
 def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,

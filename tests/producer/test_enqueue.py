@@ -30,7 +30,7 @@ def test_headers_and_body_match_celery_protocol_2(redis_url: str) -> None:
 
 
 def test_send_is_fifo_and_marks_lines_sent(rclient: redis.Redis, redis_url: str) -> None:
-    enqueuer = Enqueuer(rclient, redis_url, "r")
+    enqueuer = Enqueuer(rclient, "r")
     enqueuer.send([{**PAYLOAD, "line": n} for n in (1, 2, 9)])  # type: ignore[typeddict-item]
     order = [orjson.loads(base64.b64decode(orjson.loads(raw)["body"]))[0][0]["line"]
              for raw in rclient.lrange(QUEUE, 0, -1)[::-1]]  # BRPOP takes from the right
