@@ -14,33 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from bench.common import chat_row
 from producer.tokenizer import QwenTokenizer, load_tokenizer, qwen_tiktoken_encoding
-
-WORDS = (
-    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be",
-    "by", "this", "are", "or", "from", "at", "which", "an", "have", "not", "but", "data", "model",
-    "token", "server", "request", "queue", "budget", "prompt", "python", "function", "value",
-    "return", "error", "context", "length", "batch", "worker", "result", "stream", "redis",
-    "latency", "throughput", "2024", "42", "3.14",
-)
-SNIPPETS = (
-    "\n```python\ndef f(x):\n    return x * {i}\n```\n",
-    "\n请用中文回答这个问题,谢谢。\n",
-    "\n| a | b |\n|---|---|\n| {i} | {i} |\n",
-    "\nÉcris une réponse courte, s'il te plaît.\n",
-)
 
 
 def make_rows(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
-    """`count` system+user chats of about 300 tokens each, deterministic."""
+    """`count` system+user chats of about 300 tokens each, deterministic (the producer
+    bench's rows)."""
     rng = random.Random(seed)
-
-    def words(n: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(n))
-
-    return [[{"role": "system", "content": "You are a helpful assistant. " + words(20)},
-             {"role": "user", "content": words(220) + rng.choice(SNIPPETS).format(i=i)}]
-            for i in range(count)]
+    return [chat_row(i, 220, rng)["messages"] for i in range(count)]
 
 
 def rate(label: str, count: int, fn: Callable[[], Any], repeat: int = 3) -> Any:
