@@ -30,6 +30,7 @@ FILES = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
          KIND_REJECTED: "rejected.jsonl"}
 CONSUMER = "drainer"
 RUN_MARKER = ".fleetgen-run"
+SUMMARY_EVERY_S = 10.0
 
 
 CODES = {KIND_RESULT: 1, KIND_FAILURE: 2, KIND_REJECTED: 3}
@@ -165,12 +166,17 @@ class Drainer:
                            on_progress: Callable[[Drainer], None] | None = None,
                            should_stop: Callable[[], bool] = lambda: False) -> None:
         self._drain_pending()
+        summary_due = time.monotonic() + SUMMARY_EVERY_S
         while not should_stop():
             self.step(block_ms=self.block_ms)
             if on_progress:
                 on_progress(self)
             if not follow and self.complete():
                 break
+            if follow and time.monotonic() >= summary_due:
+                # A --follow drainer never exits by itself: keep summary.json current.
+                self.write_summary()
+                summary_due = time.monotonic() + SUMMARY_EVERY_S
         self.write_summary()
 
     def _drain_pending(self) -> None:

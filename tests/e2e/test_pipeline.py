@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import orjson
 
 from fleetgen.fleet import LocalFleet
+from fleetgen.procs import wait_for
 from producer.tokenizer import load_tokenizer
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, read_output, run_pipeline
+from tests.e2e.pipeline import (
+    assert_exactly_once,
+    make_prompts,
+    produce,
+    read_output,
+    run_pipeline,
+)
 
 CTX = 8192
 
@@ -57,8 +68,6 @@ def test_seed_scenario_context_8192_cap_8192_no_400(fleet4: LocalFleet, tmp_path
     kinds = make_prompts(prompts, 60, seed=11)
     # The seed's script: max_new_tokens=8192 with every prompt. Every request is refused.
     tok = load_tokenizer("qwen3.6")
-    import orjson
-
     rows = [orjson.loads(line) for line in prompts.read_bytes().splitlines()]
     ids = tok.encode_batch([tok.render(r["messages"]) for r in rows[:20]])
     statuses = []
@@ -75,3 +84,25 @@ def test_seed_scenario_context_8192_cap_8192_no_400(fleet4: LocalFleet, tmp_path
     data = assert_exactly_once(out_dir, set(kinds["good"]))
     assert summary["failed"] == 0 and summary["done"] == 60
     assert all(r["max_tokens"] == CTX - r["prompt_tokens"] - 2 for r in data["results"])
+
+
+def test_follow_drainer_keeps_summary_current(fleet4: LocalFleet, tmp_path: Path,
+                                              out_dir: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    kinds = make_prompts(prompts, 80, seed=5)
+    drainer = subprocess.Popen([sys.executable, "-m", "fleetgen", "drain", "--run", "follow",
+                                "--out", str(out_dir), "--follow", "--redis", fleet4.redis_url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        produce(fleet4, prompts, "follow")
+        summary = out_dir / "summary.json"
+
+        def complete() -> bool:
+            return summary.exists() and orjson.loads(summary.read_bytes())["complete"]
+
+        wait_for(complete, 60, "the --follow drainer to report the run complete")
+        assert drainer.poll() is None  # still following
+    finally:
+        drainer.send_signal(signal.SIGTERM)
+        assert drainer.wait(timeout=30) == 0
+    assert_exactly_once(out_dir, set(kinds["good"]))
