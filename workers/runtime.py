@@ -69,6 +69,8 @@ def concurrency() -> int:
 def get() -> Runtime:
     """Built on first use and then shared by every pool thread of the process."""
     global _runtime
+    if _runtime is not None:  # every task calls this: no lock once it is built
+        return _runtime
     with _lock:
         if _runtime is None:
             s = WorkerSettings.from_env()
