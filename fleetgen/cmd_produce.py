@@ -97,7 +97,7 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     """Build the parts and run the producer; shared by `produce` and `demo`. With `wait`,
     stay until every row has an outcome, re-enqueueing rows lost on the way."""
     from producer.enqueue import Enqueuer
-    from producer.rows import InputError
+    from producer.rows import InputError, count_rows
     from producer.run import Producer, Progress, is_complete, resolve_limits
     from producer.tokenizer import TokenizerError, load_tokenizer
 
@@ -114,20 +114,24 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     except TokenizerError as exc:
         raise ConfigError(str(exc)) from exc
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
-    bar = _bar(show_progress)
+    bar = _bar(show_progress, total=count_rows(settings.input))
     stopping = _stop_flag()
     try:
         producer = Producer(settings, tokenizer, client, enqueuer, limits)
-        report = producer.run(on_batch=lambda p: bar.update(p.read - bar.n) if bar else None,
+        report = producer.run(on_batch=lambda p: _advance(bar, p.read, None),
                               should_stop=lambda: stopping[0])
         if wait and not stopping[0]:
+            done_bar = _bar(show_progress, "generated")
             report.requeued = producer.wait_until_generated(
-                reconcile_interval_s, should_stop=lambda: stopping[0])
+                reconcile_interval_s, should_stop=lambda: stopping[0],
+                on_tick=lambda n, total: _advance(done_bar, n, total))
+            if done_bar is not None:
+                done_bar.close()
         return report
     except InputError as exc:
         raise ConfigError(str(exc)) from exc
     finally:
-        if bar:
+        if bar is not None:  # (a tqdm without a total refuses bool())
             bar.close()
 
 
@@ -140,9 +144,16 @@ def _stop_flag() -> list[bool]:
     return flag
 
 
-def _bar(show: bool) -> Any:
+def _bar(show: bool, desc: str = "produce", total: int | None = None) -> Any:
     if not show:
         return None
     from tqdm import tqdm
 
-    return tqdm(desc="produce", unit=" rows", dynamic_ncols=True)
+    return tqdm(desc=desc, unit=" rows", total=total, dynamic_ncols=True)
+
+
+def _advance(bar: Any, n: int, total: int | None) -> None:
+    if bar is not None:
+        if total is not None:
+            bar.total = total
+        bar.update(n - bar.n)
