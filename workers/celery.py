@@ -83,6 +83,9 @@ class HealthGate(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         interval = runtime.get().settings.health_interval_s
+        # Check before the first prompt: a worker started next to an SGLang server that is
+        # still loading its weights must not take (and bounce) prompts meanwhile.
+        self.check(c)
         self._tref = c.timer.call_repeatedly(interval, self.check, (c,), priority=10)
 
     def stop(self, c: Any) -> None:
