@@ -36,8 +36,9 @@ def test_fleet_both_systems_write_every_row(results_dir: Path) -> None:
 def test_producer_drainer_memory_ceiling_ordering(results_dir: Path) -> None:
     assert produce.main(["--rows", "200"]) == 0
     assert _result(results_dir, "producer")["speedup"] > 0
-    assert drain.main(["--rows", "2000", "--batches", "512"]) == 0
+    assert drain.main(["--rows", "2000", "--batches", "512", "--restart-rows", "3000"]) == 0
     assert _result(results_dir, "drainer")["results"][0]["stream_left"] == 0
+    assert _result(results_dir, "drainer")["restart"]["rows"] == 3000
     assert memory.main(["--sizes", "300", "--valkey-rows", "300"]) == 0
     assert _result(results_dir, "memory")["valkey"]["written"] == 300
     assert ceiling.main(["--rows", "100", "--gpus", "2"]) == 0
