@@ -27,13 +27,18 @@ def add_parser(sub: Any) -> None:
                        description="Starts an embedded Valkey, N simulated SGLang servers and "
                        "N Celery workers, produces the prompts, drains the results to --out, "
                        "prints the summary and stops everything it started.")
-    p.add_argument("--prompts", type=Path, help="prompt file (default: the bundled sample)")
-    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output dir (out/demo)")
-    p.add_argument("--gpus", type=int, default=8, help="simulated GPUs (8)")
-    p.add_argument("--context-length", type=int, default=8192, help="server context (8192)")
-    p.add_argument("--slots", type=int, default=32, help="running requests per server (32)")
-    p.add_argument("--tpot-ms", type=float, default=1.0, help="simulated ms per token (1)")
-    p.add_argument("--output-tokens-mean", type=int, default=200,
+    p.add_argument("--prompts", type=Path, metavar="FILE",
+                   help="prompt file (default: the bundled sample)")
+    p.add_argument("--out", type=Path, default=Path("out/demo"), metavar="DIR",
+                   help="output dir (out/demo)")
+    p.add_argument("--gpus", type=int, default=8, metavar="N", help="simulated GPUs (8)")
+    p.add_argument("--context-length", type=int, default=8192, metavar="N",
+                   help="server context (8192)")
+    p.add_argument("--slots", type=int, default=32, metavar="K",
+                   help="running requests per server (32)")
+    p.add_argument("--tpot-ms", type=float, default=1.0, metavar="MS",
+                   help="simulated ms per token (1)")
+    p.add_argument("--output-tokens-mean", type=int, default=200, metavar="N",
                    help="simulated mean completion length (200)")
     p.add_argument("--flower", type=int, metavar="PORT",
                    help="also serve Flower (Celery's web UI) on 127.0.0.1:PORT, with basic "

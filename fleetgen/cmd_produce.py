@@ -29,37 +29,37 @@ def add_parser(sub: Any) -> None:
 def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     if not demo:
         p.add_argument("--run", required=True, help="run name (resume with the same name)")
-        p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
-        p.add_argument("--context-length", type=int,
+        p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+        p.add_argument("--context-length", type=int, metavar="N",
                        help="the servers' context length in tokens")
-        p.add_argument("--engine-url", help="read the context length from this server's "
-                       "/v1/models instead")
+        p.add_argument("--engine-url", metavar="URL",
+                       help="read the context length from this server's /v1/models instead")
         p.add_argument("--no-wait", action="store_true",
                        help="exit once every row is enqueued, instead of waiting until every "
                        "row has an outcome and re-enqueueing rows lost to a Redis crash")
-        p.add_argument("--reconcile-interval", type=float, default=30.0,
+        p.add_argument("--reconcile-interval", type=float, default=30.0, metavar="S",
                        help="seconds between checks for lost rows while waiting (30)")
-    p.add_argument("--tokenizer", default="qwen3.6",
+    p.add_argument("--tokenizer", default="qwen3.6", metavar="PATH|qwen3.6",
                    help="a local Hugging Face tokenizer directory, or qwen3.6 (built offline; "
                    "default)")
-    p.add_argument("--max-output-tokens", type=int, default=None,
+    p.add_argument("--max-output-tokens", type=int, default=None, metavar="N",
                    help="cap on max_tokens (default: whatever the context leaves)")
-    p.add_argument("--min-output-tokens", type=int, default=16,
+    p.add_argument("--min-output-tokens", type=int, default=16, metavar="N",
                    help="reject a prompt that leaves fewer output tokens than this (16)")
-    p.add_argument("--margin", type=int, default=0,
+    p.add_argument("--margin", type=int, default=0, metavar="N",
                    help="tokens kept free below the context, for a server tokenizer that "
                    "counts more (0)")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--min-p", type=float)
-    p.add_argument("--repetition-penalty", type=float)
-    p.add_argument("--seed", type=int, help="sampling seed (SGLang's sampling_seed)")
-    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    p.add_argument("--high-water", type=int, help="most queued prompts (default: 2x the "
-                   "fleet's concurrency, at least 512)")
-    p.add_argument("--batch-size", type=int, default=512, help="rows tokenized and enqueued "
-                   "together (512)")
+    p.add_argument("--temperature", type=float, metavar="T")
+    p.add_argument("--top-p", type=float, metavar="P")
+    p.add_argument("--top-k", type=int, metavar="K")
+    p.add_argument("--min-p", type=float, metavar="P")
+    p.add_argument("--repetition-penalty", type=float, metavar="R")
+    p.add_argument("--seed", type=int, metavar="N", help="sampling seed (SGLang's sampling_seed)")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
+    p.add_argument("--high-water", type=int, metavar="N",
+                   help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
+    p.add_argument("--batch-size", type=int, default=512, metavar="N",
+                   help="rows tokenized and enqueued together (512)")
 
 
 def sampling_from(args: argparse.Namespace) -> Sampling:
