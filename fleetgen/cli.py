@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_drain,
         cmd_metrics,
         cmd_produce,
+        cmd_purge,
         cmd_retry,
         cmd_sim,
         cmd_status,
@@ -38,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_retry, cmd_sim,
-                   cmd_check, cmd_metrics, cmd_valkey):
+    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_retry, cmd_purge,
+                   cmd_sim, cmd_check, cmd_metrics, cmd_valkey):
         module.add_parser(sub)
     return parser
 

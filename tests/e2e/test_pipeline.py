@@ -9,7 +9,9 @@ from pathlib import Path
 
 import httpx
 import orjson
+import redis
 
+from fleetgen.contract import RunKeys
 from fleetgen.fleet import LocalFleet
 from fleetgen.procs import wait_for
 from producer.tokenizer import load_tokenizer
@@ -106,3 +108,26 @@ def test_follow_drainer_keeps_summary_current(fleet4: LocalFleet, tmp_path: Path
         drainer.send_signal(signal.SIGTERM)
         assert drainer.wait(timeout=30) == 0
     assert_exactly_once(out_dir, set(kinds["good"]))
+
+
+def test_purge_removes_a_finished_runs_keys_only(fleet4: LocalFleet, tmp_path: Path,
+                                                 out_dir: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    make_prompts(prompts, 30, seed=9)
+    client = redis.Redis.from_url(fleet4.redis_url)
+    client.hset(RunKeys("unfinished").manifest, mapping={"state": "producing"})
+    run_pipeline(fleet4, prompts, "purged", out_dir)
+
+    def purge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fleetgen", "purge", *args, "--redis",
+                               fleet4.redis_url], capture_output=True, text=True, timeout=60)
+
+    refused = purge("--run", "unfinished")
+    assert refused.returncode == 3 and "not complete" in refused.stderr
+    done = purge("--run", "purged")
+    assert done.returncode == 0, done.stderr
+    assert not [k for k in client.scan_iter("fleetgen:run:purged:*")]
+    assert client.exists(RunKeys("unfinished").manifest)
+    assert (out_dir / "results.jsonl").read_bytes().count(b"\n") == 30  # files untouched
+    assert purge("--run", "unfinished", "--force").returncode == 0
+    assert purge("--run", "purged").returncode == 3  # gone

@@ -1,0 +1,39 @@
+"""`fleetgen purge`: delete a finished run's keys from Redis (its output files stay)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fleetgen import exitcodes
+from fleetgen.contract import RunKeys, runs_index_key
+from fleetgen.redisconn import ConfigError, connect, redis_url
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("purge", help="delete a finished run's keys from Redis",
+                       description="Removes the run's manifest, bitmaps, counters, stream and "
+                       "retry data from Redis. The output files are not touched. A run that is "
+                       "not complete is kept unless --force: purging it loses its resume state.")
+    p.add_argument("--run", required=True)
+    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    p.add_argument("--force", action="store_true", help="purge even an incomplete run")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from producer.run import is_complete
+
+    client = connect(redis_url(args.redis))
+    keys = RunKeys(args.run)
+    if not client.exists(keys.manifest):
+        raise ConfigError(f"no run named {args.run!r} in this Redis")
+    if not is_complete(client, args.run) and not args.force:
+        raise ConfigError(f"run {args.run!r} is not complete; purging it loses what a resume "
+                          "needs (use --force if that is what you want)")
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(*keys.all())
+    pipe.srem(runs_index_key(), args.run)
+    removed = pipe.execute()[0]
+    print(f"fleetgen purge: run {args.run!r}: {removed} key(s) deleted")
+    return exitcodes.OK
