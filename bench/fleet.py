@@ -26,6 +26,7 @@ import orjson
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import save, table, write_varied_prompts
 from fleetgen.fleet import FleetSpec, LocalFleet
+from fleetgen.procs import http_ok
 from fleetgen.redisconn import connect
 
 BATCH = 512  # the producer's batch: the window it could reorder without holding rows back
@@ -218,7 +219,7 @@ def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]],
                                 poller.busy(_rel_int(died, t0)), _rel(died, t0))]
         lost = {r["id"] for r in _lines(out) if "error" in r and r["status"] is None}
         if lost:
-            alive = [url for url in urls if _up(url)]
+            alive = [url for url in urls if http_ok(url + "/health", timeout_s=2.0)]
             again = work / f"bl-{fleet.name}-rerun.jsonl"
             second = asyncio.run(run_baseline(alive, [r for r in rows if r[0] in lost],
                                               model.slots, again))
@@ -232,13 +233,6 @@ def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]],
     finally:
         local.stop()
     return results
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _merge(first: BaselineResult, second: BaselineResult, rerun: int) -> BaselineResult:

@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleetgen {args.command}: cannot reach Redis ({_no_secret(exc)}); check "
               "FLEETGEN_REDIS_URL or --redis", file=sys.stderr)
         return exitcodes.UNAVAILABLE
+    except Exception:
+        # A bug, not a user mistake: the traceback is what the next engineer needs. Exit 70,
+        # so a script never mistakes it for 1 (the run is merely incomplete).
+        logging.getLogger("fleetgen").exception("fleetgen %s failed unexpectedly", args.command)
+        return exitcodes.BUG
     except KeyboardInterrupt:
         print(f"fleetgen {args.command}: interrupted; run the same command again to resume",
               file=sys.stderr)

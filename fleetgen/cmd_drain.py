@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import orjson
 
 from fleetgen import exitcodes
+from fleetgen.procs import sigterm_flag
 from fleetgen.redisconn import connect, redis_url
 
 
@@ -32,23 +32,13 @@ def run(args: argparse.Namespace) -> int:
 
     client = connect(redis_url(args.redis))
     drainer = Drainer(client, args.run, args.out, batch=args.batch)
-    stopping = _stop_flag()
+    should_stop = sigterm_flag()  # SIGTERM: finish the batch, write the summary, exit
     drainer.recover()
     try:
-        drainer.run_until_complete(follow=args.follow, should_stop=lambda: stopping[0])
+        drainer.run_until_complete(follow=args.follow, should_stop=should_stop)
     finally:
         drainer.close()
     summary = drainer.write_summary()
     sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     return exitcodes.OK if summary["complete"] or args.follow else exitcodes.INCOMPLETE
 
-
-def _stop_flag() -> list[bool]:
-    """SIGTERM finishes the current batch and exits cleanly (nothing half-written)."""
-    flag = [False]
-
-    def _stop(*_: Any) -> None:
-        flag[0] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    return flag

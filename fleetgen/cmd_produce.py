@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from fleetgen import exitcodes
 from fleetgen.contract import Sampling
+from fleetgen.procs import sigterm_flag
 from fleetgen.redisconn import ConfigError, connect, redact, redis_url
 
 
@@ -96,15 +95,16 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
             reconcile_interval_s: float = 30.0) -> Any:
     """Build the parts and run the producer; shared by `produce` and `demo`. With `wait`,
     stay until every row has an outcome, re-enqueueing rows lost on the way."""
+    from fleetgen.status import run_complete
     from producer.enqueue import Enqueuer
     from producer.rows import InputError, count_rows
-    from producer.run import Producer, Progress, is_complete, resolve_limits
+    from producer.run import Producer, Progress, resolve_limits
     from producer.tokenizer import TokenizerError, load_tokenizer
 
     if not settings.input.exists():
         raise ConfigError(f"input file not found: {settings.input}")
     client = connect(settings.redis_url)
-    if is_complete(client, settings.run):
+    if run_complete(client, settings.run):
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
         return Progress()
@@ -115,15 +115,15 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
         raise ConfigError(str(exc)) from exc
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
     bar = _bar(show_progress, total=count_rows(settings.input))
-    stopping = _stop_flag()
+    should_stop = sigterm_flag()  # SIGTERM: stop between batches; resume later
     try:
         producer = Producer(settings, tokenizer, client, enqueuer, limits)
         report = producer.run(on_batch=lambda p: _advance(bar, p.read, None),
-                              should_stop=lambda: stopping[0])
-        if wait and not stopping[0]:
+                              should_stop=should_stop)
+        if wait and not should_stop():
             done_bar = _bar(show_progress, "generated")
             report.requeued = producer.wait_until_generated(
-                reconcile_interval_s, should_stop=lambda: stopping[0],
+                reconcile_interval_s, should_stop=should_stop,
                 on_tick=lambda n, total: _advance(done_bar, n, total))
             if done_bar is not None:
                 done_bar.close()
@@ -133,15 +133,6 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     finally:
         if bar is not None:  # (a tqdm without a total refuses bool())
             bar.close()
-
-
-def _stop_flag() -> list[bool]:
-    """SIGTERM stops between two batches: what was enqueued is marked, the rest is resumed
-    by running the same command again. (Only the main thread may install handlers.)"""
-    flag = [False]
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: flag.__setitem__(0, True))
-    return flag
 
 
 def _bar(show: bool, desc: str = "produce", total: int | None = None) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 from fleetgen import exitcodes
 from fleetgen.contract import RunKeys, runs_index_key
 from fleetgen.redisconn import ConfigError, connect, redis_url
+from fleetgen.status import run_complete
 
 
 def add_parser(sub: Any) -> None:
@@ -22,13 +23,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from producer.run import is_complete
-
     client = connect(redis_url(args.redis))
     keys = RunKeys(args.run)
     if not client.exists(keys.manifest):
         raise ConfigError(f"no run named {args.run!r} in this Redis")
-    if not is_complete(client, args.run) and not args.force:
+    if not run_complete(client, args.run) and not args.force:
         raise ConfigError(f"run {args.run!r} is not complete; purging it loses what a resume "
                           "needs (use --force if that is what you want)")
     pipe = client.pipeline(transaction=True)

@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from fleetgen.procs import Child, ProcessGroup, celery_worker_argv, python_argv, wait_for
+from fleetgen.procs import (
+    Child,
+    ProcessGroup,
+    celery_worker_argv,
+    http_ok,
+    python_argv,
+    wait_for,
+)
 from fleetgen.valkey import EmbeddedValkey, free_port
 
 
@@ -79,7 +84,7 @@ class LocalFleet:
                 self.sim = self.sim or child
         for gpu in range(s.gpus):
             url = self.engine_url(gpu)
-            wait_for(lambda u=url: _healthy(u), timeout_s,  # type: ignore[misc]
+            wait_for(lambda u=url: http_ok(u + "/health"), timeout_s,  # type: ignore[misc]
                      f"simulated server gpu{gpu}", check=self._check_sim)
 
     def _check_sim(self) -> None:
@@ -129,13 +134,6 @@ def _hostname() -> str:
     import socket
 
     return socket.gethostname()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _free_port_range(count: int) -> int:

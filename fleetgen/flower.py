@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 
-import httpx
-
-from fleetgen.procs import Child, ProcessGroup, python_argv, wait_for
+from fleetgen.procs import Child, ProcessGroup, http_ok, python_argv, wait_for
 from fleetgen.redisconn import ConfigError
 
 ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
@@ -42,12 +40,6 @@ def start_flower(procs: ProcessGroup, redis_url: str, port: int, credentials: st
         if not child.alive():
             raise RuntimeError(f"flower exited:\n{child.log_text()[-2000:]}")
 
-    wait_for(lambda: _serving(url), timeout_s, f"Flower at {url}", poll_s=0.2, check=check)
+    wait_for(lambda: http_ok(url + "/healthcheck"), timeout_s, f"Flower at {url}", poll_s=0.2,
+             check=check)
     return child
-
-
-def _serving(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthcheck", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False

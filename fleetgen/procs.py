@@ -6,9 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 
 class Child:
@@ -61,6 +64,24 @@ class ProcessGroup:
                 child.signal(signal.SIGKILL)
                 child.proc.wait()
         self.children.clear()
+
+
+def sigterm_flag() -> Callable[[], bool]:
+    """A `should_stop` that turns true on SIGTERM, so a command stops between two batches
+    with nothing half-done. Only the main thread may install a handler; elsewhere (the demo
+    runs the producer in a thread) it never turns true and the caller stops it otherwise."""
+    flag = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: flag.set())
+    return flag.is_set
+
+
+def http_ok(url: str, timeout_s: float = 1.0) -> bool:
+    """GET `url` answers 200 (readiness probes of simulators, Flower, engines)."""
+    try:
+        return httpx.get(url, timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -80,6 +79,3 @@ class EmbeddedValkey:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-    def remove_data(self) -> None:
-        shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -247,24 +247,14 @@ class Producer:
         must not enqueue them again. Both are bounded by the high-water mark and the fleet's
         concurrency, so this scan is small whatever the run's size."""
         lines: set[int] = set()
-        raw_messages: list[bytes | str] = list(self.redis.lrange(QUEUE, 0, -1))
-        for value in self.redis.hvals(KOMBU_UNACKED):
-            raw_messages.append(orjson.dumps(orjson.loads(value)[0]))
-        for raw in raw_messages:
-            payload = _task_payload(raw)
+        messages = [orjson.loads(raw) for raw in self.redis.lrange(QUEUE, 0, -1)]
+        # kombu keeps an unacked message as [message, exchange, routing_key].
+        messages += [orjson.loads(raw)[0] for raw in self.redis.hvals(KOMBU_UNACKED)]
+        for message in messages:
+            payload = _task_payload(message)
             if payload is not None and payload.get("run") == self.s.run:
                 lines.add(int(payload["line"]))
         return lines
-
-
-def is_complete(client: redis.Redis, run: str) -> bool:
-    keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest)
-    if manifest.get("state") != STATE_PRODUCED or "total" not in manifest:
-        return False
-    written = read_hash(client, keys.written)
-    count = sum(int(written.get(k, 0)) for k in ("done", "failed", "rejected"))
-    return count >= int(manifest["total"]) and client.xlen(keys.stream) == 0
 
 
 def duplicate_record(item: Row | BadRow) -> dict[str, Any]:
@@ -288,10 +278,9 @@ def _raw(value: bytes | str | None) -> bytes | None:
     return value.encode() if isinstance(value, str) else value
 
 
-def _task_payload(raw: bytes | str) -> dict[str, Any] | None:
-    """The payload inside a kombu/Celery protocol-2 JSON message, or None if not ours."""
+def _task_payload(message: Any) -> dict[str, Any] | None:
+    """The payload inside a kombu/Celery protocol-2 message, or None if not ours."""
     try:
-        message = orjson.loads(raw)
         body = message["body"]
         if message.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)

@@ -19,10 +19,10 @@ from fleetgen.contract import (
     KIND_REJECTED,
     KIND_RESULT,
     KINDS,
-    STATE_PRODUCED,
     RunKeys,
 )
 from fleetgen.redisconn import ConfigError, read_hash
+from fleetgen.status import run_complete
 
 log = logging.getLogger("fleetgen.drainer")
 
@@ -206,10 +206,11 @@ class Drainer:
             if not fields or b"d" not in fields:  # XDELed earlier: empty in a pending read
                 continue
             kind = fields[b"k"].decode()
-            record = orjson.loads(fields[b"d"])
+            raw = fields[b"d"]  # a worker's orjson: one line, written as it came
+            record = orjson.loads(raw)
             if not self._is_new(kind, int(record["line"])):
                 continue
-            self._files[kind].write(orjson.dumps(record) + b"\n")
+            self._files[kind].write(raw + b"\n")
             self.tally.add(kind, record)
             touched.add(kind)
         # Write, flush, fsync, and only then ack: a crash re-reads, never loses.
@@ -258,18 +259,7 @@ class Drainer:
         return read_hash(self.redis, self.keys.manifest)
 
     def complete(self) -> bool:
-        m = self.manifest()
-        if m.get("state") != STATE_PRODUCED:
-            return False
-        if self.tally.written < int(m.get("total", "-1")):
-            return False
-        # Rows that `fleetgen retry` sent back to work are not final until they land again;
-        # and an entry XADDed just after our last read is still in the stream.
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.scard(self.keys.retrying)
-        pipe.xlen(self.keys.stream)
-        retrying, unread = pipe.execute()
-        return retrying == 0 and unread == 0
+        return run_complete(self.redis, self.run, self.tally.written)
 
     def _publish_counts(self, pipe: Any) -> None:
         pipe.hset(self.keys.written, mapping=self.counts())

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from fleetgen.celeryconf import DEFAULT_VISIBILITY_TIMEOUT_S
-from fleetgen.redisconn import ConfigError, redact, redis_url
+from fleetgen.redisconn import ConfigError, redis_url
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,6 @@ class WorkerSettings:
                 f"FLEETGEN_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g}) must exceed "
                 f"FLEETGEN_REQUEST_TIMEOUT_S ({self.request_timeout_s:g}), or every slow "
                 "prompt would be delivered twice")
-
-    @property
-    def redis_display(self) -> str:
-        return redact(self.redis_url)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> WorkerSettings:

@@ -11,12 +11,11 @@ from typing import Any
 
 import orjson
 
+from fleetgen.cmd_produce import produce as produce_run
 from fleetgen.fleet import LocalFleet
 from fleetgen.redisconn import connect
-from producer.enqueue import Enqueuer
-from producer.run import Producer, Progress, resolve_limits
+from producer.run import Progress
 from producer.settings import ProducerSettings
-from producer.tokenizer import load_tokenizer
 from workers.drainer import Drainer
 
 WORDS = ["alpha", "beta", "gamma", "数据", "模型", "😀", "def f(x):\n    return x * 2\n",
@@ -48,14 +47,13 @@ def make_prompts(path: Path, n: int, *, too_long: int = 0, malformed: int = 0,
 
 
 def produce(fleet: LocalFleet, prompts: Path, run: str, **options: Any) -> Progress:
+    """The product's own producer path (`fleetgen produce --no-wait`), in this process."""
     settings = ProducerSettings(input=prompts, run=run, redis_url=fleet.redis_url,
                                 context_length=options.pop("context_length",
                                                            fleet.spec.context_length),
                                 **options)
-    client = connect(fleet.redis_url)
-    producer = Producer(settings, load_tokenizer(settings.tokenizer), client,
-                        Enqueuer(client, run, settings.high_water), resolve_limits(settings))
-    return producer.run()
+    report: Progress = produce_run(settings)
+    return report
 
 
 def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,

@@ -1,0 +1,56 @@
+"""Reconciliation: rows whose messages vanished (a Redis crash) are found and enqueued again,
+and nothing else is; on a real Valkey, without workers, so the test controls every row."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import orjson
+import redis
+
+from fleetgen.contract import QUEUE, RunKeys
+from fleetgen.procs import wait_for
+from producer.enqueue import Enqueuer
+from producer.run import Producer, _task_payload, resolve_limits
+from producer.settings import ProducerSettings
+from producer.tokenizer import load_tokenizer
+
+
+def queued_lines(client: redis.Redis) -> list[int]:
+    lines = []
+    for raw in client.lrange(QUEUE, 0, -1):
+        payload = _task_payload(orjson.loads(raw))
+        assert payload is not None
+        lines.append(int(payload["line"]))
+    return sorted(lines)
+
+
+def test_lost_rows_are_enqueued_again_and_only_they(rclient: redis.Redis, redis_url: str,
+                                                    tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "q {i}"}}\n' for i in range(40)))
+    settings = ProducerSettings(input=prompts, run="rc", redis_url=redis_url,
+                                context_length=4096)
+    producer = Producer(settings, load_tokenizer("qwen3.6"), rclient,
+                        Enqueuer(rclient, "rc"), resolve_limits(settings))
+    producer.run()
+    assert queued_lines(rclient) == list(range(1, 41))
+    # Rows 1-10 are "generated"; 11-15 vanish with a Redis crash; 16-40 stay queued.
+    done = RunKeys("rc").done
+    for line in range(1, 11):
+        rclient.setbit(done, line, 1)
+    rclient.ltrim(QUEUE, 0, -16)  # LPUSHed first = rightmost: drops lines 1-15
+    assert producer.lost_lines() == set(range(11, 16))
+
+    requeued: list[int] = []
+    waiter = threading.Thread(target=lambda: requeued.append(
+        producer.wait_until_generated(interval_s=0.2)), daemon=True)
+    waiter.start()
+    # The lost rows come back (after two checks), the queued ones are not sent twice.
+    wait_for(lambda: len(queued_lines(rclient)) >= 30, 20, "the lost rows to come back")
+    assert queued_lines(rclient) == list(range(11, 41))
+    for line in range(11, 41):  # a worker would now generate them
+        rclient.setbit(done, line, 1)
+    waiter.join(10)
+    assert requeued == [5]
