@@ -19,8 +19,8 @@ from typing import Any
 import psutil
 
 from bench.common import save, table, write_uniform_prompts
-from fleetgen.fleet import FleetSpec, LocalFleet
-from fleetgen.redisconn import connect
+from fleetgen.base.redisconn import connect
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 
 GPUS = 8
 SLOTS = 32
@@ -40,8 +40,7 @@ def cpu_s(pid: int) -> float:
 
 
 def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, Any]:
-    from producer.enqueue import Enqueuer
-    from producer.run import Producer, resolve_limits
+    from producer.build import build_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
     from workers.drainer import Drainer
@@ -55,10 +54,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
     try:
         settings = ProducerSettings(input=prompts, run="ceiling", redis_url=fleet.redis_url,
                                     context_length=8192)
-        client = connect(fleet.redis_url)
-        producer = Producer(settings, tokenizer, client,
-                            Enqueuer(client, "ceiling"),
-                            resolve_limits(settings))
+        producer = build_producer(settings, tokenizer=tokenizer)
         drainer = Drainer(connect(fleet.redis_url), "ceiling", work / "out", block_ms=50)
         drainer.recover()
         pids = {c.name: c.proc.pid for c in fleet.procs.children}

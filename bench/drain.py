@@ -18,8 +18,8 @@ import orjson
 import redis
 
 from bench.common import save, table
-from fleetgen.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
-from fleetgen.valkey import EmbeddedValkey
+from fleetgen.base.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
+from fleetgen.local.valkey import EmbeddedValkey
 
 
 def fill(client: redis.Redis, run: str, rows: int) -> int:
@@ -41,7 +41,7 @@ def fill(client: redis.Redis, run: str, rows: int) -> int:
 
 
 def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
-    from fleetgen.redisconn import connect
+    from fleetgen.base.redisconn import connect
     from workers.drainer import Drainer
 
     client = redis.Redis.from_url(url)

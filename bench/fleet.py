@@ -25,9 +25,9 @@ import orjson
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import save, table, write_varied_prompts
-from fleetgen.fleet import FleetSpec, LocalFleet
-from fleetgen.procs import http_ok
-from fleetgen.redisconn import connect
+from fleetgen.base.redisconn import connect
+from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.procs import http_ok
 
 BATCH = 512  # the producer's batch: the window it could reorder without holding rows back
 CONTEXT = 8192
@@ -143,8 +143,7 @@ def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float
 
 def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                  tokenizer: Any) -> dict[str, Any]:
-    from producer.enqueue import Enqueuer
-    from producer.run import Producer, resolve_limits
+    from producer.build import build_producer
     from producer.settings import ProducerSettings
     from workers.drainer import Drainer
 
@@ -154,9 +153,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         run = f"bench-{fleet.name}"
         settings = ProducerSettings(input=prompts, run=run, redis_url=local.redis_url,
                                     context_length=CONTEXT)
-        client = connect(local.redis_url)
-        producer = Producer(settings, tokenizer, client,
-                            Enqueuer(client, run), resolve_limits(settings))
+        producer = build_producer(settings, tokenizer=tokenizer)
         poller = Poller([local.engine_url(g) for g in range(model.gpus)]).start()
         drainer = Drainer(connect(local.redis_url), run, work / f"fg-{fleet.name}-out",
                           block_ms=50)

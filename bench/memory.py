@@ -23,8 +23,8 @@ import orjson
 import redis
 
 from bench.common import peak_rss_bytes, save, table, write_uniform_prompts
-from fleetgen.contract import KIND_RESULT, QUEUE, RunKeys
-from fleetgen.valkey import EmbeddedValkey
+from fleetgen.base.contract import KIND_RESULT, QUEUE, RunKeys
+from fleetgen.local.valkey import EmbeddedValkey
 
 HIGH_WATER = 2048
 SHORT_WORDS = 30  # ~60-token prompts: 1 M rows in about a minute; RSS is what is measured
@@ -68,23 +68,18 @@ class Popper(threading.Thread):
 
 def child(args: argparse.Namespace) -> None:
     """One producer run in this process; prints rows, seconds and peak RSS as JSON."""
-    from fleetgen.redisconn import connect
-    from producer.enqueue import Enqueuer
-    from producer.run import Producer, resolve_limits
+    from producer.build import build_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
 
     settings = ProducerSettings(input=Path(args.input), run=args.run, redis_url=args.redis,
                                 context_length=8192, high_water=HIGH_WATER)
-    client = connect(args.redis)
     tokenizer = load_tokenizer("qwen3.6")
     load_peak = peak_rss_bytes()
     gc.collect()
     reset_peak_rss()  # what follows is the run itself, not the tokenizer build's peak
     before = rss_bytes("VmRSS")
-    producer = Producer(settings, tokenizer, client, Enqueuer(client, args.run,
-                                                              HIGH_WATER),
-                        resolve_limits(settings))
+    producer = build_producer(settings, tokenizer=tokenizer)
     started = time.perf_counter()
     progress = producer.run()
     seconds = time.perf_counter() - started
@@ -143,7 +138,7 @@ def _run_child(argv: list[str]) -> dict[str, Any]:
 def valkey_memory(rows: int, work: Path, valkey: EmbeddedValkey) -> dict[str, Any]:
     """used_memory sampled through a whole run of `rows` rows (producer, fake workers,
     real drainer), against the empty server's baseline."""
-    from fleetgen.redisconn import connect
+    from fleetgen.base.redisconn import connect
     from workers.drainer import Drainer
 
     client = redis.Redis.from_url(valkey.url)

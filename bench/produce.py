@@ -23,23 +23,18 @@ import redis
 
 from bench.common import save, table, write_uniform_prompts
 from bench.memory import reset_peak_rss, rss_bytes
-from fleetgen.valkey import EmbeddedValkey
+from fleetgen.local.valkey import EmbeddedValkey
 
 CONTEXT = 8192
 
 
 def run_fleetgen(path: Path, url: str, tokenizer: Any) -> int:
-    from fleetgen.redisconn import connect
-    from producer.enqueue import Enqueuer
-    from producer.run import Producer, resolve_limits
+    from producer.build import build_producer
     from producer.settings import ProducerSettings
 
     settings = ProducerSettings(input=path, run="fleetgen", redis_url=url,
                                 context_length=CONTEXT, high_water=10**9)
-    client = connect(url)
-    producer = Producer(settings, tokenizer, client, Enqueuer(client, "fleetgen",
-                                                              10**9),
-                        resolve_limits(settings))
+    producer = build_producer(settings, tokenizer=tokenizer)
     return producer.run().enqueued
 
 
@@ -47,8 +42,8 @@ def run_naive(path: Path, url: str, tokenizer: Any) -> int:
     """The per-row loop a first script writes: render+tokenize one row, send one task."""
     import orjson
 
-    from fleetgen.celeryconf import make_app
-    from fleetgen.contract import QUEUE, TASK_NAME
+    from fleetgen.base.celeryconf import make_app
+    from fleetgen.base.contract import QUEUE, TASK_NAME
     from producer.budget import Limits, budget
 
     app = make_app(url, visibility_timeout_s=3600)

@@ -1,5 +1,5 @@
 """`python -m fleetgen` is the `fleetgen` command."""
 
-from fleetgen.cli import entrypoint
+from fleetgen.cli.main import entrypoint
 
 entrypoint()

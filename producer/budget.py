@@ -1,16 +1,11 @@
-"""The exact max_tokens budget of one prompt against an SGLang server's context rules (pure)."""
+"""The exact max_tokens budget of one prompt under the length rule of the engine in front (pure)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-# SGLang clamps every request to `max_req_len - input - 1` new tokens, where
-# max_req_len = context_len - 1; so the largest budget that is sent as-is is
-# context_len - input - 2. Staying there also keeps input + max_tokens strictly below
-# context_len, which satisfies the tokenizer manager's check in both its old (>=) and
-# new (>) forms.
-# The scheduler rejects an input >= max_req_input_len = max_req_len - 5.
-SCHEDULER_INPUT_MARGIN = 5
+from fleetgen.engine import LengthRule
+from fleetgen.engine.sglang import RULE as SGLANG_RULE
 
 
 @dataclass(frozen=True)
@@ -22,6 +17,7 @@ class Limits:
     cap: int | None = None  # --max-output-tokens; None means "as much as the context allows"
     margin: int = 0  # extra tokens kept free, e.g. for a server tokenizer that counts more
     min_output_tokens: int = 1
+    rule: LengthRule = field(default=SGLANG_RULE)  # the length rule of the engine in front
 
     def __post_init__(self) -> None:
         if self.context_length < 16:
@@ -34,14 +30,14 @@ class Limits:
             raise ValueError(f"min_output_tokens must be >= 1, got {self.min_output_tokens}")
 
     @property
-    def max_req_len(self) -> int:
-        if self.max_total_tokens is None:
-            return self.context_length - 1
-        return min(self.context_length - 1, self.max_total_tokens - 1)
-
-    @property
     def max_req_input_len(self) -> int:
-        return self.max_req_len - SCHEDULER_INPUT_MARGIN
+        """The smallest prompt length the engine refuses."""
+        return self.rule.input_limit(self.context_length, self.max_total_tokens)
+
+    def room(self, prompt_tokens: int) -> int:
+        """The largest max_tokens the engine accepts for this prompt, less the margin."""
+        return self.rule.room(prompt_tokens, self.context_length, self.max_total_tokens) - \
+            self.margin
 
 
 @dataclass(frozen=True)
@@ -63,8 +59,7 @@ def budget(prompt_tokens: int, limits: Limits) -> Budget:
             f"prompt_too_long: {prompt_tokens} prompt tokens; the server accepts at most "
             f"{limits.max_req_input_len - 1} (context {limits.context_length})"
         ))
-    # max_req_len - input - 1 is SGLang's own clamp; never ask for more than it would give.
-    room = limits.max_req_len - prompt_tokens - 1 - limits.margin
+    room = limits.room(prompt_tokens)
     max_tokens = room if limits.cap is None else min(limits.cap, room)
     if max_tokens < limits.min_output_tokens:
         return Budget(max(max_tokens, 0), (

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.errors import InputError
+
 # A line longer than this is rejected unread-as-JSON: it would cost more memory than the
 # prompt could ever fit in a context anyway. 64 MiB leaves room for huge multi-turn rows.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -38,10 +40,6 @@ class BadRow:
     line: int
     reason: str
     id: str
-
-
-class InputError(Exception):
-    """The input as a whole cannot be read (missing file, unknown format, wrong columns)."""
 
 
 def read_rows(path: Path) -> Iterator[Row | BadRow]:

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetgen.contract import Sampling
-from fleetgen.redisconn import ConfigError, redact
+from fleetgen.base.contract import Sampling
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import redact
 
 
 @dataclass(frozen=True)

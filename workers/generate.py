@@ -8,18 +8,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fleetgen.contract import KIND_FAILURE, KIND_RESULT, TaskPayload
-from producer.budget import SCHEDULER_INPUT_MARGIN
-from workers import errors
-from workers.engine import Engine, Generation
-from workers.records import failure_record, result_record
+from fleetgen.base import errors
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload
+from fleetgen.base.errors import EngineGone
+from fleetgen.base.outcomes import Generation, failure_record, result_record
+from fleetgen.engine import Engine
 from workers.sink import Sink
 
 log = logging.getLogger("fleetgen.worker")
-
-
-class EngineGone(Exception):
-    """The local engine is down: hand the prompt back to the queue for another GPU."""
 
 
 @dataclass(frozen=True)
@@ -31,17 +27,6 @@ class RetryPolicy:
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
         """Exponential backoff with full jitter, so retries from 128 threads don't align."""
         return rng.uniform(0, min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
-
-
-def corrected_budget(error: errors.ContextLengthError, max_tokens: int) -> int | None:
-    """The largest budget the server would accept by its own count, or None."""
-    if error.server_prompt_tokens is None or error.context_length is None:
-        return None
-    # By the server's count the input breaks the scheduler's limit too: no budget can help.
-    if error.server_prompt_tokens >= error.context_length - 1 - SCHEDULER_INPUT_MARGIN:
-        return None
-    room = error.context_length - error.server_prompt_tokens - 2
-    return room if 0 < room < max_tokens else None
 
 
 @dataclass
@@ -80,7 +65,7 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
 def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
                   engine: Engine, row_id: str) -> bool:
     if isinstance(exc, errors.ContextLengthError):
-        fixed = None if state.corrected else corrected_budget(exc, state.max_tokens)
+        fixed = None if state.corrected else engine.rule.correction(exc, state.max_tokens)
         if fixed is None:
             return False
         log.info("id=%s context-length 400, retrying once with max_tokens %d -> %d",

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import redis
 
-from fleetgen.redisconn import connect
-from workers.engine import EngineClient
+from fleetgen import engine
+from fleetgen.base.redisconn import connect
 from workers.generate import RetryPolicy
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink
@@ -20,7 +20,7 @@ from workers.sink import StreamSink
 @dataclass
 class Runtime:
     settings: WorkerSettings
-    engine: EngineClient
+    engine: engine.Engine
     redis: redis.Redis
     sink: StreamSink
     policy: RetryPolicy
@@ -77,8 +77,9 @@ def get() -> Runtime:
             client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
             _runtime = Runtime(
                 settings=s,
-                engine=EngineClient(s.engine_url, timeout_s=s.request_timeout_s,
-                                    concurrency=_concurrency, api_key=s.engine_api_key),
+                engine=engine.protocol().connect(
+                    s.engine_url, timeout_s=s.request_timeout_s, concurrency=_concurrency,
+                    api_key=s.engine_api_key),
                 redis=client,
                 sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
                 policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s),

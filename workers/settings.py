@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from fleetgen.celeryconf import DEFAULT_VISIBILITY_TIMEOUT_S
-from fleetgen.redisconn import ConfigError, redis_url
+from fleetgen.base.celeryconf import DEFAULT_VISIBILITY_TIMEOUT_S
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import redis_url
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from typing import Any, Protocol
 import orjson
 import redis
 
-from fleetgen.contract import KIND_FAILURE, KIND_RESULT, RunKeys
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys
+from fleetgen.base.outcomes import stream_entry
 
 
 class Sink(Protocol):
@@ -33,7 +34,7 @@ class StreamSink:
              stats: dict[str, int], payload: dict[str, Any] | None = None) -> None:
         keys = RunKeys(run)
         pipe = self._redis.pipeline(transaction=True)
-        pipe.xadd(keys.stream, {"k": kind, "d": orjson.dumps(record)})
+        pipe.xadd(keys.stream, stream_entry(kind, record))
         pipe.setbit(keys.done, line, 1)
         pipe.srem(keys.retrying, line)
         for name, value in stats.items():

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetgen.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 
 FleetFactory = Callable[..., LocalFleet]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from fleetgen.contract import RunKeys, worker_key
-from fleetgen.procs import wait_for
-from fleetgen.redisconn import read_hash
+from fleetgen.base.contract import RunKeys, worker_key
+from fleetgen.base.redisconn import read_hash
+from fleetgen.local.procs import wait_for
 from producer.tokenizer import load_tokenizer
 from tests.chaos.conftest import FleetFactory, generated, sim_stats
 from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce, run_pipeline

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.contract import RunKeys
-from fleetgen.fleet import LocalFleet
-from fleetgen.procs import wait_for
-from fleetgen.redisconn import read_hash
+from fleetgen.base.contract import RunKeys
+from fleetgen.base.redisconn import read_hash
+from fleetgen.local.fleet import LocalFleet
+from fleetgen.local.procs import wait_for
 from tests.chaos.conftest import FleetFactory, generated
 from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce, read_output
 

@@ -13,16 +13,17 @@ import httpx
 import pytest
 import redis
 
-from fleetgen.celeryconf import make_app
-from fleetgen.contract import QUEUE, TASK_NAME
-from fleetgen.procs import wait_for
-from fleetgen.redisconn import ConfigError, redact, redis_url
-from fleetgen.valkey import free_port
+from fleetgen.base import errors
+from fleetgen.base.celeryconf import make_app
+from fleetgen.base.contract import QUEUE, TASK_NAME
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import redact, redis_url
+from fleetgen.engine.sglang import SGLangClient, read_limits
+from fleetgen.local.procs import wait_for
+from fleetgen.local.valkey import free_port
 from producer.settings import ProducerSettings
 from tests.chaos.conftest import FleetFactory
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
-from workers import errors
-from workers.engine import EngineClient, read_limits
 from workers.settings import WorkerSettings
 
 PASSWORD = "s3cr3t-Pw-7f1c"
@@ -89,7 +90,7 @@ def test_password_and_api_key_work_and_never_leak(make_fleet: FleetFactory,
     # Without the key the engine refuses, and the client calls it a permanent error.
     assert httpx.post(fleet.engine_url(0) + "/generate", json={"input_ids": [1]}).status_code \
         == 401
-    client = EngineClient(fleet.engine_url(0), timeout_s=5, concurrency=1)
+    client = SGLangClient(fleet.engine_url(0), timeout_s=5, concurrency=1)
     with pytest.raises(errors.PermanentError) as info:
         client.generate([1, 2, 3], 4, {}, rid="x")
     assert info.value.status == 401

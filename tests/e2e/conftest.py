@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ from typing import Any
 
 import orjson
 
-from fleetgen.cmd_produce import produce as produce_run
-from fleetgen.fleet import LocalFleet
-from fleetgen.redisconn import connect
-from producer.run import Progress
+from fleetgen.base.redisconn import connect
+from fleetgen.cli.produce import produce as produce_run
+from fleetgen.local.fleet import LocalFleet
+from producer.pipeline import Progress
 from producer.settings import ProducerSettings
 from workers.drainer import Drainer
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen import exitcodes
-from fleetgen.fleet import LocalFleet
+from fleetgen.base import exitcodes
+from fleetgen.local.fleet import LocalFleet
 from tests.e2e.pipeline import assert_exactly_once, read_output, run_pipeline
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import psutil
 
-from fleetgen.cmd_demo import sample_prompts
-from fleetgen.procs import wait_for
+from fleetgen.cli.demo import sample_prompts
+from fleetgen.local.procs import wait_for
 
 
 def demo_argv(*args: str) -> list[str]:

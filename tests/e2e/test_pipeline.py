@@ -11,9 +11,9 @@ import httpx
 import orjson
 import redis
 
-from fleetgen.contract import RunKeys
-from fleetgen.fleet import LocalFleet
-from fleetgen.procs import wait_for
+from fleetgen.base.contract import RunKeys
+from fleetgen.local.fleet import LocalFleet
+from fleetgen.local.procs import wait_for
 from producer.tokenizer import load_tokenizer
 from tests.e2e.pipeline import (
     assert_exactly_once,

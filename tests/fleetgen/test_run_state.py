@@ -7,26 +7,28 @@ import logging
 import pytest
 import redis
 
-from fleetgen import cli, exitcodes, status
-from fleetgen.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
+from fleetgen.base import exitcodes, runstate
+from fleetgen.base.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
+from fleetgen.cli import main as cli
+from fleetgen.monitor import status
 from workers.sink import StreamSink
 
 
 def test_run_complete_needs_every_row_written_no_retry_and_an_empty_stream(
         rclient: redis.Redis) -> None:
     keys = RunKeys("r")
-    assert not status.run_complete(rclient, "r")  # no manifest
+    assert not runstate.run_complete(rclient, "r")  # no manifest
     rclient.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": 2})
     rclient.hset(keys.written, mapping={"done": 1, "failed": 0, "rejected": 0})
-    assert not status.run_complete(rclient, "r")
+    assert not runstate.run_complete(rclient, "r")
     rclient.hset(keys.written, "failed", 1)
-    assert status.run_complete(rclient, "r")
+    assert runstate.run_complete(rclient, "r")
     rclient.sadd(keys.retrying, 2)  # `fleetgen retry` sent the failed row back
-    assert not status.run_complete(rclient, "r")
+    assert not runstate.run_complete(rclient, "r")
     rclient.srem(keys.retrying, 2)
     rclient.xadd(keys.stream, {"k": KIND_RESULT, "d": b"{}"})  # not yet drained
-    assert not status.run_complete(rclient, "r")
-    assert not status.run_complete(rclient, "r", written=1)
+    assert not runstate.run_complete(rclient, "r")
+    assert not runstate.run_complete(rclient, "r", written=1)
 
 
 def test_an_unexpected_error_is_logged_with_its_traceback_and_exits_70(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetgen.cli import build_parser
+from fleetgen.cli.main import build_parser
 from tests.ops.helpers import REPO
 
 COMPOSE = REPO / "compose" / "docker-compose.yml"

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetgen.flower import basic_auth
-from fleetgen.redisconn import ConfigError
+from fleetgen.base.errors import ConfigError
+from fleetgen.local.flower import basic_auth
 from tests.e2e.pipeline import make_prompts
 from tests.ops.helpers import VENV_BIN, free_port, venv_env
 

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetgen.fleet import FleetSpec, LocalFleet
-from fleetgen.flower import start_flower
-from fleetgen.procs import wait_for
+from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.flower import start_flower
+from fleetgen.local.procs import wait_for
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from tests.ops.helpers import REPO, free_port
 

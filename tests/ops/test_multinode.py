@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.procs import ProcessGroup
+from fleetgen.local.procs import ProcessGroup
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
 from tests.ops.helpers import VENV_BIN, free_port, venv_env
 

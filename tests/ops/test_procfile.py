@@ -21,9 +21,10 @@ import orjson
 import pytest
 import redis
 
-from fleetgen import cli, exitcodes
-from fleetgen.contract import RunKeys, worker_key
-from fleetgen.procs import wait_for
+from fleetgen.base import exitcodes
+from fleetgen.base.contract import RunKeys, worker_key
+from fleetgen.cli import main as cli
+from fleetgen.local.procs import wait_for
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
 from tests.ops.helpers import REPO, VENV_BIN, free_port, free_port_block, sample, scrape, venv_env
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetgen.status import RunStatus, WorkerStatus, render, with_window
+from fleetgen.monitor.status import RunStatus, WorkerStatus, render, with_window
 
 
 def snapshot(at: float, done: int, tokens: int, workers: list[WorkerStatus]) -> RunStatus:

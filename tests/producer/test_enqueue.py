@@ -7,8 +7,8 @@ import base64
 import orjson
 import redis
 
-from fleetgen.celeryconf import make_app
-from fleetgen.contract import QUEUE, TASK_NAME, RunKeys, TaskPayload
+from fleetgen.base.celeryconf import make_app
+from fleetgen.base.contract import QUEUE, TASK_NAME, RunKeys, TaskPayload
 from producer.enqueue import Enqueuer, task_message
 
 PAYLOAD = TaskPayload(run="r", line=3, id="x", input_ids=[1, 2, 3], max_tokens=5, sampling={},

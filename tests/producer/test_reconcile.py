@@ -9,10 +9,12 @@ from pathlib import Path
 import orjson
 import redis
 
-from fleetgen.contract import QUEUE, RunKeys
-from fleetgen.procs import wait_for
+from fleetgen.base.contract import QUEUE, RunKeys
+from fleetgen.base.wire import task_payload
+from fleetgen.local.procs import wait_for
+from producer.build import resolve_limits
 from producer.enqueue import Enqueuer
-from producer.run import Producer, _task_payload, resolve_limits
+from producer.pipeline import Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import load_tokenizer
 
@@ -20,7 +22,7 @@ from producer.tokenizer import load_tokenizer
 def queued_lines(client: redis.Redis) -> list[int]:
     lines = []
     for raw in client.lrange(QUEUE, 0, -1):
-        payload = _task_payload(orjson.loads(raw))
+        payload = task_payload(orjson.loads(raw))
         assert payload is not None
         lines.append(int(payload["line"]))
     return sorted(lines)

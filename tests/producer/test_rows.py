@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producer.rows import BadRow, InputError, Row, read_rows
+from fleetgen.base.errors import InputError
+from producer.rows import BadRow, Row, read_rows
 from tests.conftest import write_jsonl
 
 

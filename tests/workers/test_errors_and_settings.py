@@ -8,9 +8,11 @@ import sys
 import httpx
 import pytest
 
-from fleetgen.redisconn import ConfigError
-from workers import errors
-from workers.generate import RetryPolicy, corrected_budget
+from fleetgen.base import errors
+from fleetgen.base.errors import ConfigError
+from fleetgen.engine import http
+from fleetgen.engine.sglang import RULE, from_response
+from workers.generate import RetryPolicy
 from workers.settings import WorkerSettings
 
 REQUESTED = ("Requested token count exceeds the model's maximum context length of 8192 tokens. "
@@ -24,10 +26,10 @@ def response(status: int, body: object) -> httpx.Response:
 
 
 def test_native_400_context_error_is_parsed_with_the_servers_count() -> None:
-    err = errors.from_response(response(400, {"error": {"message": REQUESTED}}))
+    err = from_response(response(400, {"error": {"message": REQUESTED}}))
     assert isinstance(err, errors.ContextLengthError)
     assert (err.server_prompt_tokens, err.context_length) == (111, 8192)
-    assert corrected_budget(err, 8192) == 8192 - 111 - 2
+    assert RULE.correction(err, 8192) == 8192 - 111 - 2
 
 
 def test_input_too_long_errors_cannot_be_corrected() -> None:
@@ -35,16 +37,16 @@ def test_input_too_long_errors_cannot_be_corrected() -> None:
                     "(8192 tokens).",
                     "Input length (8190 tokens) exceeds the maximum allowed length (8186 "
                     "tokens). Use a shorter input or enable --allow-auto-truncate."):
-        err = errors.from_response(response(400, {"error": {"message": message}}))
+        err = from_response(response(400, {"error": {"message": message}}))
         assert isinstance(err, errors.ContextLengthError)
-        assert corrected_budget(err, 100) is None
+        assert RULE.correction(err, 100) is None
 
 
 def test_correction_past_the_scheduler_limit_is_refused() -> None:
     msg = REQUESTED.replace("111 tokens from", "8187 tokens from")
-    err = errors.from_response(response(400, {"error": {"message": msg}}))
+    err = from_response(response(400, {"error": {"message": msg}}))
     assert isinstance(err, errors.ContextLengthError)
-    assert corrected_budget(err, 50) is None
+    assert RULE.correction(err, 50) is None
 
 
 @pytest.mark.parametrize(("status", "kind"), [
@@ -54,18 +56,18 @@ def test_correction_past_the_scheduler_limit_is_refused() -> None:
 def test_status_codes_map_to_the_error_classes(status: int, kind: type) -> None:
     body = {"object": "error", "message": "The request queue is full.", "type": str(status),
             "param": None, "code": status}
-    err = errors.from_response(response(status, body))
+    err = from_response(response(status, body))
     assert type(err) is kind and err.status == status
     assert err.message == "The request queue is full."
 
 
 def test_transport_errors() -> None:
     req = httpx.Request("POST", "http://x/generate")
-    assert isinstance(errors.from_transport(httpx.ConnectError("refused", request=req)),
+    assert isinstance(http.from_transport(httpx.ConnectError("refused", request=req)),
                       errors.EngineUnreachable)
-    assert isinstance(errors.from_transport(httpx.ReadTimeout("slow", request=req)),
+    assert isinstance(http.from_transport(httpx.ReadTimeout("slow", request=req)),
                       errors.RetryableError)
-    assert isinstance(errors.from_transport(httpx.RemoteProtocolError("eof", request=req)),
+    assert isinstance(http.from_transport(httpx.RemoteProtocolError("eof", request=req)),
                       errors.RetryableError)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.contract import QUEUE, RunKeys, TaskPayload, worker_key
-from fleetgen.procs import wait_for
-from fleetgen.valkey import free_port
+from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload, worker_key
+from fleetgen.local.procs import wait_for
+from fleetgen.local.valkey import free_port
 from producer.enqueue import Enqueuer
 from simulator.config import SimConfig
 from simulator.server import run_in_thread

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from fleetgen.contract import worker_key
-from fleetgen.procs import wait_for
+from fleetgen.base.contract import worker_key
+from fleetgen.local.procs import wait_for
 from simulator.config import SimConfig
 from simulator.server import SimThread, run_in_thread
 

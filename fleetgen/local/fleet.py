@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetgen.procs import (
+from fleetgen.local.procs import (
     Child,
     ProcessGroup,
     celery_worker_argv,
@@ -13,7 +13,7 @@ from fleetgen.procs import (
     python_argv,
     wait_for,
 )
-from fleetgen.valkey import EmbeddedValkey, free_port
+from fleetgen.local.valkey import EmbeddedValkey, free_port
 
 
 @dataclass
@@ -112,7 +112,7 @@ class LocalFleet:
         import redis
 
         client = redis.Redis.from_url(self.redis_url)
-        from fleetgen.contract import worker_key
+        from fleetgen.base.contract import worker_key
 
         def ready() -> bool:
             return sum(client.exists(worker_key(f"gpu{g}@" + _hostname()))

@@ -9,8 +9,8 @@ from typing import Any
 
 import redis
 
-from fleetgen import exitcodes
-from fleetgen.redisconn import redact, redis_url
+from fleetgen.base import exitcodes
+from fleetgen.base.redisconn import redact, redis_url
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from fleetgen.metrics import FleetCollector
+    from fleetgen.monitor.metrics import FleetCollector
 
     url = redis_url(args.redis)
     registry = CollectorRegistry()

@@ -9,25 +9,15 @@ from collections.abc import Callable
 
 import redis
 
-from fleetgen import __version__, exitcodes
-from fleetgen.redisconn import ConfigError
+from fleetgen import __version__
+from fleetgen.base import exitcodes
+from fleetgen.base.errors import USER_MISTAKES
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleetgen import (
-        cmd_check,
-        cmd_demo,
-        cmd_drain,
-        cmd_metrics,
-        cmd_produce,
-        cmd_purge,
-        cmd_retry,
-        cmd_sim,
-        cmd_status,
-        cmd_valkey,
-    )
+    from fleetgen.cli import check, demo, drain, metrics, produce, purge, retry, sim, status, valkey
 
     parser = argparse.ArgumentParser(
         prog="fleetgen",
@@ -39,8 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (cmd_demo, cmd_produce, cmd_drain, cmd_status, cmd_retry, cmd_purge,
-                   cmd_sim, cmd_check, cmd_metrics, cmd_valkey):
+    for module in (demo, produce, drain, status, retry, purge, sim, check, metrics, valkey):
         module.add_parser(sub)
     return parser
 
@@ -55,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except ConfigError as exc:
+    except USER_MISTAKES as exc:
         print(f"fleetgen {args.command}: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
     except redis.AuthenticationError:

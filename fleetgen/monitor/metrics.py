@@ -9,11 +9,11 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetgen import status
-from fleetgen.contract import QUEUE, RunKeys, runs_index_key
-from fleetgen.redisconn import read_hash, text
+from fleetgen.base.contract import QUEUE, RunKeys, runs_index_key
+from fleetgen.base.redisconn import read_hash, text
+from fleetgen.monitor import status
 
-log = logging.getLogger("fleetgen.metrics")
+log = logging.getLogger("fleetgen.monitor.metrics")
 
 
 class FleetCollector(Collector):

@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from fleetgen import exitcodes
-from fleetgen.procs import sigterm_flag
-from fleetgen.redisconn import connect, redis_url
+from fleetgen.base import exitcodes
+from fleetgen.base.redisconn import connect, redis_url
+from fleetgen.local.procs import sigterm_flag
 
 
 def add_parser(sub: Any) -> None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, cast
+from typing import Any
 
-import orjson
-
-from fleetgen import exitcodes
-from fleetgen.contract import RunKeys, TaskPayload
-from fleetgen.redisconn import ConfigError, connect, redis_url
+from fleetgen.base import exitcodes, runstate
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import connect, redis_url
 
 
 def add_parser(sub: Any) -> None:
@@ -27,20 +25,15 @@ def run(args: argparse.Namespace) -> int:
 
     url = redis_url(args.redis)
     client = connect(url)
-    keys = RunKeys(args.run)
-    if not client.exists(keys.manifest):
+    if not runstate.exists(client, args.run):
         raise ConfigError(f"no run named {args.run!r} in this Redis")
-    payloads = [cast(TaskPayload, orjson.loads(v)) for v in client.hvals(keys.failed)]
+    payloads = runstate.failed_payloads(client, args.run)
     if not payloads:
         print(f"fleetgen retry: run {args.run!r} has no failed rows")
         return exitcodes.OK
     # Mark them as in retry before they can run: the drainer does not call the run complete
     # while the set is non-empty, and a worker removes each line when it records its outcome.
-    pipe = client.pipeline(transaction=True)
-    for p in payloads:
-        pipe.sadd(keys.retrying, p["line"])
-        pipe.setbit(keys.done, p["line"], 0)
-    pipe.execute()
+    runstate.mark_retrying(client, args.run, [p["line"] for p in payloads])
     Enqueuer(client, args.run).send(payloads)
     ids = ", ".join(p["id"] for p in payloads[:5])
     more = f" and {len(payloads) - 5} more" if len(payloads) > 5 else ""

@@ -7,9 +7,11 @@ import sys
 import time
 from typing import Any
 
-from fleetgen import exitcodes, status
-from fleetgen.contract import runs_index_key
-from fleetgen.redisconn import ConfigError, connect, redis_url, text
+from fleetgen.base import exitcodes
+from fleetgen.base.contract import runs_index_key
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import connect, redis_url, text
+from fleetgen.monitor import status
 
 
 def add_parser(sub: Any) -> None:

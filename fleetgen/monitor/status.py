@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.contract import QUEUE, STATE_PRODUCED, RunKeys, worker_key
-from fleetgen.redisconn import read_hash, text
+from fleetgen.base.contract import QUEUE, RunKeys, worker_key
+from fleetgen.base.redisconn import read_hash, text
 
 
 @dataclass
@@ -69,28 +69,6 @@ class RunStatus:
         data = asdict(self)
         data["truncation_rate"] = round(self.truncation_rate, 4)
         return data
-
-
-def run_complete(client: redis.Redis, run: str, written: int | None = None) -> bool:
-    """The one definition of a finished run: the producer has read the whole input, every
-    row is written, no row is back in retry, and the stream holds nothing unwritten.
-    `written` is the drainer's own count when it asks; others read the count it publishes."""
-    keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest)
-    if manifest.get("state") != STATE_PRODUCED or "total" not in manifest:
-        return False
-    if written is None:
-        counts = read_hash(client, keys.written)
-        written = sum(int(counts.get(k, 0)) for k in ("done", "failed", "rejected"))
-    if written < int(manifest["total"]):
-        return False
-    # Rows that `fleetgen retry` sent back to work are not final until they land again, and
-    # an entry XADDed just after the drainer's last read is still in the stream.
-    pipe = client.pipeline(transaction=False)
-    pipe.scard(keys.retrying)
-    pipe.xlen(keys.stream)
-    retrying, unread = pipe.execute()
-    return retrying == 0 and unread == 0
 
 
 def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus | None:

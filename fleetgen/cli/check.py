@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import redis
 
-from fleetgen import exitcodes
-from fleetgen.contract import worker_key
-from fleetgen.redisconn import read_hash, redact, redis_url
+from fleetgen.base import exitcodes
+from fleetgen.base.contract import worker_key
+from fleetgen.base.redisconn import read_hash, redact, redis_url
 
 
 @dataclass(frozen=True)

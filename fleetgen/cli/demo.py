@@ -14,10 +14,11 @@ from typing import Any
 
 import orjson
 
-from fleetgen import exitcodes
-from fleetgen.cmd_produce import add_producer_options, produce, sampling_from
-from fleetgen.fleet import FleetSpec, LocalFleet
-from fleetgen.redisconn import ConfigError, connect
+from fleetgen.base import exitcodes
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import connect
+from fleetgen.cli.produce import add_producer_options, produce, sampling_from
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 
 OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json")
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_flower(fleet: LocalFleet, port: int) -> None:
-    from fleetgen.flower import ENV_BASIC_AUTH, basic_auth, start_flower
+    from fleetgen.local.flower import ENV_BASIC_AUTH, basic_auth, start_flower
 
     credentials, generated = basic_auth()
     start_flower(fleet.procs, fleet.redis_url, port, credentials)

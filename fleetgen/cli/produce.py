@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleetgen import exitcodes
-from fleetgen.contract import Sampling
-from fleetgen.procs import sigterm_flag
-from fleetgen.redisconn import ConfigError, connect, redact, redis_url
+from fleetgen.base import exitcodes
+from fleetgen.base.contract import Sampling
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import connect, redact, redis_url
+from fleetgen.base.runstate import run_complete
+from fleetgen.local.procs import sigterm_flag
 
 
 def add_parser(sub: Any) -> None:
@@ -93,31 +95,22 @@ def run(args: argparse.Namespace) -> int:
 
 def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
             reconcile_interval_s: float = 30.0) -> Any:
-    """Build the parts and run the producer; shared by `produce` and `demo`. With `wait`,
-    stay until every row has an outcome, re-enqueueing rows lost on the way."""
-    from fleetgen.status import run_complete
-    from producer.enqueue import Enqueuer
-    from producer.rows import InputError, count_rows
-    from producer.run import Producer, Progress, resolve_limits
-    from producer.tokenizer import TokenizerError, load_tokenizer
+    """Build the producer and run it; shared by `produce` and `demo`. With `wait`, stay until
+    every row has an outcome, re-enqueueing rows lost on the way."""
+    from producer.build import build_producer
+    from producer.pipeline import Progress
+    from producer.rows import count_rows
 
     if not settings.input.exists():
         raise ConfigError(f"input file not found: {settings.input}")
-    client = connect(settings.redis_url)
-    if run_complete(client, settings.run):
+    if run_complete(connect(settings.redis_url), settings.run):
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
         return Progress()
-    limits = resolve_limits(settings)
-    try:
-        tokenizer = load_tokenizer(settings.tokenizer)
-    except TokenizerError as exc:
-        raise ConfigError(str(exc)) from exc
-    enqueuer = Enqueuer(client, settings.run, settings.high_water)
+    producer = build_producer(settings)
     bar = _bar(show_progress, total=count_rows(settings.input))
     should_stop = sigterm_flag()  # SIGTERM: stop between batches; resume later
     try:
-        producer = Producer(settings, tokenizer, client, enqueuer, limits)
         report = producer.run(on_batch=lambda p: _advance(bar, p.read, None),
                               should_stop=should_stop)
         if wait and not should_stop():
@@ -128,8 +121,6 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
             if done_bar is not None:
                 done_bar.close()
         return report
-    except InputError as exc:
-        raise ConfigError(str(exc)) from exc
     finally:
         if bar is not None:  # (a tqdm without a total refuses bool())
             bar.close()

@@ -9,12 +9,10 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from fleetgen.base.errors import ConfigError
+
 ENV_REDIS_URL = "FLEETGEN_REDIS_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake; the CLI prints it as one line."""
 
 
 def redis_url(flag: str | None) -> str:

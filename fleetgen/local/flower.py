@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import secrets
 
-from fleetgen.procs import Child, ProcessGroup, http_ok, python_argv, wait_for
-from fleetgen.redisconn import ConfigError
+from fleetgen.base.errors import ConfigError
+from fleetgen.local.procs import Child, ProcessGroup, http_ok, python_argv, wait_for
 
 ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
 

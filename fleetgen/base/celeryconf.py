@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-from fleetgen.contract import QUEUE, TASK_NAME
+from fleetgen.base.contract import QUEUE, TASK_NAME
 
 # Default visibility timeout: longer than the worst task (every attempt timing out plus
 # backoff, see WorkerSettings). A SIGKILLed worker's prompts come back after this; a worker

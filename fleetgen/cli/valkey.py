@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from fleetgen.redisconn import ConfigError, redis_url
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import redis_url
 
 CONFIG_NAME = "fleetgen-valkey.conf"
 
@@ -74,7 +75,7 @@ def _all_loopback(bind: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetgen.valkey import valkey_binary
+    from fleetgen.local.valkey import valkey_binary
 
     url = redis_url(args.redis)
     extra, password = server_args(url, args.dir, bind=args.bind, port=args.port,

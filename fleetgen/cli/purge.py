@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleetgen import exitcodes
-from fleetgen.contract import RunKeys, runs_index_key
-from fleetgen.redisconn import ConfigError, connect, redis_url
-from fleetgen.status import run_complete
+from fleetgen.base import exitcodes, runstate
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import connect, redis_url
 
 
 def add_parser(sub: Any) -> None:
@@ -24,15 +23,11 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     client = connect(redis_url(args.redis))
-    keys = RunKeys(args.run)
-    if not client.exists(keys.manifest):
+    if not runstate.exists(client, args.run):
         raise ConfigError(f"no run named {args.run!r} in this Redis")
-    if not run_complete(client, args.run) and not args.force:
+    if not runstate.run_complete(client, args.run) and not args.force:
         raise ConfigError(f"run {args.run!r} is not complete; purging it loses what a resume "
                           "needs (use --force if that is what you want)")
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(*keys.all())
-    pipe.srem(runs_index_key(), args.run)
-    removed = pipe.execute()[0]
+    removed = runstate.purge(client, args.run)
     print(f"fleetgen purge: run {args.run!r}: {removed} key(s) deleted")
     return exitcodes.OK

@@ -1,0 +1,64 @@
+"""Run state in Redis: the one definition of a complete run, and the key operations that
+`retry` and `purge` perform on a run (a cache of progress; the output files are the truth)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import cast
+
+import orjson
+import redis
+
+from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload, runs_index_key
+from fleetgen.base.redisconn import read_hash
+
+
+def run_complete(client: redis.Redis, run: str, written: int | None = None) -> bool:
+    """The one definition of a finished run: the producer has read the whole input, every
+    row is written, no row is back in retry, and the stream holds nothing unwritten.
+    `written` is the drainer's own count when it asks; others read the count it publishes."""
+    keys = RunKeys(run)
+    manifest = read_hash(client, keys.manifest)
+    if manifest.get("state") != STATE_PRODUCED or "total" not in manifest:
+        return False
+    if written is None:
+        counts = read_hash(client, keys.written)
+        written = sum(int(counts.get(k, 0)) for k in ("done", "failed", "rejected"))
+    if written < int(manifest["total"]):
+        return False
+    # Rows that `fleetgen retry` sent back to work are not final until they land again, and
+    # an entry XADDed just after the drainer's last read is still in the stream.
+    pipe = client.pipeline(transaction=False)
+    pipe.scard(keys.retrying)
+    pipe.xlen(keys.stream)
+    retrying, unread = pipe.execute()
+    return retrying == 0 and unread == 0
+
+
+def exists(client: redis.Redis, run: str) -> bool:
+    return bool(client.exists(RunKeys(run).manifest))
+
+
+def failed_payloads(client: redis.Redis, run: str) -> list[TaskPayload]:
+    """The task payloads of the run's failed rows, kept by the workers for `fleetgen retry`."""
+    return [cast(TaskPayload, orjson.loads(v)) for v in client.hvals(RunKeys(run).failed)]
+
+
+def mark_retrying(client: redis.Redis, run: str, lines: Iterable[int]) -> None:
+    """Send rows back to work: clear their done bits and list them as in retry, so the run is
+    not complete until each lands again (a worker removes its line when it records it)."""
+    keys = RunKeys(run)
+    pipe = client.pipeline(transaction=True)
+    for line in lines:
+        pipe.sadd(keys.retrying, line)
+        pipe.setbit(keys.done, line, 0)
+    pipe.execute()
+
+
+def purge(client: redis.Redis, run: str) -> int:
+    """Delete every key of the run and its entry in the runs index; returns keys deleted."""
+    keys = RunKeys(run)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(*keys.all())
+    pipe.srem(runs_index_key(), run)
+    return int(pipe.execute()[0])

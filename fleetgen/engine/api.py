@@ -1,0 +1,79 @@
+"""The engine interface: what a server allows, how to ask it for a completion, its length rule.
+
+Every protocol fleetgen speaks (today SGLang's native /generate) implements `EngineProtocol`;
+the producer's budget and the worker's one-shot correction both go through its `LengthRule`,
+so an engine's rule is written once, next to the client that talks to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fleetgen.base.errors import ContextLengthError
+from fleetgen.base.outcomes import Generation
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What a server reports about itself; None where it does not say."""
+
+    context_length: int
+    max_total_tokens: int | None = None  # KV capacity, when smaller than the context
+    max_running_requests: int | None = None  # requests it runs at once
+    model: str | None = None
+
+
+class LengthRule(Protocol):
+    """An engine's own length checks, as arithmetic on token counts."""
+
+    def input_limit(self, context_length: int, max_total_tokens: int | None) -> int:
+        """The smallest prompt length (tokens) the engine refuses."""
+        ...
+
+    def room(self, prompt_tokens: int, context_length: int, max_total_tokens: int | None) -> int:
+        """The largest max_tokens the engine accepts for this prompt and sends as it is."""
+        ...
+
+    def correction(self, error: ContextLengthError, max_tokens: int) -> int | None:
+        """The budget the engine's own counts in a context-length 400 allow, or None."""
+        ...
+
+
+class Engine(Protocol):
+    """A client of one server, held for a worker's lifetime."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def rule(self) -> LengthRule:
+        """The server's length rule, for the one-shot budget correction."""
+        ...
+
+    def generate(self, input_ids: list[int], max_new_tokens: int,
+                 sampling: dict[str, Any], rid: str) -> Generation: ...
+
+    def healthy(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class EngineProtocol(Protocol):
+    """One way of talking to servers: a client, the limits reader, the rule, pool sizing."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rule(self) -> LengthRule: ...
+
+    def connect(self, base_url: str, *, timeout_s: float, concurrency: int,
+                api_key: str | None = None) -> Engine: ...
+
+    def read_limits(self, base_url: str, *, api_key: str | None = None,
+                    timeout_s: float = 10.0) -> ServerLimits: ...
+
+    def pool_size(self, limits: ServerLimits) -> int | None:
+        """Worker threads for this server, or None when it does not say."""
+        ...

@@ -1,0 +1,58 @@
+"""HTTP at the engine boundary: httpx exceptions and error bodies translated once, for every
+protocol (engines differ in what their 400s mean, not in how a timeout looks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from fleetgen.base import errors
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def from_transport(exc: httpx.HTTPError) -> errors.EngineError:
+    """Translate an httpx exception raised before any response arrived."""
+    if isinstance(exc, httpx.ConnectError):
+        return errors.EngineUnreachable(f"cannot connect to engine: {exc}")
+    if isinstance(exc, httpx.TimeoutException):
+        return errors.RetryableError(f"engine timed out: {type(exc).__name__}")
+    return errors.RetryableError(f"engine connection failed: {type(exc).__name__}: {exc}")
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of SGLang's native, HTTPException or OpenAI error bodies, else the text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500] or f"HTTP {response.status_code}"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500]
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def get_json(http: httpx.Client, path: str) -> Any:
+    """GET a JSON document; EngineError for anything but a 200 with JSON."""
+    try:
+        response = http.get(path)
+    except httpx.HTTPError as exc:
+        raise from_transport(exc) from exc
+    if response.status_code in RETRYABLE_STATUSES:
+        raise errors.RetryableError(error_message(response), response.status_code)
+    if response.status_code != 200:
+        raise errors.PermanentError(error_message(response), response.status_code)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise errors.RetryableError(f"{path} sent invalid JSON: {exc}", 200) from exc

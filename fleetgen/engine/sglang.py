@@ -1,0 +1,234 @@
+"""SGLang's native protocol: the `/generate` client, its limits, its length rule, its errors.
+
+Read against SGLang's source (python/sglang/srt/...); see ../shared/notes/sglang-protocol.md.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from fleetgen.base import errors
+from fleetgen.base.outcomes import Generation
+from fleetgen.engine.api import Engine, ServerLimits
+from fleetgen.engine.http import (
+    RETRYABLE_STATUSES,
+    auth_headers,
+    error_message,
+    from_transport,
+    get_json,
+)
+
+# The scheduler (scheduler.py, `max_req_input_len = max_req_len - 5`) refuses an input of
+# max_req_input_len tokens or more, where max_req_len = min(context_len - 1, kv_capacity - 1).
+SCHEDULER_INPUT_MARGIN = 5
+
+
+class SGLangRule:
+    """SGLang's length checks. Every request is silently clamped to `max_req_len - input - 1`
+    new tokens, so the largest budget sent as-is is context_len - input - 2; that also keeps
+    input + max_new_tokens strictly below context_len, inside the tokenizer manager's check
+    (`_validate_one_request`) in both its old (>=) and new (>) forms."""
+
+    name = "sglang"
+
+    @staticmethod
+    def max_req_len(context_length: int, max_total_tokens: int | None) -> int:
+        if max_total_tokens is None:
+            return context_length - 1
+        return min(context_length - 1, max_total_tokens - 1)
+
+    def input_limit(self, context_length: int, max_total_tokens: int | None) -> int:
+        return self.max_req_len(context_length, max_total_tokens) - SCHEDULER_INPUT_MARGIN
+
+    def room(self, prompt_tokens: int, context_length: int, max_total_tokens: int | None) -> int:
+        return self.max_req_len(context_length, max_total_tokens) - prompt_tokens - 1
+
+    def correction(self, error: errors.ContextLengthError, max_tokens: int) -> int | None:
+        if error.server_prompt_tokens is None or error.context_length is None:
+            return None
+        # By the server's count the input breaks the scheduler's limit too: no budget helps.
+        if error.server_prompt_tokens >= self.input_limit(error.context_length, None):
+            return None
+        room = self.room(error.server_prompt_tokens, error.context_length, None)
+        return room if 0 < room < max_tokens else None
+
+
+RULE = SGLangRule()
+
+
+class SGLangClient:
+    """Talks to one SGLang server (or router). Raises only fleetgen.base.errors.EngineError."""
+
+    rule = RULE
+
+    def __init__(self, base_url: str, *, timeout_s: float, concurrency: int,
+                 api_key: str | None = None) -> None:
+        # Pool sized to the worker's concurrency: every thread holds one request at a time.
+        limits = httpx.Limits(max_connections=concurrency + 4,
+                              max_keepalive_connections=concurrency + 4)
+        timeout = httpx.Timeout(timeout_s, connect=5.0, pool=timeout_s)
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
+                                  limits=limits, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def generate(self, input_ids: list[int], max_new_tokens: int,
+                 sampling: dict[str, Any], rid: str) -> Generation:
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params(sampling, max_new_tokens),
+            "rid": rid,
+            "stream": False,
+        }
+        data = self._post("/generate", body)
+        return parse_generation(data)
+
+    def healthy(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = self._http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise from_transport(exc) from exc
+        if response.status_code != 200:
+            raise from_response(response)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
+
+
+def sampling_params(sampling: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """Our sampling options in SGLang's names. `seed` is SGLang's `sampling_seed`."""
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    for key, value in sampling.items():
+        params["sampling_seed" if key == "seed" else key] = value
+    return params
+
+
+def parse_generation(data: Any) -> Generation:
+    if isinstance(data, list):  # a batch of one
+        data = data[0]
+    try:
+        meta = data["meta_info"]
+        reason = meta.get("finish_reason") or {}
+        return Generation(
+            text=data["text"],
+            finish_reason=str(reason.get("type", "unknown")),
+            prompt_tokens=int(meta["prompt_tokens"]),
+            completion_tokens=int(meta["completion_tokens"]),
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            latency_s=float(meta.get("e2e_latency", 0.0)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
+
+
+# -- errors ---------------------------------------------------------------------------------
+_REQUESTED = re.compile(
+    r"maximum context length of (\d+) tokens.*?(\d+) tokens from the input", re.S)
+_INPUT_LONGER = re.compile(r"input \((\d+) tokens\) is longer than the model's context length "
+                           r"\((\d+) tokens\)")
+_INPUT_ALLOWED = re.compile(r"Input length \((\d+) tokens\) exceeds the maximum allowed "
+                            r"length \((\d+) tokens\)")
+
+
+def from_response(response: httpx.Response) -> errors.EngineError:
+    """Translate an error response; the only place that reads SGLang's error bodies."""
+    status = response.status_code
+    message = error_message(response)
+    if status in RETRYABLE_STATUSES:
+        return errors.RetryableError(message, status)
+    if status == 400:
+        parsed = parse_context_error(message)
+        if parsed is not None:
+            prompt_tokens, context = parsed
+            return errors.ContextLengthError(message, status, prompt_tokens, context)
+    return errors.PermanentError(message, status)
+
+
+def parse_context_error(message: str) -> tuple[int, int | None] | None:
+    """(server prompt tokens, context length) from SGLang's three length errors. The context
+    is None when the input alone is too long: then no smaller budget can help."""
+    m = _REQUESTED.search(message)
+    if m:
+        return int(m.group(2)), int(m.group(1))
+    m = _INPUT_LONGER.search(message) or _INPUT_ALLOWED.search(message)
+    if m:
+        return int(m.group(1)), None
+    return None
+
+
+# -- limits ---------------------------------------------------------------------------------
+def read_limits(base_url: str, *, api_key: str | None = None,
+                timeout_s: float = 10.0) -> ServerLimits:
+    """Context length from /v1/models (`max_model_len`), cross-checked with the server info,
+    which also gives the KV capacity (max_total_num_tokens) where the server has it."""
+    with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
+                      timeout=timeout_s) as http:
+        models = get_json(http, "/v1/models")
+        entry = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
+        context = entry.get("max_model_len")
+        info = _server_info(http)
+    if context is None:
+        context = info.get("context_length")
+    if not isinstance(context, int) or context <= 0:
+        raise errors.PermanentError(f"{base_url} reports no context length (/v1/models has no "
+                                    "max_model_len); pass --context-length")
+    if isinstance(info.get("context_length"), int) and info["context_length"] < context:
+        context = info["context_length"]
+    return ServerLimits(context_length=context,
+                        max_total_tokens=_int_or_none(info.get("max_total_num_tokens")),
+                        max_running_requests=_int_or_none(info.get("max_running_requests")),
+                        model=entry.get("id"))
+
+
+def _server_info(http: httpx.Client) -> dict[str, Any]:
+    for path in ("/get_server_info", "/server_info"):
+        try:
+            response = http.get(path)
+        except httpx.HTTPError:
+            return {}
+        if response.status_code == 200:
+            body = response.json()
+            return body if isinstance(body, dict) else {}
+    return {}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+class SGLangProtocol:
+    """SGLang's native protocol as an `EngineProtocol`."""
+
+    name = "sglang"
+    rule = RULE
+
+    def connect(self, base_url: str, *, timeout_s: float, concurrency: int,
+                api_key: str | None = None) -> Engine:
+        return SGLangClient(base_url, timeout_s=timeout_s, concurrency=concurrency,
+                            api_key=api_key)
+
+    def read_limits(self, base_url: str, *, api_key: str | None = None,
+                    timeout_s: float = 10.0) -> ServerLimits:
+        return read_limits(base_url, api_key=api_key, timeout_s=timeout_s)
+
+    def pool_size(self, limits: ServerLimits) -> int | None:
+        """K + 1 threads for K running slots, so one request always waits in the server's
+        queue while a thread does its bookkeeping (96 % -> 99.7 % slot utilization for short
+        requests, docs/performance.md)."""
+        slots = limits.max_running_requests
+        return slots + 1 if slots else None
+
+
+PROTOCOL = SGLangProtocol()

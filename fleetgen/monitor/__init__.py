@@ -1,0 +1,1 @@
+"""Floor 4, the top: what an operator watches (the status view, Prometheus metrics)."""

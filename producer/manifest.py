@@ -1,0 +1,63 @@
+"""The run's manifest in Redis: pinned settings, state, total rows; a resume must match it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import redis
+
+from fleetgen.base.contract import STATE_PRODUCED, STATE_PRODUCING, RunKeys, runs_index_key
+from fleetgen.base.errors import ConfigError
+from fleetgen.base.redisconn import read_hash
+
+# Settings that change what a row becomes; a resumed run must keep them.
+PINNED = ("input", "tokenizer", "context_length", "max_output_tokens", "min_output_tokens",
+          "margin", "sampling")
+
+
+class RunManifest:
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.redis = client
+        self.run = run
+        self.key = RunKeys(run).manifest
+
+    def read(self) -> dict[str, str]:
+        return read_hash(self.redis, self.key)
+
+    def total(self) -> int:
+        """Rows in the input, once the producer has read all of it (0 before)."""
+        return int(self.read().get("total", 0))
+
+    def open(self, settings: dict[str, Any], expected_rows: int) -> None:
+        """Start the run, or resume it after checking that the pinned settings are the same."""
+        old = self.read()
+        if old:
+            check_same_settings(self.run, orjson.loads(old.get("settings", "{}")), settings)
+            self.redis.hset(self.key, "state", STATE_PRODUCING)
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.key, mapping={
+            "settings": orjson.dumps(settings), "state": STATE_PRODUCING,
+            "started_at": time.time(), "read": 0, "expected": expected_rows,
+        })
+        pipe.sadd(runs_index_key(), self.run)
+        pipe.execute()
+
+    def record_read(self, rows: int) -> None:
+        self.redis.hset(self.key, "read", rows)
+
+    def close(self, total: int) -> None:
+        """Every row has been read: the run's total is known."""
+        self.redis.hset(self.key, mapping={
+            "state": STATE_PRODUCED, "total": total, "produced_at": time.time(),
+        })
+
+
+def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    for name in PINNED:
+        if name in old and old.get(name) != new.get(name):
+            raise ConfigError(
+                f"run {run!r} was started with {name}={old.get(name)!r}, now {new.get(name)!r}; "
+                f"resume it with the same settings, or use a new --run name")

@@ -1,0 +1,169 @@
+"""The producer's pipeline: rows -> render -> tokenize once -> budget -> enqueue or reject."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from fleetgen.base.contract import RunKeys, TaskPayload
+from fleetgen.base.outcomes import duplicate_record, rejected_record
+from producer.budget import Limits, budget
+from producer.dedup import SeenIds
+from producer.enqueue import Enqueuer
+from producer.manifest import RunManifest
+from producer.reconcile import Reconciler
+from producer.rows import BadRow, Row, count_rows, read_rows
+from producer.settings import ProducerSettings
+from producer.tokenizer import PromptTokenizer
+
+# Longer than any token of the vocabularies we know (Qwen3.6's longest is 128 bytes).
+MAX_BYTES_PER_TOKEN = 256
+
+
+@dataclass
+class Progress:
+    read: int = 0
+    enqueued: int = 0
+    rejected: int = 0
+    skipped: int = 0  # already done or in flight from an earlier invocation
+    requeued: int = 0  # lost rows enqueued again while waiting (see wait_until_generated)
+    started_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_s
+
+
+class Producer:
+    def __init__(self, settings: ProducerSettings, tokenizer: PromptTokenizer,
+                 client: redis.Redis, enqueuer: Enqueuer, limits: Limits) -> None:
+        self.s = settings
+        self.tokenizer = tokenizer
+        self.redis = client
+        self.enqueuer = enqueuer
+        self.limits = limits
+        self.keys = RunKeys(settings.run)
+        self.run_manifest = RunManifest(client, settings.run)
+        self.reconciler = Reconciler(client, settings.run)
+        self.progress = Progress()
+        self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, on_batch: Callable[[Progress], None] | None = None,
+            should_stop: Callable[[], bool] = lambda: False) -> Progress:
+        """Enqueue every row that is neither done nor in flight (all of them on a first run;
+        what an interrupted run left on a resumed one), then mark the run produced."""
+        settings = self.s.manifest_settings()
+        settings["context_length"] = self.limits.context_length
+        self.run_manifest.open(settings, count_rows(self.s.input))
+        done = self.reconciler.done()
+        in_flight = self.reconciler.in_flight()
+        self._pass(lambda line: line not in done and line not in in_flight, on_batch,
+                   should_stop)
+        if not should_stop():
+            self.run_manifest.close(self.progress.read)
+        return self.progress
+
+    def requeue(self, lines: set[int], should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Enqueue these lines again (a pass over the input that keeps only them)."""
+        self._pass(lines.__contains__, None, should_stop)
+
+    def _pass(self, wanted: Callable[[int], bool],
+              on_batch: Callable[[Progress], None] | None,
+              should_stop: Callable[[], bool]) -> None:
+        self.progress = Progress()
+        self._seen_ids.clear()
+        for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
+            if should_stop():
+                return
+            self.enqueuer.wait_for_room(should_stop)
+            payloads, rejections = self._prepare(chunk, wanted)
+            self.enqueuer.reject(rejections)
+            self.enqueuer.send(payloads)
+            self.progress.enqueued += len(payloads)
+            self.progress.rejected += len(rejections)
+            self.run_manifest.record_read(self.progress.read)
+            if on_batch:
+                on_batch(self.progress)
+
+    # -- reconciliation (producer/reconcile.py) ---------------------------------------------
+    def lost_lines(self) -> set[int]:
+        return self.reconciler.lost_lines()
+
+    def wait_until_generated(self, interval_s: float = 30.0,
+                             should_stop: Callable[[], bool] = lambda: False,
+                             on_tick: Callable[[int, int], None] | None = None) -> int:
+        return self.reconciler.wait_until_generated(
+            lambda lines: self.requeue(lines, should_stop), interval_s, should_stop, on_tick)
+
+    def manifest(self) -> dict[str, str]:
+        return self.run_manifest.read()
+
+    # -- one batch -------------------------------------------------------------------------
+    def _prepare(self, chunk: list[Row | BadRow],
+                 wanted: Callable[[int], bool]) -> tuple[list[TaskPayload], list[dict[str, Any]]]:
+        rejections: list[dict[str, Any]] = []
+        todo: list[tuple[Row, str]] = []
+        for item in chunk:
+            self.progress.read += 1
+            duplicate = self._is_duplicate(item.id)
+            if not wanted(item.line):
+                self.progress.skipped += 1
+            elif duplicate:
+                rejections.append(duplicate_record(item.id, item.line))
+            elif isinstance(item, BadRow):
+                rejections.append(rejected_record(item.id, item.line, item.reason))
+            else:
+                self._render_or_reject(item, todo, rejections)
+        return self._budget(todo, rejections), rejections
+
+    def _render_or_reject(self, row: Row, todo: list[tuple[Row, str]],
+                          rejections: list[dict[str, Any]]) -> None:
+        try:
+            text = self._render(row)
+        except ValueError as exc:
+            rejections.append(rejected_record(row.id, row.line, f"bad_messages: {exc}"))
+            return
+        # No token is longer than MAX_BYTES_PER_TOKEN bytes (and a character is at least one
+        # byte), so a text this long cannot fit: reject it without paying to tokenize it.
+        if len(text) > MAX_BYTES_PER_TOKEN * self.limits.max_req_input_len:
+            rejections.append(rejected_record(row.id, row.line, (
+                f"prompt_too_long: {len(text)} characters cannot fit in a "
+                f"{self.limits.context_length}-token context")))
+            return
+        todo.append((row, text))
+
+    def _budget(self, todo: list[tuple[Row, str]],
+                rejections: list[dict[str, Any]]) -> list[TaskPayload]:
+        payloads: list[TaskPayload] = []
+        ids_batch = self.tokenizer.encode_batch([text for _, text in todo]) if todo else []
+        for (row, _), input_ids in zip(todo, ids_batch, strict=True):
+            b = budget(len(input_ids), self.limits)
+            if b.reason is not None:
+                rejections.append(rejected_record(row.id, row.line, b.reason, len(input_ids)))
+                continue
+            payloads.append(TaskPayload(run=self.s.run, line=row.line, id=row.id,
+                                        input_ids=input_ids, max_tokens=b.max_tokens,
+                                        sampling=self.s.sampling, row=row.fields))
+        return payloads
+
+    def _render(self, row: Row) -> str:
+        if row.prompt is not None:
+            return row.prompt
+        assert row.messages is not None
+        return self.tokenizer.render(row.messages)
+
+    def _is_duplicate(self, row_id: str) -> bool:
+        """First occurrence wins. 64-bit hashes, not the ids themselves."""
+        return not self._seen_ids.add(hash(row_id))
+
+
+def _batched(items: Iterable[Row | BadRow], size: int) -> Iterator[list[Row | BadRow]]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
