@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetgen.engine import LengthRule
+from fleetgen.engine import LengthRule, ServerLimits
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
 
 
@@ -18,6 +18,8 @@ class Limits:
     margin: int = 0  # extra tokens kept free, e.g. for a server tokenizer that counts more
     min_output_tokens: int = 1
     rule: LengthRule = field(default=SGLANG_RULE)  # the length rule of the engine in front
+    reserved_tokens: int = 0  # the engine counts these with the input (speculative decoding)
+    server_input_limit: int | None = None  # the engine's own max_req_input_len, if it says
 
     def __post_init__(self) -> None:
         if self.context_length < 16:
@@ -32,12 +34,18 @@ class Limits:
     @property
     def max_req_input_len(self) -> int:
         """The smallest prompt length the engine refuses."""
-        return self.rule.input_limit(self.context_length, self.max_total_tokens)
+        return self.rule.input_limit(self.server)
 
     def room(self, prompt_tokens: int) -> int:
         """The largest max_tokens the engine accepts for this prompt, less the margin."""
-        return self.rule.room(prompt_tokens, self.context_length, self.max_total_tokens) - \
-            self.margin
+        return self.rule.room(prompt_tokens, self.server) - self.margin
+
+    @property
+    def server(self) -> ServerLimits:
+        return ServerLimits(context_length=self.context_length,
+                            max_total_tokens=self.max_total_tokens,
+                            max_req_input_len=self.server_input_limit,
+                            reserved_tokens=self.reserved_tokens)
 
 
 @dataclass(frozen=True)

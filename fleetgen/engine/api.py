@@ -20,18 +20,22 @@ class ServerLimits:
 
     context_length: int
     max_total_tokens: int | None = None  # KV capacity, when smaller than the context
-    max_running_requests: int | None = None  # requests it runs at once
+    max_running_requests: int | None = None  # requests it runs at once (in force, all DP ranks)
     model: str | None = None
+    max_req_input_len: int | None = None  # the server's own input limit, where it reports one
+    reserved_tokens: int = 0  # counted with the input in the length checks (speculative decoding)
+    deterministic: bool | None = None  # whether a sampling seed is honoured; None: not reported
+    skip_tokenizer_init: bool = False  # the server sends output ids only, no text
 
 
 class LengthRule(Protocol):
     """An engine's own length checks, as arithmetic on token counts."""
 
-    def input_limit(self, context_length: int, max_total_tokens: int | None) -> int:
+    def input_limit(self, limits: ServerLimits) -> int:
         """The smallest prompt length (tokens) the engine refuses."""
         ...
 
-    def room(self, prompt_tokens: int, context_length: int, max_total_tokens: int | None) -> int:
+    def room(self, prompt_tokens: int, limits: ServerLimits) -> int:
         """The largest max_tokens the engine accepts for this prompt and sends as it is."""
         ...
 

@@ -35,24 +35,33 @@ class SGLangRule:
     name = "sglang"
 
     @staticmethod
-    def max_req_len(context_length: int, max_total_tokens: int | None) -> int:
-        if max_total_tokens is None:
-            return context_length - 1
-        return min(context_length - 1, max_total_tokens - 1)
+    def max_req_len(limits: ServerLimits) -> int:
+        if limits.max_total_tokens is None:
+            return limits.context_length - 1
+        return min(limits.context_length - 1, limits.max_total_tokens - 1)
 
-    def input_limit(self, context_length: int, max_total_tokens: int | None) -> int:
-        return self.max_req_len(context_length, max_total_tokens) - SCHEDULER_INPUT_MARGIN
+    def input_limit(self, limits: ServerLimits) -> int:
+        # The tokenizer manager counts the speculative reserve with the input
+        # (`input_token_num += self.num_reserved_tokens`); the scheduler does not, and its
+        # limit is the server's own `max_req_input_len` where the server reports it.
+        scheduler = limits.max_req_input_len or \
+            self.max_req_len(limits) - SCHEDULER_INPUT_MARGIN
+        return min(scheduler, limits.context_length - limits.reserved_tokens)
 
-    def room(self, prompt_tokens: int, context_length: int, max_total_tokens: int | None) -> int:
-        return self.max_req_len(context_length, max_total_tokens) - prompt_tokens - 1
+    def room(self, prompt_tokens: int, limits: ServerLimits) -> int:
+        clamp = self.max_req_len(limits) - prompt_tokens - 1
+        total = limits.context_length - limits.reserved_tokens - prompt_tokens - 1
+        return min(clamp, total)
 
     def correction(self, error: errors.ContextLengthError, max_tokens: int) -> int | None:
         if error.server_prompt_tokens is None or error.context_length is None:
             return None
         # By the server's count the input breaks the scheduler's limit too: no budget helps.
-        if error.server_prompt_tokens >= self.input_limit(error.context_length, None):
+        # (The server's count already holds any speculative reserve.)
+        server = ServerLimits(context_length=error.context_length)
+        if error.server_prompt_tokens >= self.input_limit(server):
             return None
-        room = self.room(error.server_prompt_tokens, error.context_length, None)
+        room = self.room(error.server_prompt_tokens, server)
         return room if 0 < room < max_tokens else None
 
 
