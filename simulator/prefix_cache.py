@@ -32,7 +32,10 @@ class PrefixCache:
         self._tokens = 0
 
     def match(self, hashes: list[bytes]) -> int:
-        """Cached tokens for a prompt; the last token is always computed, as in SGLang."""
+        """Cached tokens for a prompt; the last token is always computed.
+
+        `Req.init_next_round_input` caps the match at `input_len - 1`.
+        """
         matched = 0
         for hashed in hashes:
             if hashed not in self._counts:
