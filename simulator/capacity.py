@@ -83,12 +83,14 @@ class Ticket:
     """One generation in flight, findable by rid so /abort_request can end it."""
 
     rid: str
-    task: asyncio.Task[Any] | None
+    task: asyncio.Task[Any] | None = None
     aborted: bool = False
     # Set when the request gets a slot; an abort uses them to report partial output.
     service_started: float | None = None
     first_token_s: float = 0.0
     per_token_s: float = 0.0
+    cached_tokens: int = 0
+    num_retractions: int = 0
 
     def start_service(self, first_token_s: float, per_token_s: float) -> None:
         self.service_started = time.monotonic()
@@ -100,35 +102,73 @@ class Ticket:
             return 0.0
         return time.monotonic() - self.service_started
 
+    def abort(self) -> None:
+        self.aborted = True
+        if self.task is not None:
+            self.task.cancel()
+
 
 @dataclass
 class Tickets:
-    """The rid index of generations in flight."""
+    """The rids in flight: the duplicate check, and what /abort_request matches."""
 
-    by_rid: dict[str, set[Ticket]] = field(default_factory=dict)
+    by_rid: dict[str, Ticket] = field(default_factory=dict)
 
-    def open(self, rid: str) -> Ticket:
-        ticket = Ticket(rid, asyncio.current_task())
-        self.by_rid.setdefault(rid, set()).add(ticket)
-        return ticket
+    def __contains__(self, rid: object) -> bool:
+        return rid in self.by_rid
+
+    def reserve(self, rids: list[str]) -> list[Ticket]:
+        """Register a request's rids from arrival on (the parser refused duplicates)."""
+        tickets = [Ticket(rid) for rid in rids]
+        for ticket in tickets:
+            self.by_rid[ticket.rid] = ticket
+        return tickets
 
     def close(self, ticket: Ticket) -> None:
-        same_rid = self.by_rid.get(ticket.rid, set())
-        same_rid.discard(ticket)
-        if not same_rid:
-            self.by_rid.pop(ticket.rid, None)
+        if self.by_rid.get(ticket.rid) is ticket:
+            del self.by_rid[ticket.rid]
 
     def abort(self, rid: str) -> int:
-        """Cancel every generation with this rid; each then answers 200 with an abort reason."""
-        tickets = self.by_rid.get(rid, set())
-        for ticket in tickets:
-            if not ticket.aborted and ticket.task is not None:
-                ticket.aborted = True
-                ticket.task.cancel()
-        return len(tickets)
+        """TokenizerManager.abort_request then Scheduler.abort_request.
+
+        The tokenizer forwards an abort only for a rid it holds exactly; the
+        scheduler then ends every request whose rid starts with it.
+        """
+        if not rid or rid not in self.by_rid:
+            return 0
+        matched = [t for r, t in self.by_rid.items() if r.startswith(rid) and not t.aborted]
+        for ticket in matched:
+            ticket.abort()
+        return len(matched)
 
     def abort_all(self) -> int:
-        return sum(self.abort(rid) for rid in list(self.by_rid))
+        matched = [t for t in self.by_rid.values() if not t.aborted]
+        for ticket in matched:
+            ticket.abort()
+        return len(matched)
+
+
+class KvPool:
+    """Tokens promised to running requests; a request that does not fit is retracted once.
+
+    SGLang retracts running requests under KV pressure and re-queues them
+    (meta_info.num_retractions); the simulator charges the newcomer one extra
+    prefill instead of moving tokens around, which keeps service times predictable.
+    """
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.used_tokens = 0
+
+    @contextlib.contextmanager
+    def hold(self, tokens: int) -> Iterator[bool]:
+        """Hold `tokens` for the body; yields True when the pool was over capacity."""
+        over = self.used_tokens + tokens > self.capacity_tokens
+        self.used_tokens += tokens
+        try:
+            yield over
+        finally:
+            self.used_tokens -= tokens
 
 
 class InFlight:

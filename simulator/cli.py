@@ -46,12 +46,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_argument_group("limits (applied as SGLang applies them)")
     limits.add_argument("--context-length", metavar="TOKENS", type=int,
                         default=d.context_length, help="model context (default %(default)s)")
-    limits.add_argument("--max-total-tokens", metavar="TOKENS", type=int, default=None,
+    limits.add_argument("--max-total-tokens", "--max-total-num-tokens", metavar="TOKENS",
+                        type=int, default=None, dest="max_total_tokens",
                         help="KV cache capacity (default: never tighter than the context)")
-    limits.add_argument("--max-running-requests", metavar="K", type=int,
-                        default=d.max_running_requests, help="running slots (default %(default)s)")
+    limits.add_argument("--max-running-requests", metavar="K", type=int, default=None,
+                        help="running slots, as SGLang's flag: /server_info shows K at the top "
+                             "level (default: not passed, top level null)")
+    limits.add_argument("--derived-slots", metavar="K", type=int, default=d.derived_slots,
+                        help="slots per DP rank the server derives itself when "
+                             "--max-running-requests is not passed; reported only in "
+                             "internal_states (default %(default)s)")
+    limits.add_argument("--dp-size", metavar="N", type=int, default=d.dp_size,
+                        help="data-parallel ranks: one internal_states entry each "
+                             "(default %(default)s)")
+    limits.add_argument("--page-size", metavar="TOKENS", type=int, default=d.page_size,
+                        help="KV page size, used by the KV-memory clamp (default %(default)s)")
     limits.add_argument("--max-queued-requests", metavar="N", type=int, default=None,
                         help="waiting requests allowed; beyond them 503 (default: unbounded)")
+
+    modes = parser.add_argument_group("server modes (as SGLang's flags)")
+    modes.add_argument("--speculative-algorithm", metavar="NAME", default=None,
+                       choices=("EAGLE", "EAGLE3", "NEXTN"),
+                       help="EAGLE-style decoding: reserves max(topk x steps, draft tokens) "
+                            "in the context checks, and 48 slots unless "
+                            "--max-running-requests is passed")
+    modes.add_argument("--speculative-num-steps", metavar="N", type=int,
+                       default=d.speculative_num_steps, help="(default %(default)s)")
+    modes.add_argument("--speculative-eagle-topk", metavar="N", type=int,
+                       default=d.speculative_eagle_topk, help="(default %(default)s)")
+    modes.add_argument("--speculative-num-draft-tokens", metavar="N", type=int,
+                       default=d.speculative_num_draft_tokens, help="(default %(default)s)")
+    modes.add_argument("--enable-deterministic-inference", action="store_true",
+                       help="report that sampling_seed is honoured (the simulator always "
+                            "honours it)")
+    modes.add_argument("--skip-tokenizer-init", action="store_true",
+                       help="answer with output_ids only, no text")
+    modes.add_argument("--health-delay-s", metavar="S", type=float, default=d.health_delay_s,
+                       help="time /health takes when up; SGLang's probe never answers in "
+                            "under 1 s (default %(default)s)")
 
     timing = parser.add_argument_group("capacity model")
     timing.add_argument("--ttft-ms", metavar="MS", type=float, default=d.ttft_ms,
@@ -96,6 +128,16 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         context_length=args.context_length,
         max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests,
+        derived_slots=args.derived_slots,
+        dp_size=args.dp_size,
+        page_size=args.page_size,
+        speculative_algorithm=args.speculative_algorithm,
+        speculative_num_steps=args.speculative_num_steps,
+        speculative_eagle_topk=args.speculative_eagle_topk,
+        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+        enable_deterministic_inference=args.enable_deterministic_inference,
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,
         ttft_ms=args.ttft_ms,
         tpot_ms=args.tpot_ms,
@@ -180,7 +222,7 @@ def ready_line(fleet: SimFleet) -> str:
     config = fleet.config
     return (
         f"fleetgen sim: serving {len(servers)} server(s) on {where} "
-        f"(context {config.context_length}, {config.max_running_requests} slots)"
+        f"(context {config.context_length}, {config.total_slots} slots)"
     )
 
 

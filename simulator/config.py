@@ -6,6 +6,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# The SGLang release whose HTTP behaviour the simulator reproduces (docs/simulator.md).
+SGLANG_VERSION = "0.5.23"
+# Slots a server derives from its memory when --max-running-requests is not given.
+DEFAULT_SLOTS = 64
+# speculative_hook.py `_handle_eagle_family`: an EAGLE/NEXTN server without
+# --max-running-requests resolves it to 48, and /server_info reports that value.
+SPECULATIVE_SLOTS = 48
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+
 # Fault rates are drawn from one uniform number per request, so together they
 # must leave room for the requests that are answered normally.
 FAULT_RATE_FIELDS = ("error_rate", "queue_full_rate", "hang_rate", "drop_rate")
@@ -24,7 +33,21 @@ class SimConfig:
     count: int = 1
     context_length: int = 8192
     max_total_tokens: int | None = None
-    max_running_requests: int = 64
+    # The CLI value: None unless given, as /server_info's top level reports it.
+    max_running_requests: int | None = None
+    # What a real server would derive from its KV pool: reported only in
+    # internal_states, so clients cannot find it at the top level.
+    derived_slots: int = DEFAULT_SLOTS
+    dp_size: int = 1
+    page_size: int = 1
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int = 3
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int = 4
+    enable_deterministic_inference: bool = False
+    skip_tokenizer_init: bool = False
+    # /health submits a probe and polls it once a second, so it never answers faster.
+    health_delay_s: float = 1.0
     max_queued_requests: int | None = None
     ttft_ms: float = 50.0
     tpot_ms: float = 5.0
@@ -64,10 +87,15 @@ class SimConfig:
                 self.max_total_tokens >= 8, "max_total_tokens", "must be >= 8",
                 self.max_total_tokens,
             )
-        _require(
-            self.max_running_requests >= 1, "max_running_requests", "must be >= 1",
-            self.max_running_requests,
-        )
+        if self.max_running_requests is not None:
+            _require(
+                self.max_running_requests >= self.dp_size, "max_running_requests",
+                "must be >= 1 per DP rank", self.max_running_requests,
+            )
+        _require(self.derived_slots >= 1, "derived_slots", "must be >= 1", self.derived_slots)
+        _require(1 <= self.dp_size <= 64, "dp_size", "must be in [1, 64]", self.dp_size)
+        _require(1 <= self.page_size <= 256, "page_size", "must be in [1, 256]", self.page_size)
+        self._validate_speculative()
         if self.max_queued_requests is not None:
             _require(
                 self.max_queued_requests >= 0, "max_queued_requests", "must be >= 0",
@@ -83,8 +111,20 @@ class SimConfig:
         )
         _require(bool(self.model_name), "model_name", "must not be empty", self.model_name)
 
+    def _validate_speculative(self) -> None:
+        algorithm = self.speculative_algorithm
+        if algorithm is None:
+            return
+        _require(
+            algorithm in SPECULATIVE_ALGORITHMS, "speculative_algorithm",
+            f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}", algorithm,
+        )
+        for name in ("speculative_num_steps", "speculative_eagle_topk",
+                     "speculative_num_draft_tokens"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+
     def _validate_times(self) -> None:
-        for name in ("ttft_ms", "tpot_ms", "slowdown"):
+        for name in ("ttft_ms", "tpot_ms", "slowdown", "health_delay_s"):
             value = getattr(self, name)
             _require(_finite(value) and value >= 0, name, "must be a number >= 0", value)
         _require(_finite(self.speed) and self.speed > 0, "speed", "must be > 0", self.speed)
@@ -115,11 +155,42 @@ class SimConfig:
         )
 
     @property
+    def resolved_max_running_requests(self) -> int | None:
+        """/server_info's top-level value: the CLI's, or what resolution set (EAGLE: 48)."""
+        if self.max_running_requests is None and self.speculative_algorithm is not None:
+            return SPECULATIVE_SLOTS
+        return self.max_running_requests
+
+    @property
+    def slots_per_dp(self) -> int:
+        """internal_states' effective_max_running_requests_per_dp: the limit in force."""
+        resolved = self.resolved_max_running_requests
+        if resolved is None:
+            return self.derived_slots
+        # A real server also caps this by its pool; the simulator's pool is sized
+        # from the slots (max_total_num_tokens below), so the CLI value stands.
+        return max(1, resolved // self.dp_size)
+
+    @property
+    def total_slots(self) -> int:
+        return self.slots_per_dp * self.dp_size
+
+    @property
+    def num_reserved_tokens(self) -> int:
+        """managers/utils.py `compute_num_reserved_tokens`: EAGLE keeps drafts in output slots."""
+        if self.speculative_algorithm is None:
+            return 0
+        return max(
+            self.speculative_eagle_topk * self.speculative_num_steps,
+            self.speculative_num_draft_tokens,
+        )
+
+    @property
     def max_total_num_tokens(self) -> int:
         """KV capacity as a server reports it; unset means it never binds before context."""
         if self.max_total_tokens is not None:
             return self.max_total_tokens
-        return self.context_length * self.max_running_requests
+        return self.context_length * self.total_slots
 
     @property
     def max_req_len(self) -> int:

@@ -105,9 +105,15 @@ class Availability:
         )
 
     def refusal(self) -> str | None:
-        """Why new work is refused right now (the 503 message), or None when up."""
-        if self.draining:
-            return "The server is shutting down."
+        """Why generation is refused right now (the 503 message), or None when up.
+
+        A draining server still accepts work: SGLang's SIGTERM handler only sets
+        `gracefully_exit`, which /health and /ready read and /generate does not.
+        """
         if self.is_down():
             return "The server is temporarily unavailable (simulated downtime)."
         return None
+
+    def ready(self) -> bool:
+        """`TokenizerManager.is_ready`: up and not shutting down."""
+        return not self.draining and not self.is_down()

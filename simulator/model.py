@@ -62,10 +62,22 @@ def count_text_tokens(text: str) -> int:
     return len(TOKEN_RE.findall(text))
 
 
-def request_key(seed: int, prompt: Sequence[int] | str, sample_index: int = 0) -> int:
-    """A stable 64-bit key for a prompt, so a retry of the same prompt gets the same answer."""
+def request_key(
+    seed: int,
+    prompt: Sequence[int] | str,
+    sample_index: int = 0,
+    sampling_seed: int | None = None,
+) -> int:
+    """A stable 64-bit key for a prompt, so a retry of the same prompt gets the same answer.
+
+    The request's `sampling_seed` is part of it whatever the server flags say, so tests
+    can make two samples of one prompt differ; /server_info tells whether a real
+    server would honour it (`enable_deterministic_inference`).
+    """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(f"{seed}:{sample_index}:".encode())
+    if sampling_seed is not None:
+        digest.update(f"s{sampling_seed}:".encode())
     if isinstance(prompt, str):
         digest.update(b"t" + prompt.encode("utf-8", "surrogatepass"))
     else:
@@ -112,7 +124,7 @@ def generate(
 
 def per_token_s(config: SimConfig, running: int) -> float:
     """Decode time per token with `running` requests in the batch (this one included)."""
-    load = running / config.max_running_requests
+    load = running / config.total_slots
     return config.tpot_ms * (1 + config.slowdown * load) / config.speed / 1000
 
 

@@ -1,28 +1,44 @@
-"""SGLang's request rules and response shapes: parsing, validation, context limits, bodies."""
+"""SGLang's request rules and response shapes: parsing, validation, context limits, bodies.
+
+The checks run in SGLang 0.5.23's order: the contract gate (simulator/contract.py),
+`GenerateReqInput.normalize_batch_and_arguments`, the duplicate-rid check of
+`TokenizerManager._init_req_state`, `_validate_one_request` (context rules, with
+the speculative reserve), `SamplingParams.verify`, then the scheduler's
+`init_req_max_new_tokens` clamp and `validate_input_length`.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.config import SimConfig
+from simulator.contract import generate_contract_error
 from simulator.model import MAX_INPUT_ID, Completion, count_text_tokens, request_key
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
-DEFAULT_MAX_NEW_TOKENS = 128  # native /generate
+DEFAULT_MAX_NEW_TOKENS = 128  # native /generate: SamplingParams.max_new_tokens
 DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions
+WEIGHT_VERSION = "default"
+# `_handle_abort_req`: a request aborted before it ran gets this message.
+WAITING_ABORT_MESSAGE = "Abort in waiting queue"
+# FINISH_ABORT().to_json(): what a request aborted while running finishes with.
+RUNNING_ABORT_REASON: dict[str, Any] = {
+    "type": "abort", "message": "Aborted", "status_code": None, "err_type": None,
+}
 
 
 class ApiError(Exception):
     """A request answered with an error status; the endpoint decides the body shape."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, contract: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.contract = contract  # the contract gate answers {"error": "<string>"}
 
 
 def bad_request(message: str) -> ApiError:
@@ -33,18 +49,20 @@ def bad_request(message: str) -> ApiError:
 class Sampling:
     """The sampling parameters that change what the simulator does (the rest are checked only)."""
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int | None = None  # None: not sent, so the tokenizer check skips it
     min_new_tokens: int = 0
     ignore_eos: bool = False
     n: int = 1
+    sampling_seed: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
 class Item:
     """One generation to run: a prompt under its final (clamped) token limit."""
 
-    rid: str  # reported as meta_info.id
-    abort_rid: str  # what /abort_request matches (the client's rid, shared by n samples)
+    rid: str  # meta_info.id, and what /abort_request and the duplicate check match
+    prompt: list[int] | str
     prompt_tokens: int  # as the server counts them, extra_prompt_tokens included
     key: int
     max_new_tokens: int
@@ -62,13 +80,21 @@ class Outcome:
     item: Item
     completion: Completion
     e2e_latency_s: float
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    waiting_abort: bool = False  # aborted before it ran: the reduced meta_info
+
+
+InFlight = Callable[[str], bool]  # is this rid in flight on the server?
 
 
 # ---------------------------------------------------------------- error bodies
 
 
-def native_error_body(error: ApiError) -> dict[str, Any]:
-    """A ValueError becomes {"error": {...}}; anything 5xx is shaped like an HTTPException."""
+def native_error_body(error: ApiError) -> Any:
+    """Contract gate: a string; ValueError: {"error": {...}}; 5xx: an HTTPException body."""
+    if error.contract:
+        return {"error": error.message}
     if error.status < 500:
         return {"error": {"message": error.message}}
     return http_exception_body(error)
@@ -93,74 +119,116 @@ def http_exception_body(error: ApiError) -> dict[str, Any]:
 # ---------------------------------------------------------------- context rules
 
 
-def fit_to_context(prompt_tokens: int, max_new_tokens: int, config: SimConfig) -> int:
-    """Apply SGLang's three length checks in its order; return the clamped new-token limit."""
+def validate_context(prompt_tokens: int, max_new_tokens: int | None, config: SimConfig) -> None:
+    """`TokenizerManager._validate_one_request`: the reserve counts, a missing limit does not."""
     context = config.context_length
-    if prompt_tokens >= context:
+    input_tokens = prompt_tokens + config.num_reserved_tokens
+    if input_tokens >= context:
         raise bad_request(
-            f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+            f"The input ({input_tokens} tokens) is longer than the model's context length "
             f"({context} tokens)."
         )
-    total = prompt_tokens + max_new_tokens
+    if max_new_tokens is None:
+        return  # `sampling_params.get("max_new_tokens")` is None: the check is skipped
+    total = input_tokens + max_new_tokens
     if total > context:
         raise bad_request(
             f"Requested token count exceeds the model's maximum context length of {context} "
-            f"tokens. You requested a total of {total} tokens: {prompt_tokens} tokens from the "
+            f"tokens. You requested a total of {total} tokens: {input_tokens} tokens from the "
             f"input messages and {max_new_tokens} tokens for the completion. Please reduce the "
             "number of tokens in the input messages or the completion to fit within the limit."
         )
+
+
+def schedule_limit(prompt_tokens: int, max_new_tokens: int | None, config: SimConfig) -> int:
+    """Scheduler `init_req_max_new_tokens` then `validate_input_length`: the clamped limit."""
+    wanted = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    limit = max(0, min(wanted, config.max_req_len - prompt_tokens - 1))
+    # Base allocator `max_new_tokens_for_memory`: what an empty pool could hold.
+    # It clamps to 0 rather than refusing; only SWA/hybrid pools return None,
+    # which is the "KV memory budget" 400 (docs/simulator.md).
+    page = config.page_size
+    paged_input = -(-prompt_tokens // page) * page
+    limit = max(0, min(limit, config.max_total_num_tokens - paged_input - page - 1))
     if prompt_tokens >= config.max_req_input_len:
         raise bad_request(
             f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length "
             f"({config.max_req_input_len} tokens). Use a shorter input or enable "
             "--allow-auto-truncate."
         )
-    # The scheduler trims silently; a client that trusted its own budget never notices.
-    return min(max_new_tokens, config.max_req_len - prompt_tokens - 1)
+    return limit
 
 
 # ---------------------------------------------------------------- sampling params
 
-# (name, default, accepted?, message). Messages follow SGLang's wording.
-_RANGE_RULES: tuple[tuple[str, float, Callable[[float], bool], str], ...] = (
-    ("temperature", 1.0, lambda v: v >= 0, "temperature must be non-negative, got {}."),
-    ("top_p", 1.0, lambda v: 0 < v <= 1, "top_p must be in (0, 1], got {}."),
-    ("top_k", -1, lambda v: v == -1 or v >= 1,
-     "top_k must be -1 (disable), or at least 1, got {}."),
-    ("min_p", 0.0, lambda v: 0 <= v <= 1, "min_p must be in [0, 1], got {}."),
-    ("frequency_penalty", 0.0, lambda v: -2 <= v <= 2,
+# (name, accepted?, message): `SamplingParams.verify`, in its order.
+_RANGE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("temperature", lambda v: v >= 0 and v != float("inf"),
+     "temperature must be a non-negative finite number, got {}."),
+    ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1], got {}."),
+    ("min_p", lambda v: 0 <= v <= 1, "min_p must be in [0, 1], got {}."),
+    ("top_k", lambda v: v == -1 or v >= 1,
+     "top_k must be -1 (disable) or at least 1, got {}."),
+    ("frequency_penalty", lambda v: -2 <= v <= 2,
      "frequency_penalty must be in [-2, 2], got {}."),
-    ("presence_penalty", 0.0, lambda v: -2 <= v <= 2,
+    ("presence_penalty", lambda v: -2 <= v <= 2,
      "presence_penalty must be in [-2, 2], got {}."),
-    ("repetition_penalty", 1.0, lambda v: 0 < v <= 2,
-     "repetition_penalty must be in (0, 2], got {}."),
+    ("repetition_penalty", lambda v: 0 < v <= 2,
+     "repetition_penalty must be in (0, 2] (1.0 = no penalty), got {}."),
 )
-_INTEGER_PARAMS = frozenset({"top_k", "max_new_tokens", "min_new_tokens", "n"})
+_INTEGER_PARAMS = frozenset({"top_k", "max_new_tokens", "min_new_tokens", "n", "sampling_seed"})
 
 
 def parse_sampling(raw: Any) -> Sampling:
-    """Validate sampling params as SGLang does; unknown keys are ignored, null means default."""
+    """Read the parameters the simulator uses (types only; `verify` checks ranges later)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise bad_request("sampling_params must be a JSON object.")
-    for name, default, accepted, message in _RANGE_RULES:
-        value = _number(raw, name, default)
-        if not accepted(value):
-            raise bad_request(message.format(value))
-    max_new = int(_number(raw, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
-    if max_new < 0:
-        raise bad_request(f"max_new_tokens must be at least 0, got {max_new}.")
-    min_new = int(_number(raw, "min_new_tokens", 0))
-    if not 0 <= min_new <= max_new:
-        raise bad_request(f"min_new_tokens must be in [0, max_new_tokens], got {min_new}.")
+    for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                 "presence_penalty", "repetition_penalty"):
+        _number(raw, name, 0)
+    max_new = raw.get("max_new_tokens")
+    if max_new is not None:
+        max_new = int(_number(raw, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     n = int(_number(raw, "n", 1))
-    if n < 1:
+    if n < 1:  # the simulator's own rule: SGLang has no check and misbehaves
         raise bad_request(f"n must be at least 1, got {n}.")
+    seed = raw.get("sampling_seed")
     ignore_eos = raw.get("ignore_eos") or False
     if not isinstance(ignore_eos, bool):
         raise bad_request(f"ignore_eos must be a boolean, got {ignore_eos!r}.")
-    return Sampling(max_new, min_new, ignore_eos, n)
+    return Sampling(
+        max_new_tokens=max_new,
+        min_new_tokens=int(_number(raw, "min_new_tokens", 0)),
+        ignore_eos=ignore_eos,
+        n=n,
+        sampling_seed=None if seed is None else int(_number(raw, "sampling_seed", 0)),
+        raw=raw,
+    )
+
+
+def verify_sampling(sampling: Sampling) -> None:
+    """`SamplingParams.verify` (srt/sampling/sampling_params.py): 400 on the first bad value."""
+    raw = sampling.raw
+    for name, accepted, message in _RANGE_RULES:
+        value = raw.get(name)
+        if value is not None and not accepted(value):
+            raise bad_request(message.format(value))
+    if sampling.min_new_tokens < 0:
+        raise bad_request(
+            f"min_new_tokens must be in [0, max_new_tokens], got {sampling.min_new_tokens}."
+        )
+    max_new = DEFAULT_MAX_NEW_TOKENS if sampling.max_new_tokens is None else (
+        sampling.max_new_tokens
+    )
+    if max_new < 0:
+        raise bad_request(f"max_new_tokens must be at least 0, got {max_new}.")
+    if sampling.min_new_tokens > max_new:
+        raise bad_request(
+            f"min_new_tokens must be in [0, max_new_tokens({max_new})], got "
+            f"{sampling.min_new_tokens}."
+        )
 
 
 def _number(raw: dict[str, Any], name: str, default: float) -> float:
@@ -177,28 +245,38 @@ def _number(raw: dict[str, Any], name: str, default: float) -> float:
 # ---------------------------------------------------------------- native /generate
 
 
-def parse_generate(body: Any, config: SimConfig) -> Job:
+def parse_generate(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     """Turn a native /generate body into checked items (400 on the first bad one)."""
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
+    error = generate_contract_error(body)
+    if error is not None:
+        raise ApiError(400, error, contract=True)
+    assert isinstance(body, dict)  # the contract gate refuses anything else
     _refuse_stream(body)
     prompts, batch = _native_prompts(body)
     samplings = _per_prompt(body.get("sampling_params"), len(prompts), batch)
-    rids = _rids(body.get("rid"), len(prompts), batch)
+    n = samplings[0].n if samplings else 1
+    if any(s.n != n for s in samplings):
+        raise bad_request(
+            "The parallel_sample_num should be the same for all samples in sample params."
+        )
+    # `_handle_parallel_sampling`: n > 1 turns even a single prompt into a batch.
+    batch = batch or n > 1
+    rids = _rids(body.get("rid"), len(prompts), n, batch)
+    _refuse_duplicates(rids, in_flight)
     return _build_job(prompts, samplings, rids, batch, config)
 
 
 def _native_prompts(body: dict[str, Any]) -> tuple[list[list[int] | str], bool]:
     input_ids, text = body.get("input_ids"), body.get("text")
-    if (input_ids is None) == (text is None):
-        raise bad_request("Exactly one of text or input_ids must be given.")
+    if input_ids is None and text is None:
+        raise bad_request("Either text, input_ids or input_embeds should be provided.")
     if text is not None:
         if isinstance(text, str):
             return [text], False
-        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return list(text), True
-        raise bad_request("text must be a string or a non-empty list of strings.")
-    if isinstance(input_ids, list) and input_ids and all(isinstance(i, list) for i in input_ids):
+        return list(text), True
+    if isinstance(input_ids, list) and not input_ids:
+        raise bad_request("input_ids cannot be empty.")
+    if isinstance(input_ids, list) and all(isinstance(i, list) for i in input_ids):
         return [_token_ids(ids) for ids in input_ids], True
     return [_token_ids(input_ids)], False
 
@@ -221,16 +299,31 @@ def _per_prompt(raw: Any, count: int, batch: bool) -> list[Sampling]:
     return [parse_sampling(raw)] * count
 
 
-def _rids(raw: Any, count: int, batch: bool) -> list[str]:
+def _rids(raw: Any, count: int, n: int, batch: bool) -> list[str]:
+    """`_normalize_rid`: a string rid of a batch is a prefix, `<rid>_<i>` per expanded item."""
+    if not batch:
+        return [raw if isinstance(raw, str) else uuid.uuid4().hex]
+    expanded = count * n
     if raw is None:
-        return [uuid.uuid4().hex for _ in range(count)]
-    if not batch and isinstance(raw, str):
-        return [raw]
-    if batch and isinstance(raw, list) and len(raw) == count and all(
-        isinstance(r, str) for r in raw
-    ):
-        return list(raw)
-    raise bad_request("rid must be a string, or for a batch a list with one string per input.")
+        return [uuid.uuid4().hex for _ in range(expanded)]
+    if isinstance(raw, str):
+        return [f"{raw}_{i}" for i in range(expanded)]
+    if len(raw) != count:
+        raise bad_request(
+            "The specified rids length mismatch with the batch_size for batch processing."
+        )
+    rids = [rid for rid in raw for _ in range(n)] if n > 1 else list(raw)
+    if len(set(raw)) != len(raw):
+        duplicates = sorted({rid for rid in raw if raw.count(rid) > 1}, key=raw.index)
+        raise bad_request(f"Duplicate request IDs detected within the request: {duplicates}")
+    return rids
+
+
+def _refuse_duplicates(rids: Sequence[str], in_flight: InFlight) -> None:
+    """`TokenizerManager._init_req_state`: a rid still in flight on this server is a 400."""
+    for rid in rids:
+        if in_flight(rid):
+            raise bad_request(f"Duplicate request ID detected: {rid}")
 
 
 def _build_job(
@@ -241,42 +334,67 @@ def _build_job(
     config: SimConfig,
 ) -> Job:
     items: list[Item] = []
-    for prompt, sampling, rid in zip(prompts, samplings, rids, strict=True):
+    for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         sent = count_text_tokens(prompt) if isinstance(prompt, str) else len(prompt)
         if sent == 0:
             raise bad_request("The input is empty.")
         prompt_tokens = sent + config.extra_prompt_tokens
-        max_new = fit_to_context(prompt_tokens, sampling.max_new_tokens, config)
-        for index in range(sampling.n):
+        validate_context(prompt_tokens, sampling.max_new_tokens, config)
+        verify_sampling(sampling)
+        max_new = schedule_limit(prompt_tokens, sampling.max_new_tokens, config)
+        for sample in range(sampling.n):
+            rid = rids[index * sampling.n + sample]
             items.append(Item(
-                rid=rid if sampling.n == 1 else f"{rid}-{index}",
-                abort_rid=rid,
+                # `_handle_batch_request` gives each parallel sample a fresh uuid rid.
+                rid=uuid.uuid4().hex if sampling.n > 1 else rid,
+                prompt=prompt,
                 prompt_tokens=prompt_tokens,
-                key=request_key(config.seed, prompt, index),
+                key=request_key(config.seed, prompt, sample, sampling.sampling_seed),
                 max_new_tokens=max_new,
                 sampling=sampling,
             ))
-    # n > 1 turns even a single prompt into a list answer, as SGLang does.
-    return Job(items, batch or len(items) > 1)
+    return Job(items, batch)
 
 
 def render_native(job: Job, outcomes: list[Outcome], config: SimConfig) -> Any:
-    answers = [
-        {
-            "text": outcome.completion.text,
-            "output_ids": outcome.completion.output_ids,
-            "meta_info": {
-                "id": outcome.item.rid,
-                "finish_reason": outcome.completion.finish_reason,
-                "prompt_tokens": outcome.item.prompt_tokens,
-                "completion_tokens": outcome.completion.completion_tokens,
-                "cached_tokens": 0,
-                "e2e_latency": round(outcome.e2e_latency_s, 6),
-            },
-        }
-        for outcome in outcomes
-    ]
+    answers = [_native_answer(outcome, config) for outcome in outcomes]
     return answers if job.batch else answers[0]
+
+
+def _native_answer(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
+    completion = outcome.completion
+    tokens = completion.completion_tokens
+    meta: dict[str, Any]
+    if outcome.waiting_abort:
+        # `_handle_abort_req`: no prompt_tokens, cached_tokens or num_retractions.
+        meta = {
+            "id": outcome.item.rid,
+            "finish_reason": completion.finish_reason,
+            "weight_version": WEIGHT_VERSION,
+            "e2e_latency": round(outcome.e2e_latency_s, 6),
+            "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": 0}],
+            "completion_tokens": tokens,
+        }
+        return {"text": completion.text, "output_ids": completion.output_ids, "meta_info": meta}
+    # `_handle_batch_output` (+ e2e_latency when finished).
+    cached = outcome.cached_tokens
+    meta = {
+        "id": outcome.item.rid,
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": outcome.item.prompt_tokens,
+        "weight_version": WEIGHT_VERSION,
+        "num_retractions": outcome.num_retractions,
+        "reasoning_tokens": 0,
+        "completion_tokens": tokens,
+        "cached_tokens": cached,
+        "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": tokens}],
+        "cached_tokens_details": {"device": cached, "host": 0} if cached else None,
+        "e2e_latency": round(outcome.e2e_latency_s, 6),
+    }
+    answer: dict[str, Any] = {"output_ids": completion.output_ids, "meta_info": meta}
+    if not config.skip_tokenizer_init:  # BatchTokenIDOutput carries no text
+        answer = {"text": completion.text, **answer}
+    return answer
 
 
 def _refuse_stream(body: dict[str, Any]) -> None:
@@ -286,13 +404,14 @@ def _refuse_stream(body: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- OpenAI /v1/completions
 
-_OPENAI_TO_SAMPLING = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+_OPENAI_TO_SAMPLING = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+                       "seed": "sampling_seed"}
 _OPENAI_SAMPLING_KEYS = (
     *(name for name, *_ in _RANGE_RULES), "n", "ignore_eos", *_OPENAI_TO_SAMPLING,
 )
 
 
-def parse_completions(body: Any, config: SimConfig) -> Job:
+def parse_completions(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     """Turn an OpenAI completions body (prompt as text or token ids) into checked items."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
@@ -308,6 +427,8 @@ def parse_completions(body: Any, config: SimConfig) -> Job:
     rid = body.get("rid")
     base = rid if isinstance(rid, str) else uuid.uuid4().hex
     rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
+    rids = [r for r in rids for _ in range(sampling.n)]
+    _refuse_duplicates(rids, in_flight)
     return _build_job(prompts, [sampling] * len(prompts), rids, True, config)
 
 

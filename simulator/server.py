@@ -15,13 +15,17 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
-from simulator.capacity import InFlight, QueueFull, Slots, Ticket, Tickets
+from simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
 from simulator.config import SimConfig
 from simulator.faults import HANG_S, Availability, Fault, FaultInjector
+from simulator.info import server_info
 from simulator.metrics import ServerMetrics, render_prometheus
 from simulator.model import Completion, generate, per_token_s, tokens_done, ttft_s
+from simulator.prefix_cache import PrefixCache, prefix_hashes
 from simulator.protocol import (
     QUEUE_FULL_MESSAGE,
+    RUNNING_ABORT_REASON,
+    WAITING_ABORT_MESSAGE,
     ApiError,
     Item,
     Job,
@@ -34,12 +38,15 @@ from simulator.protocol import (
     render_completions,
     render_native,
 )
+from simulator.protocol import (
+    InFlight as RidInFlight,
+)
 
 logger = logging.getLogger(__name__)
 
 # SGLang leaves these open even with --api-key (probes and scrapers carry no key);
 # the simulator adds its read-only stats.
-AUTH_EXEMPT = frozenset({"/health", "/health_generate", "/metrics", "/_sim/stats"})
+AUTH_EXEMPT = frozenset({"/health", "/health_generate", "/ready", "/metrics", "/_sim/stats"})
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions"})
 # A batch of long pre-tokenized prompts is several MB of JSON; aiohttp's 1 MiB
 # default would refuse what SGLang accepts.
@@ -56,7 +63,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Api:
     """How one generation endpoint reads requests and shapes answers and errors."""
 
-    parse: Callable[[Any, SimConfig], Job]
+    parse: Callable[[Any, SimConfig, RidInFlight], Job]
     render: Callable[[Job, list[Outcome], SimConfig], Any]
     error_body: Callable[[ApiError], dict[str, Any]]
 
@@ -73,12 +80,14 @@ class SimServer:
         self.index = index
         self.port = config.port + index if config.port else 0
         self.metrics = ServerMetrics(
-            config.model_name, config.max_running_requests, config.speed
+            config.model_name, config.total_slots, config.speed
         )
         self.slots = Slots(
-            config.max_running_requests, config.max_queued_requests, self.metrics.on_running
+            config.total_slots, config.max_queued_requests, self.metrics.on_running
         )
         self.tickets = Tickets()
+        self.kv_pool = KvPool(config.max_total_num_tokens)
+        self.prefix_cache = PrefixCache(config.max_total_num_tokens)
         self.in_flight = InFlight()
         self.faults = FaultInjector(config, index)
         self.availability = Availability(config)
@@ -87,6 +96,7 @@ class SimServer:
         self._die_timer: asyncio.TimerHandle | None = None
         self._dying: asyncio.Task[None] | None = None
         self._created = int(time.time())
+        self._started_at = time.time()
 
     @property
     def url(self) -> str:
@@ -118,7 +128,11 @@ class SimServer:
         logger.info("simulated SGLang server listening on %s", self.url)
 
     async def drain(self, timeout_s: float) -> bool:
-        """Refuse new work (/health 503) and wait for answers in flight; False on timeout."""
+        """/health and /ready turn 503; wait until nothing is in flight; False on timeout.
+
+        New generation requests are still served meanwhile and extend the drain,
+        as in `TokenizerManager.sigterm_watchdog`.
+        """
         self.availability.draining = True
         try:
             await asyncio.wait_for(self.in_flight.idle.wait(), timeout_s)
@@ -186,6 +200,7 @@ class SimServer:
             app.router.add_get(path, self._model_info)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/abort_request", self._abort_request)
         app.router.add_post("/_sim/down", self._sim_down)
@@ -231,8 +246,8 @@ class SimServer:
                 refusal = self.availability.refusal()
                 if refusal is not None:
                     raise ApiError(503, refusal)
-                job = api.parse(await _read_json(request), self.config)
-                outcomes = await self._execute(request, job, leave)
+                job = api.parse(await _read_json(request), self.config, self.tickets.__contains__)
+                outcomes = await self._execute_reserved(request, job, leave)
                 payload, status = api.render(job, outcomes, self.config), 200
             except ApiError as error:
                 payload, status = api.error_body(error), error.status
@@ -242,8 +257,20 @@ class SimServer:
             await response.write_eof()
             return response
 
-    async def _execute(
+    async def _execute_reserved(
         self, request: web.Request, job: Job, leave: Callable[[], None]
+    ) -> list[Outcome]:
+        # The rids count as in flight from here to the answer (or the error),
+        # which is what the duplicate-rid check of the next request sees.
+        tickets = self.tickets.reserve([item.rid for item in job.items])
+        try:
+            return await self._execute(request, job, tickets, leave)
+        finally:
+            for ticket in tickets:
+                self.tickets.close(ticket)
+
+    async def _execute(
+        self, request: web.Request, job: Job, tickets: list[Ticket], leave: Callable[[], None]
     ) -> list[Outcome]:
         # Faults hit only requests that passed validation, so length errors stay
         # exact whatever the fault rates.
@@ -259,8 +286,8 @@ class SimServer:
         if fault is Fault.HANG:
             leave()  # it never finishes, so a drain must not wait for it
         tasks = [
-            asyncio.ensure_future(self._run_item(item, fault is Fault.HANG))
-            for item in job.items
+            asyncio.ensure_future(self._run_item(item, ticket, fault is Fault.HANG))
+            for item, ticket in zip(job.items, tickets, strict=True)
         ]
         try:
             return list(await asyncio.gather(*tasks))
@@ -270,42 +297,66 @@ class SimServer:
             for task in tasks:
                 task.cancel()  # siblings of a failed batch item stop and free their slots
 
-    async def _run_item(self, item: Item, hang: bool) -> Outcome:
+    async def _run_item(self, item: Item, ticket: Ticket, hang: bool) -> Outcome:
         arrived = time.monotonic()
-        config = self.config
-        completion = generate(
-            item.key, config.output_tokens_mean, item.max_new_tokens,
-            item.sampling.min_new_tokens, item.sampling.ignore_eos,
-        )
-        ticket = self.tickets.open(item.abort_rid)
+        ticket.task = asyncio.current_task()
+        completion = self._answer(item)
         try:
             if hang:
                 await asyncio.sleep(HANG_S)
                 raise ApiError(*HANG_ANSWER)
             async with self.slots.hold():
-                ticket.start_service(ttft_s(config), per_token_s(config, self.slots.running))
-                # One sleep for the whole answer keeps thousands of requests cheap.
-                await asyncio.sleep(
-                    ticket.first_token_s + ticket.per_token_s * completion.completion_tokens
-                )
+                await self._serve_in_slot(item, ticket, completion)
         except asyncio.CancelledError:
             if not ticket.aborted:
                 raise
             _uncancel_current_task()
-            completion = self._cut_short(completion, ticket)
-        finally:
-            self.tickets.close(ticket)
+            return self._aborted(item, ticket, completion, arrived)
         self.metrics.count_tokens(item.prompt_tokens, completion.completion_tokens)
-        return Outcome(item, completion, time.monotonic() - arrived)
+        return Outcome(
+            item, completion, time.monotonic() - arrived, ticket.cached_tokens,
+            ticket.num_retractions,
+        )
 
-    def _cut_short(self, completion: Completion, ticket: Ticket) -> Completion:
+    def _answer(self, item: Item) -> Completion:
+        return generate(
+            item.key, self.config.output_tokens_mean, item.max_new_tokens,
+            item.sampling.min_new_tokens, item.sampling.ignore_eos,
+        )
+
+    async def _serve_in_slot(self, item: Item, ticket: Ticket, completion: Completion) -> None:
+        """Prefill against the prefix cache, then decode; the ticket records both."""
+        config = self.config
+        hashes = prefix_hashes(item.prompt)
+        ticket.cached_tokens = self.prefix_cache.match(hashes)
+        self.prefix_cache.insert(hashes)
+        with self.kv_pool.hold(item.prompt_tokens + item.max_new_tokens) as over:
+            ticket.num_retractions = 1 if over else 0
+            # A retracted request is prefilled a second time when it is re-admitted.
+            first_token_s = ttft_s(config) * (1 + ticket.num_retractions)
+            ticket.start_service(first_token_s, per_token_s(config, self.slots.running))
+            # One sleep for the whole answer keeps thousands of requests cheap.
+            await asyncio.sleep(
+                ticket.first_token_s + ticket.per_token_s * completion.completion_tokens
+            )
+
+    def _aborted(
+        self, item: Item, ticket: Ticket, completion: Completion, arrived: float
+    ) -> Outcome:
+        """Scheduler.abort_request: a waiting request is popped, a running one finishes."""
         self.metrics.aborted_total += 1
+        latency_s = time.monotonic() - arrived
+        if ticket.service_started is None:
+            reason = {"type": "abort", "message": WAITING_ABORT_MESSAGE}
+            return Outcome(item, completion.prefix(0, reason), latency_s, waiting_abort=True)
         produced = tokens_done(
             ticket.elapsed_in_service_s(), ticket.first_token_s, ticket.per_token_s,
             completion.completion_tokens,
-        ) if ticket.service_started is not None else 0
-        return completion.prefix(
-            produced, {"type": "abort", "message": f"Abort request {ticket.rid}"}
+        )
+        partial = completion.prefix(produced, dict(RUNNING_ABORT_REASON))
+        self.metrics.count_tokens(item.prompt_tokens, partial.completion_tokens)
+        return Outcome(
+            item, partial, latency_s, ticket.cached_tokens, ticket.num_retractions
         )
 
     async def _drop(self, request: web.Request) -> NoReturn:
@@ -320,18 +371,25 @@ class SimServer:
     # ------------------------------------------------------------ control
 
     async def _abort_request(self, request: web.Request) -> web.StreamResponse:
+        """http_server `abort_request` -> TokenizerManager.abort_request: always an empty 200."""
         body = await _read_control_body(request)
+        rid = body.get("rid")
         if body.get("abort_all"):
             self.tickets.abort_all()
-        elif isinstance(body.get("rid"), str):
-            self.tickets.abort(body["rid"])
-        else:
-            raise bad_request("Give a rid or abort_all.")
-        # SGLang answers an empty 200 whether or not the rid was still running.
+        elif isinstance(rid, str):
+            self.tickets.abort(rid)  # "" and unknown rids are ignored
         return web.Response(status=200)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=503 if self.availability.refusal() else 200)
+        """http_server `health_generate`: 503 at once when exiting, else a probe polled 1/s."""
+        if not self.availability.ready():
+            return web.Response(status=503)
+        await asyncio.sleep(self.config.health_delay_s)
+        return web.Response(status=200 if self.availability.ready() else 503)
+
+    async def _ready(self, request: web.Request) -> web.StreamResponse:
+        """http_server `ready`: the instant check."""
+        return web.Response(status=200 if self.availability.ready() else 503)
 
     async def _sim_down(self, request: web.Request) -> web.StreamResponse:
         seconds = (await _read_control_body(request)).get("seconds")
@@ -369,25 +427,19 @@ class SimServer:
         }]})
 
     async def _server_info(self, request: web.Request) -> web.StreamResponse:
-        config = self.config
-        return _json({
-            "model_path": config.model_name,
-            "tokenizer_path": config.model_name,
-            "served_model_name": config.model_name,
-            "host": config.host,
-            "port": self.port,
-            "context_length": config.context_length,
-            "max_running_requests": config.max_running_requests,
-            "max_queued_requests": config.max_queued_requests,
-            "max_total_num_tokens": config.max_total_num_tokens,
-            "max_req_input_len": config.max_req_input_len,
-            "api_key": None if config.api_key is None else "<hidden>",
-            "version": "fleetgen-sim",
-        })
+        """http_server `server_info`: resolved args at top level, live state per DP rank."""
+        return _json(server_info(self.config, self.port, self._started_at))
 
     async def _model_info(self, request: web.Request) -> web.StreamResponse:
         name = self.config.model_name
-        return _json({"model_path": name, "tokenizer_path": name, "is_generation": True})
+        return _json({
+            "model_path": name, "served_model_name": name, "tokenizer_path": name,
+            "is_generation": True, "preferred_sampling_params": None,
+            "weight_version": "default", "load_format": "auto", "reasoning_parser": None,
+            "tool_call_parser": None, "disaggregation_mode": "null",
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+        })
 
 
 class SimFleet:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import queue
 import signal
@@ -17,6 +18,7 @@ from typing import IO
 import httpx
 import pytest
 
+from simulator.cli import add_arguments, config_from_args
 from tests.simulator.sim_helpers import ENDLESS, generate, stats, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +85,9 @@ def free_port_pair() -> int:
 def test_ready_line_then_drain_on_sigterm(processes: list[SimProcess]) -> None:
     port = free_port_pair()
     sim = SimProcess("--port", str(port), "--count", "2", "--ttft-ms", "0", "--tpot-ms", "50",
-                     "--output-tokens-mean", str(ENDLESS), "--max-running-requests", "4")
+                     "--output-tokens-mean", str(ENDLESS), "--max-running-requests", "4",
+                     # An instant /health: a slow one could outlast the drain and be cut.
+                     "--health-delay-s", "0")
     processes.append(sim)
     assert sim.first_line() == (
         f"fleetgen sim: serving 2 server(s) on http://127.0.0.1:{port}..{port + 1} "
@@ -95,8 +99,10 @@ def test_ready_line_then_drain_on_sigterm(processes: list[SimProcess]) -> None:
         in_flight = pool.submit(generate, client, [1], 16)  # 0.8 s of work
         wait_until(lambda: stats(client)["num_running_reqs"] == 1, what="running")
         sim.proc.send_signal(signal.SIGTERM)
-        # Draining: health turns 503 while the request is still being served.
+        # Draining: health turns 503 while the request is still being served, and new
+        # work is still accepted (SGLang 0.5.23 only flags `gracefully_exit`).
         wait_until(lambda: client.get("/health").status_code == 503, what="draining")
+        assert generate(client, [2], 2).status_code == 200
         answer = in_flight.result()
     assert answer.status_code == 200
     assert answer.json()["meta_info"]["completion_tokens"] == 16
@@ -132,3 +138,21 @@ def test_down_window_flag_and_api_key_from_env(processes: list[SimProcess]) -> N
     assert httpx.post(f"{url}/generate", json={"input_ids": [1]}).status_code == 401
     sim.proc.send_signal(signal.SIGINT)
     assert sim.proc.wait(timeout=10) == 0
+
+
+def test_mode_flags_reach_the_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args([
+        "--speculative-algorithm", "EAGLE", "--speculative-num-draft-tokens", "6",
+        "--enable-deterministic-inference", "--skip-tokenizer-init", "--health-delay-s", "2",
+        "--max-total-num-tokens", "4096", "--dp-size", "2", "--derived-slots", "10",
+    ]))
+    assert config.num_reserved_tokens == 6
+    assert (config.max_running_requests, config.resolved_max_running_requests) == (None, 48)
+    assert (config.slots_per_dp, config.total_slots) == (24, 48)
+    assert config.enable_deterministic_inference and config.skip_tokenizer_init
+    assert (config.health_delay_s, config.max_total_tokens, config.dp_size) == (2.0, 4096, 2)
+    plain = config_from_args(parser.parse_args(["--derived-slots", "10", "--dp-size", "2"]))
+    assert (plain.resolved_max_running_requests, plain.slots_per_dp, plain.total_slots) == (
+        None, 10, 20)

@@ -32,6 +32,10 @@ from simulator.model import (
         ({"die_after_s": -1}, "die_after_s"),
         ({"port": 65535, "count": 2}, "count"),
         ({"output_tokens_mean": 0}, "output_tokens_mean"),
+        ({"speculative_algorithm": "MEDUSA"}, "speculative_algorithm"),
+        ({"max_running_requests": 1, "dp_size": 2}, "max_running_requests"),
+        ({"health_delay_s": -1}, "health_delay_s"),
+        ({"derived_slots": 0}, "derived_slots"),
     ],
 )
 def test_invalid_config_names_the_field(overrides: dict[str, object], field: str) -> None:

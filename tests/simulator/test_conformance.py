@@ -1,0 +1,458 @@
+"""Conformance table: each behaviour of SGLang 0.5.23 the simulator models, over real HTTP.
+
+One row per behaviour: the SGLang function it follows (paths under
+`python/sglang/` of the 0.5.23 wheel), the simulator settings, one exchange, and
+the exact status and body. Bodies are compared whole after `normalize`, which
+only masks values that vary by run (latencies, uuid rids, times) and shortens
+the deterministic answer text to its length.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.simulator.sim_helpers import ENDLESS, StartSim, generate, stats, wait_until
+
+CONTEXT = 100  # max_req_len 99, max_req_input_len 94
+SLOW = {"tpot_ms": 100.0, "output_tokens_mean": ENDLESS}  # LONG tokens take 9 s
+LONG = 90  # fits the context of 100 beside a prompt of a few tokens
+UUID = re.compile(r"^[0-9a-f]{32}$")
+
+SAMPLING_FIELDS = (
+    "`max_new_tokens`, `stop`, `stop_token_ids`, `stop_regex`, `temperature`, `top_p`, "
+    "`top_k`, `min_p`, `frequency_penalty`, `presence_penalty`, `repetition_penalty`, "
+    "`min_new_tokens`, `n`, `json_schema`, `regex`, `ebnf`, `structural_tag`, `ignore_eos`, "
+    "`skip_special_tokens`, `spaces_between_special_tokens`, `no_stop_trim`, "
+    "`stream_interval`, `logit_bias`, `sampling_seed`, `custom_params`, `beam_width`, "
+    "`watermark`, `choice`"
+)
+
+
+def normalize(value: Any) -> Any:
+    """Mask what varies by run; answers become their length (they are tested elsewhere)."""
+    if isinstance(value, list):
+        return [normalize(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in {"e2e_latency", "startup_time"}:
+            out[key] = "<seconds>"
+        elif key == "id" and isinstance(item, str) and UUID.match(item):
+            out[key] = "<uuid>"
+        elif key == "text":
+            out[key] = f"<{len(item.split())} words>" if item else ""
+        elif key == "output_ids":
+            out[key] = f"<{len(item)} ids>"
+        else:
+            out[key] = normalize(item)
+    return out
+
+
+def meta(rid: str, finish: dict[str, Any], prompt: int, tokens: int, cached: int = 0,
+         retractions: int = 0) -> dict[str, Any]:
+    """The meta_info of a finished (or running-aborted) request, `_handle_batch_output`."""
+    return {
+        "id": rid, "finish_reason": finish, "prompt_tokens": prompt,
+        "weight_version": "default", "num_retractions": retractions, "reasoning_tokens": 0,
+        "completion_tokens": tokens, "cached_tokens": cached,
+        "weight_versions": [{"version": "default", "start": 0, "end": tokens}],
+        "cached_tokens_details": {"device": cached, "host": 0} if cached else None,
+        "e2e_latency": "<seconds>",
+    }
+
+
+def answer(rid: str, finish: dict[str, Any], prompt: int, tokens: int, **more: int
+           ) -> dict[str, Any]:
+    return {"text": f"<{tokens} words>" if tokens else "", "output_ids": f"<{tokens} ids>",
+            "meta_info": meta(rid, finish, prompt, tokens, **more)}
+
+
+def length(n: int) -> dict[str, Any]:
+    return {"type": "length", "length": n}
+
+
+def message(text: str) -> dict[str, Any]:
+    return {"error": {"message": text}}
+
+
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+
+
+@dataclass
+class Ctx:
+    """What an exchange gets: a client on the first server, a thread pool, the sim."""
+
+    client: httpx.Client
+    pool: ThreadPoolExecutor
+    sim: Any
+
+    def later(self, *args: Any, **kwargs: Any) -> Future[httpx.Response]:
+        return self.pool.submit(generate, self.client, *args, **kwargs)
+
+    def running(self, count: int) -> None:
+        wait_until(lambda: stats(self.client)["num_running_reqs"] == count, what="running")
+
+    def queued(self, count: int) -> None:
+        wait_until(lambda: stats(self.client)["num_queue_reqs"] == count, what="queued")
+
+    def abort(self, body: dict[str, Any]) -> None:
+        response = self.client.post("/abort_request", json=body)
+        assert (response.status_code, response.content) == (200, b"")
+
+    def sampled(self, params: dict[str, Any], ids: list[int] | None = None) -> httpx.Response:
+        return self.client.post("/generate", json={
+            "input_ids": ids or [1, 2], "sampling_params": params, "rid": "r"})
+
+
+Exchange = Callable[[Ctx], httpx.Response | Any]
+
+
+@dataclass
+class Case:
+    id: str
+    source: str  # the SGLang 0.5.23 function the behaviour comes from
+    exchange: Exchange
+    status: int | None  # None: the exchange returns a body, not a response
+    body: Any
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ exchanges
+
+
+def abort_running(ctx: Ctx) -> httpx.Response:
+    running = ctx.later([1, 2, 3], LONG, rid="long")
+    ctx.running(1)
+    wait_until(lambda: stats(ctx.client)["busy_slot_seconds_total"] > 0.35, what="tokens out")
+    ctx.abort({"rid": "long"})
+    return running.result()
+
+
+def abort_waiting(ctx: Ctx) -> httpx.Response:
+    ctx.later([1], LONG, rid="first")
+    ctx.running(1)
+    waiting = ctx.later([2, 3], LONG, rid="second")
+    ctx.queued(1)
+    ctx.abort({"rid": "second"})
+    response = waiting.result()
+    ctx.abort({"abort_all": True})
+    return response
+
+
+def abort_prefix(ctx: Ctx) -> list[Any]:
+    """The exact rid must be in flight; then every rid it starts is ended."""
+    one, ten = ctx.later([1], LONG, rid="job-1"), ctx.later([2], LONG, rid="job-10")
+    ctx.running(2)
+    ctx.abort({"rid": "job-1"})
+    return [one.result().json()["meta_info"]["finish_reason"],
+            ten.result().json()["meta_info"]["finish_reason"]]
+
+
+def abort_prefix_without_exact(ctx: Ctx) -> Any:
+    run = ctx.later([1], 10, rid="job-1")  # 0.2 s
+    ctx.running(1)
+    ctx.abort({"rid": "job"})  # the tokenizer holds no rid "job": ignored
+    ctx.abort({"rid": ""})  # empty rid without abort_all: ignored
+    return run.result().json()["meta_info"]["finish_reason"]
+
+
+def abort_all(ctx: Ctx) -> list[Any]:
+    futures = [ctx.later([i], LONG, rid=f"x{i}") for i in range(2)]
+    ctx.running(2)
+    ctx.abort({"abort_all": True})
+    return [f.result().json()["meta_info"]["finish_reason"] for f in futures]
+
+
+def duplicate_rid(ctx: Ctx) -> httpx.Response:
+    first = ctx.later([1], LONG, rid="dup")
+    ctx.running(1)
+    response = generate(ctx.client, [1], 5, rid="dup")
+    ctx.abort({"rid": "dup"})
+    first.result()
+    return response
+
+
+def batch(rid: Any, prompts: int = 2) -> Exchange:
+    return lambda ctx: ctx.client.post("/generate", json={
+        "input_ids": [[7 + i, 8] for i in range(prompts)],  # no shared prefix: nothing cached
+        "sampling_params": {"max_new_tokens": 3}, "rid": rid})
+
+
+def info(path: str, *keys: str) -> Exchange:
+    def run(ctx: Ctx) -> Any:
+        body = ctx.client.get(path).json()
+        states = body["internal_states"]
+        return {
+            **{key: body[key] for key in keys},
+            "dp_ranks": len(states),
+            "per_dp": [s["effective_max_running_requests_per_dp"] for s in states],
+        }
+    return run
+
+
+INFO_KEYS = ("max_running_requests", "max_req_input_len", "max_total_num_tokens",
+             "context_length", "speculative_algorithm", "speculative_num_draft_tokens",
+             "enable_deterministic_inference", "skip_tokenizer_init", "version")
+
+
+def health_timing(ctx: Ctx) -> Any:
+    started = time.monotonic()
+    ready = ctx.client.get("/ready").status_code
+    ready_s = time.monotonic() - started
+    health = ctx.client.get("/health")
+    health_s = time.monotonic() - started - ready_s
+    return {"ready": ready, "ready_fast": ready_s < 0.5, "health": health.status_code,
+            "health_at_least_1s": health_s >= 1.0}
+
+
+def draining(ctx: Ctx) -> Any:
+    long = ctx.later([1], 25, rid="before")  # 0.5 s: keeps the drain open
+    ctx.running(1)
+    server = ctx.sim.fleet.servers[0]
+    drain = ctx.pool.submit(ctx.sim.run, lambda: server.drain(10.0))
+    wait_until(lambda: server.availability.draining, what="draining")
+    started = time.monotonic()
+    result = {
+        "health": ctx.client.get("/health").status_code,
+        "health_at_once": time.monotonic() - started < 0.5,
+        "ready": ctx.client.get("/ready").status_code,
+        "generate": generate(ctx.client, [2], 2).status_code,
+        "before": long.result().status_code,
+    }
+    result["drained"] = drain.result()
+    return result
+
+
+def repeated_prompt(ctx: Ctx) -> httpx.Response:
+    generate(ctx.client, list(range(1, 41)), 2, rid="first").raise_for_status()
+    return generate(ctx.client, list(range(1, 41)), 2, rid="again")
+
+
+def retraction(ctx: Ctx) -> Any:
+    first = ctx.later([1] * 10, 50, rid="a")  # 60 of 100 KV tokens
+    ctx.running(1)
+    second = generate(ctx.client, [2] * 10, 50, rid="b")  # does not fit beside it
+    return [first.result().json()["meta_info"]["num_retractions"],
+            second.json()["meta_info"]["num_retractions"]]
+
+
+def queue_full(ctx: Ctx) -> httpx.Response:
+    ctx.later([1], LONG, rid="q1")
+    ctx.running(1)
+    ctx.later([2], LONG, rid="q2")
+    ctx.queued(1)
+    response = generate(ctx.client, [3], 1)
+    ctx.abort({"abort_all": True})
+    return response
+
+
+def seeds(ctx: Ctx) -> Any:
+    def text(seed: int | None) -> str:
+        params: dict[str, Any] = {"max_new_tokens": 8}
+        if seed is not None:
+            params["sampling_seed"] = seed
+        return str(ctx.client.post("/generate", json={
+            "input_ids": [3, 4], "sampling_params": params}).json()["text"])
+
+    info = ctx.client.get("/server_info").json()
+    return {"same_seed_same_text": text(1) == text(1), "seeds_differ": text(1) != text(2),
+            "no_seed_repeats": text(None) == text(None),
+            "honoured": info["enable_deterministic_inference"]}
+
+
+CASES = [
+    # -------- contract gate: {"error": "<string>"}
+    Case("contract-unknown-sampling-key",
+         "api/v1/api_types.py decode_SamplingParams/_unknown_field",
+         lambda ctx: ctx.sampled({"max_new_tokens": 2, "seed": 5}),
+         400, {"error": f"unknown field `seed`, expected one of {SAMPLING_FIELDS}"}),
+    Case("contract-wrong-type", "api/v1/api_types.py decode_SamplingParams/_expect_int",
+         lambda ctx: ctx.sampled({"max_new_tokens": "5"}),
+         400, {"error": 'invalid type: string "5", expected i64'}),
+    Case("contract-float-for-int", "api/v1/api_types.py _unexpected",
+         lambda ctx: ctx.sampled({"top_k": 1.5}),
+         400, {"error": "invalid type: floating point `1.5`, expected i64"}),
+    Case("contract-bool-for-float", "api/v1/api_types.py _expect_float",
+         lambda ctx: ctx.sampled({"temperature": True}),
+         400, {"error": "invalid type: boolean `true`, expected f64"}),
+    # -------- SamplingParams.verify: {"error": {"message": ...}}
+    Case("verify-temperature", "srt/sampling/sampling_params.py SamplingParams.verify",
+         lambda ctx: ctx.sampled({"max_new_tokens": 2, "temperature": -1}),
+         400, message("temperature must be a non-negative finite number, got -1.")),
+    Case("verify-top-k", "srt/sampling/sampling_params.py SamplingParams.verify",
+         lambda ctx: ctx.sampled({"max_new_tokens": 2, "top_k": 0}),
+         400, message("top_k must be -1 (disable) or at least 1, got 0.")),
+    Case("verify-repetition-penalty", "srt/sampling/sampling_params.py SamplingParams.verify",
+         lambda ctx: ctx.sampled({"max_new_tokens": 2, "repetition_penalty": 3}),
+         400, message("repetition_penalty must be in (0, 2] (1.0 = no penalty), got 3.")),
+    Case("verify-after-length-check",
+         "srt/managers/tokenizer_manager.py _validate_one_request before verify",
+         lambda ctx: ctx.sampled({"max_new_tokens": 2, "top_p": 5}, [1] * CONTEXT),
+         400, message("The input (100 tokens) is longer than the model's context length "
+                      "(100 tokens).")),
+    # -------- context rules
+    Case("context-input-too-long", "srt/managers/tokenizer_manager.py _validate_one_request",
+         lambda ctx: generate(ctx.client, [1] * CONTEXT, 0),
+         400, message("The input (100 tokens) is longer than the model's context length "
+                      "(100 tokens).")),
+    Case("context-total-too-long", "srt/managers/tokenizer_manager.py _validate_one_request",
+         lambda ctx: generate(ctx.client, [1] * 50, 51),
+         400, message(
+             "Requested token count exceeds the model's maximum context length of 100 tokens. "
+             "You requested a total of 101 tokens: 50 tokens from the input messages and 51 "
+             "tokens for the completion. Please reduce the number of tokens in the input "
+             "messages or the completion to fit within the limit.")),
+    Case("context-total-skipped-without-max-new-tokens",
+         "srt/managers/tokenizer_manager.py _validate_one_request (max_new_tokens is None)",
+         lambda ctx: ctx.client.post("/generate", json={"input_ids": [1] * 50, "rid": "d"}),
+         200, answer("d", length(48), 50, 48), {"output_tokens_mean": ENDLESS}),
+    Case("speculative-reserve-counts-in-checks",
+         "srt/managers/utils.py compute_num_reserved_tokens",
+         lambda ctx: generate(ctx.client, [1] * 50, 47),
+         400, message(
+             "Requested token count exceeds the model's maximum context length of 100 tokens. "
+             "You requested a total of 101 tokens: 54 tokens from the input messages and 47 "
+             "tokens for the completion. Please reduce the number of tokens in the input "
+             "messages or the completion to fit within the limit."),
+         {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+          "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}),
+    Case("speculative-reserve-not-in-prompt-tokens",
+         "srt/managers/tokenizer_manager.py _validate_one_request (reserve in checks only)",
+         lambda ctx: generate(ctx.client, [1] * 10, 5, rid="s"),
+         200, answer("s", length(5), 10, 5), {"speculative_algorithm": "EAGLE"}),
+    Case("scheduler-input-length", "srt/managers/utils.py validate_input_length",
+         lambda ctx: generate(ctx.client, [1] * 94, 1),
+         400, message("Input length (94 tokens) exceeds the maximum allowed length (94 tokens)."
+                      " Use a shorter input or enable --allow-auto-truncate.")),
+    Case("scheduler-silent-clamp", "srt/managers/scheduler.py init_req_max_new_tokens",
+         lambda ctx: generate(ctx.client, [1] * 50, 50, rid="c"),
+         200, answer("c", length(48), 50, 48), {"output_tokens_mean": ENDLESS}),
+    Case("kv-memory-clamp",
+         "srt/mem_cache/allocator/base.py max_new_tokens_for_memory (page-rounded input)",
+         lambda ctx: generate(ctx.client, [1] * 100, 90, rid="k"),
+         200, answer("k", length(71), 100, 71),
+         {"context_length": 1000, "max_total_tokens": 200, "page_size": 16,
+          "output_tokens_mean": ENDLESS}),
+    # -------- rids
+    Case("duplicate-rid-in-flight", "srt/managers/tokenizer_manager.py _init_req_state",
+         duplicate_rid, 400, message("Duplicate request ID detected: dup"), SLOW),
+    Case("duplicate-rid-in-batch",
+         "srt/managers/io_struct.py GenerateReqInput._validate_rid_uniqueness",
+         batch(["a", "a"]), 400,
+         message("Duplicate request IDs detected within the request: ['a']")),
+    Case("batch-rid-prefix", "srt/managers/io_struct.py GenerateReqInput._normalize_rid",
+         batch("row"), 200,
+         [answer("row_0", length(3), 2, 3), answer("row_1", length(3), 2, 3)],
+         {"output_tokens_mean": ENDLESS}),
+    # -------- aborts: HTTP 200
+    Case("abort-running", "srt/managers/schedule_batch.py FINISH_ABORT.to_json; "
+         "tokenizer_manager.py _handle_abort_finish_reason (no status_code: 200)",
+         abort_running, 200, None, {**SLOW, "max_running_requests": 1}),
+    Case("abort-waiting", "srt/managers/tokenizer_manager.py _handle_abort_req",
+         abort_waiting, 200, {
+             "text": "", "output_ids": "<0 ids>", "meta_info": {
+                 "id": "second",
+                 "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+                 "weight_version": "default", "e2e_latency": "<seconds>",
+                 "weight_versions": [{"version": "default", "start": 0, "end": 0}],
+                 "completion_tokens": 0}},
+         {**SLOW, "max_running_requests": 1}),
+    Case("abort-by-rid-prefix", "srt/managers/scheduler.py Scheduler.abort_request "
+         "(req.rid.startswith)", abort_prefix, None, [ABORTED, ABORTED], SLOW),
+    Case("abort-needs-exact-rid", "srt/managers/tokenizer_manager.py "
+         "TokenizerManager.abort_request (rid_to_state lookup, empty rid)",
+         abort_prefix_without_exact, None, length(10), SLOW),
+    Case("abort-all", "srt/managers/scheduler.py Scheduler.abort_request (abort_all)",
+         abort_all, None, [ABORTED, ABORTED], SLOW),
+    # -------- info
+    Case("server-info-cli-default", "srt/entrypoints/http_server.py server_info; "
+         "scheduler_components/internal_state.py _add_topology", info("/server_info", *INFO_KEYS),
+         None, {"max_running_requests": None, "max_req_input_len": 94,
+                "max_total_num_tokens": 6400, "context_length": CONTEXT,
+                "speculative_algorithm": None, "speculative_num_draft_tokens": None,
+                "enable_deterministic_inference": False, "skip_tokenizer_init": False,
+                "version": "0.5.23", "dp_ranks": 1, "per_dp": [64]}),
+    Case("get-server-info-passed-slots", "srt/entrypoints/http_server.py get_server_info",
+         info("/get_server_info", "max_running_requests"), None,
+         {"max_running_requests": 8, "dp_ranks": 2, "per_dp": [4, 4]},
+         {"max_running_requests": 8, "dp_size": 2}),
+    Case("server-info-speculative", "srt/arg_groups/speculative_hook.py _handle_eagle_family",
+         info("/server_info", "max_running_requests", "speculative_algorithm",
+              "speculative_num_draft_tokens", "max_req_input_len"), None,
+         {"max_running_requests": 48, "speculative_algorithm": "EAGLE",
+          "speculative_num_draft_tokens": 4, "max_req_input_len": 94, "dp_ranks": 1,
+          "per_dp": [48]}, {"speculative_algorithm": "EAGLE"}),
+    Case("server-info-derived-slots-only-internal",
+         "srt/managers/scheduler_components/internal_state.py _add_topology",
+         info("/server_info", "max_running_requests"), None,
+         {"max_running_requests": None, "dp_ranks": 1, "per_dp": [12]}, {"derived_slots": 12}),
+    # -------- lifecycle
+    Case("ready-instant-health-slow", "srt/entrypoints/http_server.py ready, health_generate",
+         health_timing, None,
+         {"ready": 200, "ready_fast": True, "health": 200, "health_at_least_1s": True},
+         {"health_delay_s": 1.0}),
+    Case("drain-accepts-work", "srt/managers/tokenizer_manager.py SignalHandler."
+         "sigterm_handler, sigterm_watchdog", draining, None,
+         {"health": 503, "health_at_once": True, "ready": 503, "generate": 200,
+          "before": 200, "drained": True}, {"tpot_ms": 20.0, "output_tokens_mean": ENDLESS,
+                                            "health_delay_s": 1.0}),
+    # -------- answers
+    Case("skip-tokenizer-init", "srt/managers/tokenizer_manager.py _handle_batch_output "
+         "(BatchTokenIDOutput)", lambda ctx: generate(ctx.client, [1, 2], 3, rid="t"), 200,
+         {"output_ids": "<3 ids>", "meta_info": meta("t", length(3), 2, 3)},
+         {"skip_tokenizer_init": True, "output_tokens_mean": ENDLESS}),
+    Case("cached-tokens-on-repeat", "srt/managers/scheduler_components/output_streamer.py "
+         "get_cached_tokens_details", repeated_prompt, 200,
+         answer("again", length(2), 40, 2, cached=39), {"output_tokens_mean": ENDLESS}),
+    Case("retraction-is-latency", "srt/managers/schedule_batch.py Req.retraction_count "
+         "(meta_info.num_retractions)", retraction, None, [0, 1],
+         {**SLOW, "max_total_tokens": 100, "tpot_ms": 10.0}),
+    Case("sampling-seed", "srt/sampling/sampling_batch_info.py (sampling_seed needs "
+         "--enable-deterministic-inference)", seeds, None,
+         {"same_seed_same_text": True, "seeds_differ": True, "no_seed_repeats": True,
+          "honoured": True}, {"enable_deterministic_inference": True}),
+    Case("queue-full", "srt/managers/tokenizer_manager.py (max_queued_requests)",
+         queue_full, 503, {"object": "error", "message": "The request queue is full.",
+                           "type": "503", "param": None, "code": 503},
+         {**SLOW, "max_running_requests": 1, "max_queued_requests": 1}),
+    Case("auth", "srt/entrypoints/http_server.py api key middleware (health/ready exempt)",
+         lambda ctx: [ctx.client.post("/generate", json={"input_ids": [1]}).json(),
+                      ctx.client.get("/ready").status_code,
+                      ctx.client.get("/health").status_code],
+         None, [{"error": "Unauthorized"}, 200, 200], {"api_key": "k"}),
+]
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=6) as executor:
+        yield executor
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_conformance(case: Case, start_sim: StartSim, pool: ThreadPoolExecutor) -> None:
+    assert case.source, "every row names the SGLang function it follows"
+    sim = start_sim(**{"context_length": CONTEXT, **case.config})
+    with httpx.Client(base_url=sim.url, timeout=15) as client:
+        result = case.exchange(Ctx(client, pool, sim))
+    if case.status is None:
+        assert normalize(result) == case.body
+        return
+    assert isinstance(result, httpx.Response)
+    assert result.status_code == case.status, result.text
+    if case.id == "abort-running":
+        body = normalize(result.json())
+        tokens = result.json()["meta_info"]["completion_tokens"]
+        assert 0 < tokens < LONG
+        assert body == answer("long", ABORTED, 3, tokens)
+        return
+    assert normalize(result.json()) == case.body
