@@ -178,10 +178,17 @@ def parse_context_error(message: str) -> tuple[int, int | None] | None:
 
 
 # -- limits ---------------------------------------------------------------------------------
+# Speculative algorithms whose draft tokens sit in the output slots, so the tokenizer manager
+# adds a reserve to every input in its length checks (managers/utils.py
+# `compute_num_reserved_tokens`: EAGLE family only; NEXTN is resolved to EAGLE at start-up).
+EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
+
+
 def read_limits(base_url: str, *, api_key: str | None = None,
                 timeout_s: float = 10.0) -> ServerLimits:
-    """Context length from /v1/models (`max_model_len`), cross-checked with the server info,
-    which also gives the KV capacity (max_total_num_tokens) where the server has it."""
+    """Context length from /v1/models (`max_model_len`), the rest from the server info
+    (http_server.py `server_info`): KV capacity, the input limit, the speculative reserve, the
+    running requests in force, and whether a sampling seed is honoured."""
     with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
                       timeout=timeout_s) as http:
         models = get_json(http, "/v1/models")
@@ -195,14 +202,47 @@ def read_limits(base_url: str, *, api_key: str | None = None,
                                     "max_model_len); pass --context-length")
     if isinstance(info.get("context_length"), int) and info["context_length"] < context:
         context = info["context_length"]
+    deterministic = info.get("enable_deterministic_inference")
     return ServerLimits(context_length=context,
                         max_total_tokens=_int_or_none(info.get("max_total_num_tokens")),
-                        max_running_requests=_int_or_none(info.get("max_running_requests")),
-                        model=entry.get("id"))
+                        max_running_requests=running_requests(info),
+                        model=entry.get("id"),
+                        max_req_input_len=_int_or_none(info.get("max_req_input_len")),
+                        reserved_tokens=reserved_tokens(info),
+                        deterministic=deterministic if isinstance(deterministic, bool) else None,
+                        skip_tokenizer_init=info.get("skip_tokenizer_init") is True)
+
+
+def running_requests(info: dict[str, Any]) -> int | None:
+    """The requests the server runs at once. The top-level `max_running_requests` is the CLI
+    value (null unless passed); the value in force is per DP rank in `internal_states`
+    (scheduler_components/internal_state.py: `effective_max_running_requests_per_dp`)."""
+    states = info.get("internal_states")
+    if isinstance(states, list) and states:
+        per_rank = [_int_or_none(s.get("effective_max_running_requests_per_dp"))
+                    for s in states if isinstance(s, dict)]
+        if per_rank and all(per_rank):
+            dp_size = _int_or_none(info.get("dp_size")) or 1
+            # One entry per DP rank; a server that lists one for all ranks multiplies.
+            ranks = dp_size if len(per_rank) == 1 else 1
+            return sum(v for v in per_rank if v) * ranks
+    return _int_or_none(info.get("max_running_requests"))
+
+
+def reserved_tokens(info: dict[str, Any]) -> int:
+    """`compute_num_reserved_tokens`: max(topk x steps, draft tokens) for the EAGLE family."""
+    algorithm = str(info.get("speculative_algorithm") or "").upper()
+    if algorithm not in EAGLE_FAMILY:
+        return 0
+    topk = _int_or_none(info.get("speculative_eagle_topk")) or 0
+    steps = _int_or_none(info.get("speculative_num_steps")) or 0
+    drafts = _int_or_none(info.get("speculative_num_draft_tokens")) or 0
+    return max(topk * steps, drafts)
 
 
 def _server_info(http: httpx.Client) -> dict[str, Any]:
-    for path in ("/get_server_info", "/server_info"):
+    # /server_info first: /get_server_info is deprecated and logs a warning on every call.
+    for path in ("/server_info", "/get_server_info"):
         try:
             response = http.get(path)
         except httpx.HTTPError:
@@ -214,7 +254,8 @@ def _server_info(http: httpx.Client) -> dict[str, Any]:
 
 
 def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and value > 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 class SGLangProtocol:
