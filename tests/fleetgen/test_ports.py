@@ -73,25 +73,44 @@ def listener(port: int) -> socket.socket:
     return s
 
 
+def some_free_ports(count: int) -> list[int]:
+    """Ports nobody holds or listens on right now (released again at once)."""
+    leases = [lease_port() for _ in range(count)]
+    for held in leases:
+        held.close()
+    return [held.port for held in leases]
+
+
 def test_leases_held_at_once_in_threads_never_share_a_port() -> None:
     low, high = ephemeral_range()
+    shared = some_free_ports(20)
+    # Every thread walks the same list in the same order: only the locks keep them apart.
     with ThreadPoolExecutor(8) as pool:
-        leases = list(pool.map(lambda _: lease_port(), range(200)))
+        leases = list(pool.map(lambda _: lease_port(candidates=shared), range(20)))
     try:
-        ports = [held.port for held in leases]
-        assert len(set(ports)) == len(ports)
-        assert not any(low <= p <= high for p in ports), "a port the kernel may hand out"
+        assert sorted(held.port for held in leases) == sorted(shared)
+        with pytest.raises(PortInUse):  # all 20 are held
+            lease_port(candidates=shared)
     finally:
         for held in leases:
             held.close()
+    assert not any(low <= p <= high for p in shared), "a port the kernel may hand out"
 
 
 def test_leases_held_at_once_in_processes_never_share_a_port(
         holders: list[subprocess.Popen[str]]) -> None:
-    children = [hold_in_child(holders, 60) for _ in range(4)]
-    with lease_port(count=3) as block:  # this process leases too, a block of three
-        ports = [p for child in children for p in held_ports(child)] + block.ports
-    assert len(set(ports)) == len(ports) == 4 * 60 + 3
+    shared = some_free_ports(24)
+    children = [hold_in_child(holders, 6, shared) for _ in range(3)]
+    with ThreadPoolExecutor(1) as pool:  # this process takes its six meanwhile
+        mine = pool.submit(lambda: [lease_port(candidates=shared) for _ in range(6)])
+        ports = [p for child in children for p in held_ports(child)]
+        leases = mine.result()
+    try:
+        ports += [held.port for held in leases]
+        assert sorted(ports) == sorted(shared)
+    finally:
+        for held in leases:
+            held.close()
 
 
 def test_a_port_leased_by_another_process_is_skipped_until_released(
