@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench flaky clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -q tests
+
+# The whole suite N times; lists every test that failed at least once (exit 1 if any did).
+N ?= 3
+flaky: $(STAMP)
+	$(BIN)/python tools/flaky.py -n $(N)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -96,9 +96,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_flower(fleet: LocalFleet, port: int) -> None:
     from fleetgen.local.flower import ENV_BASIC_AUTH, basic_auth, start_flower
+    from fleetgen.local.ports import PortInUse
 
     credentials, generated = basic_auth()
-    start_flower(fleet.procs, fleet.redis_url, port, credentials)
+    try:
+        start_flower(fleet.procs, fleet.redis_url, port, credentials)
+    except PortInUse as error:  # the user's own port: theirs to change, not ours to retry
+        raise ConfigError(f"{error}; pick another --flower PORT") from None
     user = credentials.split(",")[0].split(":", 1)[0]
     # A generated password is shown once, on the terminal, so the user can log in; one from
     # the environment is the user's own and is not echoed.

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetgen.engine.health import probe_url
 from fleetgen.local.procs import (
     Child,
     ProcessGroup,
     celery_worker_argv,
-    http_ok,
     python_argv,
     wait_for,
 )
-from fleetgen.local.valkey import EmbeddedValkey, free_port
+from fleetgen.local.valkey import EmbeddedValkey
+
+# The simulator's ready line (simulator/cli.py): "serving N server(s) on URL", "URL..LAST_PORT"
+# or "URL, URL, ...", then the limits in parentheses.
+SIM_READY = re.compile(r"fleetgen sim: serving (\d+) server\(s\) on (.+?) \(context")
 
 
 @dataclass
@@ -41,7 +46,7 @@ class LocalFleet:
         self.spec = spec
         self.procs = ProcessGroup(work_dir / "logs")
         self.valkey = EmbeddedValkey(work_dir / "valkey", password=spec.redis_password)
-        self.sim_port = 0
+        self.sim_ports: list[int] = []  # per GPU, as the simulators reported them
         self.sim: Child | None = None
         self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
         self.workers: list[Child] = []
@@ -51,7 +56,7 @@ class LocalFleet:
         return self.spec.redis_url or self.valkey.url
 
     def engine_url(self, gpu: int) -> str:
-        return f"http://127.0.0.1:{self.sim_port + gpu}"
+        return f"http://127.0.0.1:{self.sim_ports[gpu]}"
 
     def start(self, timeout_s: float = 60.0) -> LocalFleet:
         if self.spec.redis_url is None:
@@ -62,9 +67,11 @@ class LocalFleet:
         self.wait_workers_ready(timeout_s)
         return self
 
-    def _sim_argv(self, port: int, count: int, extra: list[str]) -> list[str]:
+    def _sim_argv(self, count: int, extra: list[str]) -> list[str]:
         s = self.spec
-        return python_argv("-m", "simulator", "--port", str(port), "--count", str(count),
+        # Port 0: each server binds a port of the kernel's choosing and reports it in its
+        # ready line, so no two fleets (or anything else) can ever be handed the same one.
+        return python_argv("-m", "simulator", "--port", "0", "--count", str(count),
                            "--context-length", str(s.context_length),
                            "--max-running-requests", str(s.max_running_requests),
                            "--ttft-ms", str(s.ttft_ms), "--tpot-ms", str(s.tpot_ms),
@@ -73,19 +80,41 @@ class LocalFleet:
 
     def start_sims(self, timeout_s: float) -> None:
         s = self.spec
-        self.sim_port = _free_port_range(s.gpus)
         if not s.gpu_sim_args:
-            self.sim = self.procs.start("sim", self._sim_argv(self.sim_port, s.gpus, []))
+            self.sim = self._start_sim("sim", s.gpus, [], timeout_s)
         else:
             for gpu in range(s.gpus):
-                argv = self._sim_argv(self.sim_port + gpu, 1, s.gpu_sim_args.get(gpu, []))
-                child = self.procs.start(f"sim{gpu}", argv)
+                child = self._start_sim(f"sim{gpu}", 1, s.gpu_sim_args.get(gpu, []), timeout_s)
                 self.sims.append(child)
                 self.sim = self.sim or child
         for gpu in range(s.gpus):
             url = self.engine_url(gpu)
-            wait_for(lambda u=url: http_ok(u + "/health"), timeout_s,  # type: ignore[misc]
+            # /ready, not /health: SGLang's /health is a generation probe taking >= 1 s.
+            wait_for(lambda u=url: probe_url(u).ready, timeout_s,  # type: ignore[misc]
                      f"simulated server gpu{gpu}", check=self._check_sim)
+
+    def _start_sim(self, name: str, count: int, extra: list[str], timeout_s: float) -> Child:
+        """Start a simulator and take its ports from its own ready line: the ports that
+        process bound, so the servers probed afterwards are certainly ours."""
+        log_path = self.procs.log_dir / f"{name}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        child = self.procs.start(name, self._sim_argv(count, extra))
+        ports: list[int] = []
+
+        def reported() -> bool:
+            output = child.log_path.read_bytes()[offset:].decode(errors="replace")
+            ports[:] = sim_ports_reported(output)
+            return bool(ports)
+
+        def check() -> None:
+            if not child.alive():
+                raise RuntimeError(f"simulator exited:\n{child.log_text()[-2000:]}")
+
+        wait_for(reported, timeout_s, f"{name}'s ready line", check=check)
+        if len(ports) != count:
+            raise RuntimeError(f"{name} reported {len(ports)} servers, expected {count}")
+        self.sim_ports += ports
+        return child
 
     def _check_sim(self) -> None:
         for sim in self.sims or ([self.sim] if self.sim else []):
@@ -136,21 +165,14 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
-def _free_port_range(count: int) -> int:
-    """A base port with `count` free ports after it (best effort; the sim fails loudly)."""
-    for _ in range(50):
-        base = free_port()
-        if base + count < 65000 and all(_port_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+def sim_ports_reported(output: str) -> list[int]:
+    """The ports in a simulator's ready line (empty until it has printed one)."""
+    found = SIM_READY.search(output)
+    if not found:
+        return []
+    where = found.group(2)
+    if ".." in where:  # consecutive: first URL, then the last port
+        first, last = where.rsplit("..", 1)
+        start = int(first.rsplit(":", 1)[1])
+        return list(range(start, int(last) + 1))
+    return [int(url.rsplit(":", 1)[1]) for url in where.split(", ")]

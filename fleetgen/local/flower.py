@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 
 from fleetgen.base.errors import ConfigError
+from fleetgen.local.ports import (
+    PortInUse,
+    PortLease,
+    listens_on,
+    on_leased_port,
+    says_address_in_use,
+)
 from fleetgen.local.procs import Child, ProcessGroup, http_ok, python_argv, wait_for
 
 ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
@@ -31,15 +39,40 @@ def flower_argv(port: int, address: str = "127.0.0.1") -> list[str]:
 
 def start_flower(procs: ProcessGroup, redis_url: str, port: int, credentials: str,
                  address: str = "127.0.0.1", timeout_s: float = 60.0) -> Child:
-    """Start Flower against `redis_url` and wait until it serves (/healthcheck needs no auth)."""
+    """Start Flower against `redis_url` and wait until it serves (/healthcheck needs no auth)
+    from our process: PortInUse (with Flower stopped) if the port is another's."""
     env = {"FLEETGEN_REDIS_URL": redis_url, ENV_BASIC_AUTH: credentials}
+    log_path = procs.log_dir / "flower.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
     child = procs.start("flower", flower_argv(port, address), env=env)
     url = f"http://{address}:{port}"
 
     def check() -> None:
-        if not child.alive():
-            raise RuntimeError(f"flower exited:\n{child.log_text()[-2000:]}")
+        if child.alive():
+            return
+        output = log_path.read_bytes()[offset:].decode(errors="replace")
+        if says_address_in_use(output):
+            raise PortInUse(f"Flower could not bind {address}:{port}: address in use")
+        raise RuntimeError(f"flower exited:\n{output[-2000:]}")
 
-    wait_for(lambda: http_ok(url + "/healthcheck"), timeout_s, f"Flower at {url}", poll_s=0.2,
-             check=check)
+    def ours_and_serving() -> bool:
+        # An answer alone could come from another server on the port; the process table says
+        # whether the listener is the Flower we started.
+        return listens_on(child.proc.pid, port) and http_ok(url + "/healthcheck")
+
+    try:
+        wait_for(ours_and_serving, timeout_s, f"Flower at {url}", poll_s=0.2, check=check)
+    except BaseException:
+        child.signal(signal.SIGKILL)
+        child.proc.wait()
+        raise
     return child
+
+
+def start_flower_leased(procs: ProcessGroup, redis_url: str, credentials: str,
+                        timeout_s: float = 60.0) -> tuple[Child, PortLease]:
+    """Flower on a leased port (retried on another if taken); close the lease after stopping
+    Flower."""
+    lease, child = on_leased_port(
+        lambda held: start_flower(procs, redis_url, held.port, credentials, timeout_s=timeout_s))
+    return child, lease

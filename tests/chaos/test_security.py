@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,10 +18,12 @@ from fleetgen.base.contract import QUEUE, TASK_NAME
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact, redis_url
 from fleetgen.engine.sglang import SGLangClient, read_limits
+from fleetgen.local.ports import PortInUse, on_leased_port, says_address_in_use
 from fleetgen.local.procs import wait_for
-from fleetgen.local.valkey import free_port
+from fleetgen.local.valkey import probe_valkey
 from producer.settings import ProducerSettings
 from tests.chaos.conftest import FleetFactory
+from tests.conftest import require_binary
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from workers.settings import WorkerSettings
 
@@ -134,10 +135,23 @@ def test_a_non_redis_url_is_a_config_error_naming_no_secret() -> None:
 
 @pytest.fixture()
 def tls_redis(tmp_path: Path) -> Iterator[str]:
-    """Debian's redis-server (built with TLS, unlike the embedded Valkey) behind a test CA."""
-    server, openssl = shutil.which("redis-server"), shutil.which("openssl")
-    if not server or not openssl:
-        pytest.skip("redis-server or openssl missing (.ci/run installs redis-server)")
+    """Debian's redis-server (built with TLS, unlike the embedded Valkey) behind a test CA,
+    on a leased port and checked to be this process's server."""
+    server = require_binary("redis-server", why="built with TLS, unlike the embedded Valkey")
+    openssl = require_binary("openssl", why="makes the test CA")
+    certs = _make_certs(openssl, tmp_path)
+    lease, (proc, url) = on_leased_port(
+        lambda held: _start_tls_redis(server, held.port, certs, tmp_path))
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        lease.close()
+
+
+def _make_certs(openssl: str, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1: (ca, cert, key)."""
     ca_key, ca, key, csr, cert = (tmp_path / n for n in
                                   ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
     ext = tmp_path / "ext.cnf"
@@ -149,26 +163,39 @@ def tls_redis(tmp_path: Path) -> Iterator[str]:
                  ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
                   "-out", cert, "-days", "2", "-extfile", ext]):
         subprocess.run([openssl, *map(str, args)], check=True, capture_output=True)
-    port = free_port()
+    return ca, cert, key
+
+
+def _start_tls_redis(server: str, port: int, certs: tuple[Path, Path, Path],
+                     tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ca, cert, key = certs
+    log = tmp_path / f"redis-{port}.log"
+    # --port 0: plain TCP off, so the server speaks TLS only.
     proc = subprocess.Popen([server, "--port", "0", "--tls-port", str(port), "--tls-cert-file",
                              str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file",
                              str(ca), "--tls-auth-clients", "no", "--requirepass", PASSWORD,
-                             "--save", "", "--appendonly", "yes", "--dir", str(tmp_path)],
+                             "--save", "", "--appendonly", "yes", "--dir", str(tmp_path),
+                             "--logfile", str(log)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = (f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_cert_reqs=required"
            f"&ssl_ca_certs={ca}")
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
 
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
+    def check() -> None:
+        if proc.poll() is not None:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if says_address_in_use(text):
+                raise PortInUse(f"redis-server could not bind {port}")
+            raise RuntimeError(f"redis-server exited with {proc.returncode}:\n{text[-2000:]}")
 
-    wait_for(up, 15, "redis-server with TLS")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        wait_for(lambda: probe_valkey(client, proc.pid), 15, "redis-server with TLS",
+                 check=check)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, url
 
 
 def test_a_whole_run_over_rediss(make_fleet: FleetFactory, tmp_path: Path,

@@ -1,9 +1,8 @@
-"""Helpers for the ops tests: free ports, the venv's executables, Prometheus scrapes."""
+"""Helpers for the ops tests: the venv's executables, Prometheus scrapes (ports: local.ports)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -12,30 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """A base port with `count` free ports from it on (best effort, like LocalFleet's)."""
-    for _ in range(50):
-        base = free_port(host)
-        if base + count < 65000 and all(_free(host, base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def venv_env(**extra: str) -> dict[str, str]:

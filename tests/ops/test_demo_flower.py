@@ -11,14 +11,17 @@ import pytest
 
 from fleetgen.base.errors import ConfigError
 from fleetgen.local.flower import basic_auth
+from fleetgen.local.ports import lease_port
 from tests.e2e.pipeline import make_prompts
-from tests.ops.helpers import VENV_BIN, free_port, venv_env
+from tests.ops.helpers import VENV_BIN, venv_env
 
 
 def test_demo_serves_flower_with_a_generated_password(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     make_prompts(prompts, 20, seed=4)
-    port = free_port()
+    # The user's port: leased, so no other test is handed it while the demo runs.
+    lease = lease_port()
+    port = lease.port
     demo = subprocess.Popen(
         [str(VENV_BIN / "fleetgen"), "demo", "--gpus", "1", "--prompts", str(prompts),
          "--out", str(tmp_path / "out"), "--flower", str(port), "--slots", "4",
@@ -44,6 +47,7 @@ def test_demo_serves_flower_with_a_generated_password(tmp_path: Path) -> None:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+        lease.close()
     # Not a terminal: the demo does not linger; it prints the summary and exits 0.
     assert demo.returncode == 0, rest
     assert re.search(r"complete\s+yes", rest), rest

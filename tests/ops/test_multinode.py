@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import signal
 import subprocess
 import warnings
 from collections import Counter
@@ -13,10 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
 
-from fleetgen.local.procs import ProcessGroup
+from fleetgen.local.fleet import sim_ports_reported
+from fleetgen.local.ports import PortInUse, PortLease, on_leased_port, says_address_in_use
+from fleetgen.local.procs import Child, ProcessGroup, wait_for
+from fleetgen.local.valkey import probe_valkey
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
-from tests.ops.helpers import VENV_BIN, free_port, venv_env
+from tests.ops.helpers import VENV_BIN, venv_env
 
 NODES = ("node-a", "node-b")
 SUBNET = "10.213.47"  # a private /24 that exists only between the namespaces made here
@@ -66,8 +71,60 @@ def _netns_topology(tag: str) -> Topology:
 
 def _loopback_topology() -> Topology:
     hosts = {NODES[0]: "127.0.0.3", NODES[1]: "127.0.0.4"}
-    return Topology("loopback", "127.0.0.2", hosts,
-                    {n: free_port(h) for n, h in hosts.items()})
+    # Port 0: the simulators bind ports of the kernel's choosing and report them.
+    return Topology("loopback", "127.0.0.2", hosts, dict.fromkeys(NODES, 0))
+
+
+def _start_valkey(topology: Topology, procs: ProcessGroup, data_dir: Path,
+                  password: str) -> tuple[str, PortLease | None]:
+    """Valkey on its host: 6379 in a namespace of its own, where nothing else can be; on a
+    shared loopback a leased port, checked to be served by our process (and moved if not)."""
+
+    def start(port: int) -> tuple[Child, str]:
+        url = f"redis://:{password}@{topology.redis_host}:{port}/0"
+        child = procs.start(f"valkey-{port}", topology.argv("redis", [
+            str(VENV_BIN / "fleetgen"), "valkey", "--dir", str(data_dir), "--bind",
+            topology.redis_host, "--port", str(port)]), env=venv_env(FLEETGEN_REDIS_URL=url))
+        return child, url
+
+    if topology.kind == "netns":
+        return start(6379)[1], None
+
+    def start_ours(held: PortLease) -> str:
+        child, url = start(held.port)
+        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+
+        def check() -> None:
+            if not child.alive():
+                log = child.log_text()
+                raise (PortInUse if says_address_in_use(log) else RuntimeError)(log[-2000:])
+
+        try:
+            wait_for(lambda: probe_valkey(client, child.proc.pid), 30, "Valkey", check=check)
+        except BaseException:
+            child.signal(signal.SIGKILL)
+            child.proc.wait()
+            raise
+        return url
+
+    lease, url = on_leased_port(start_ours, host=topology.redis_host)
+    return url, lease
+
+
+def _engine_url(topology: Topology, node: str, sim: Child) -> str:
+    """Where the simulator of `node` serves: its fixed port, or the one its ready line names."""
+    host, port = topology.engine_hosts[node], topology.engine_ports[node]
+    if not port:
+        reported: list[int] = []
+
+        def ready() -> bool:
+            reported[:] = sim_ports_reported(sim.log_text())
+            return bool(reported) or not sim.alive()
+
+        wait_for(ready, 30, f"the simulator on {node} to report its port")
+        assert reported, sim.log_text()[-2000:]
+        port = reported[0]
+    return f"http://{host}:{port}"
 
 
 @pytest.fixture()
@@ -95,26 +152,23 @@ def topology() -> Iterator[Topology]:
 
 def test_workers_on_two_hosts_share_one_valkey(topology: Topology, tmp_path: Path) -> None:
     password = secrets.token_urlsafe(16)
-    port = 6379 if topology.kind == "netns" else free_port(topology.redis_host)
-    url = f"redis://:{password}@{topology.redis_host}:{port}/0"
-    env = venv_env(FLEETGEN_REDIS_URL=url)
     fleetgen = str(VENV_BIN / "fleetgen")
     procs = ProcessGroup(tmp_path / "logs")
+    lease = None
     try:
         # The Valkey host: reachable from the others, so a password is required.
-        procs.start("valkey", topology.argv("redis", [
-            fleetgen, "valkey", "--dir", str(tmp_path / "valkey"), "--bind",
-            topology.redis_host, "--port", str(port)]), env=env)
+        url, lease = _start_valkey(topology, procs, tmp_path / "valkey", password)
+        env = venv_env(FLEETGEN_REDIS_URL=url)
         for node in NODES:
             host, engine_port = topology.engine_hosts[node], topology.engine_ports[node]
-            procs.start(f"sim-{node}", topology.argv(node, [
+            sim = procs.start(f"sim-{node}", topology.argv(node, [
                 fleetgen, "sim", "--host", host, "--port", str(engine_port),
                 "--context-length", "4096", "--max-running-requests", "8", "--ttft-ms", "10",
                 "--tpot-ms", "1", "--output-tokens-mean", "100"]), env=env)
             procs.start(f"worker-{node}", topology.argv(node, [
                 str(VENV_BIN / "celery"), "-A", "workers", "worker", "-Q", "fleetgen",
                 "-n", f"gpu0@{node}", "-P", "threads", "-c", "8", "-l", "WARNING"]),
-                env={**env, "FLEETGEN_ENGINE_URL": f"http://{host}:{engine_port}",
+                env={**env, "FLEETGEN_ENGINE_URL": _engine_url(topology, node, sim),
                      "FLEETGEN_HEALTH_INTERVAL_S": "0.5"})
 
         def on_redis_host(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
@@ -142,3 +196,5 @@ def test_workers_on_two_hosts_share_one_valkey(topology: Topology, tmp_path: Pat
             assert password not in child.log_text(), f"password in {child.name}'s log"
     finally:
         procs.stop_all()
+        if lease is not None:
+            lease.close()

@@ -24,15 +24,26 @@ import redis
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import RunKeys, worker_key
 from fleetgen.cli import main as cli
+from fleetgen.local.fleet import sim_ports_reported
+from fleetgen.local.ports import (
+    PortInUse,
+    PortLease,
+    lease_port,
+    listens_on,
+    on_leased_port,
+    says_address_in_use,
+)
 from fleetgen.local.procs import wait_for
+from fleetgen.local.valkey import probe_valkey
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
-from tests.ops.helpers import REPO, VENV_BIN, free_port, free_port_block, sample, scrape, venv_env
+from tests.ops.helpers import REPO, VENV_BIN, sample, scrape, venv_env
 
 GPUS = 2  # of Procfile.sim's 8: two cores cannot start 8 workers and 8 servers quickly
 CONTEXT = 4096
 RUN = "ops-honcho"
 PROCESSES = ["valkey", *[f"sim{g}" for g in range(GPUS)], *[f"worker{g}" for g in range(GPUS)],
              "drain", "flower", "metrics"]
+PORTS = 3 + GPUS  # Valkey, Flower, the exporter, then one per simulator
 
 
 @dataclass
@@ -60,9 +71,12 @@ class HonchoFleet:
         return redis.Redis.from_url(self.redis_url)
 
     def check_alive(self) -> None:
+        output = self.log.read_text(errors="replace")
+        if says_address_in_use(output):
+            raise PortInUse(f"a server of the set found its port taken:\n{output[-2000:]}")
         if self.proc.poll() is not None:
             raise RuntimeError(f"honcho exited with {self.proc.returncode}:\n"
-                               f"{self.log.read_text(errors='replace')[-4000:]}")
+                               f"{output[-4000:]}")
 
 
 def write_env(path: Path, values: dict[str, str]) -> None:
@@ -72,20 +86,33 @@ def write_env(path: Path, values: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def honcho_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HonchoFleet]:
     tmp = tmp_path_factory.mktemp("honcho")
-    password = secrets.token_urlsafe(16)
-    flower_user, flower_password = "ops", secrets.token_urlsafe(12)
+    secrets_ = (secrets.token_urlsafe(16), ("ops", secrets.token_urlsafe(12)))
+    # The Procfile's servers take fixed ports from .env: one leased block for all of them,
+    # held until honcho is gone, and a new block if one of them finds its port taken.
+    lease, fleet = on_leased_port(lambda held: _start_honcho(tmp, held, *secrets_),
+                                  count=PORTS)
+    try:
+        yield fleet
+    finally:
+        _stop_honcho(fleet.proc)
+        lease.close()
+
+
+def _start_honcho(tmp: Path, lease: PortLease, password: str,
+                  flower_auth: tuple[str, str]) -> HonchoFleet:
+    redis_port, flower_port, metrics_port, engine_base = lease.ports[:4]
     values = {
-        "FLEETGEN_REDIS_URL": f"redis://:{password}@127.0.0.1:{free_port()}/0",
-        "FLOWER_BASIC_AUTH": f"{flower_user}:{flower_password}",
-        "FLOWER_PORT": str(free_port()), "METRICS_PORT": str(free_port()),
+        "FLEETGEN_REDIS_URL": f"redis://:{password}@127.0.0.1:{redis_port}/0",
+        "FLOWER_BASIC_AUTH": f"{flower_auth[0]}:{flower_auth[1]}",
+        "FLOWER_PORT": str(flower_port), "METRICS_PORT": str(metrics_port),
         "RUN": RUN, "OUT": str(tmp / "out"), "CONTEXT_LENGTH": str(CONTEXT), "SLOTS": "8",
-        "VALKEY_DIR": str(tmp / "valkey"), "ENGINE_PORT_BASE": str(free_port_block(GPUS)),
+        "VALKEY_DIR": str(tmp / "valkey"), "ENGINE_PORT_BASE": str(engine_base),
         # ~0.5 s per prompt, so prompts are in flight long enough to be seen.
         "SIM_ARGS": "--ttft-ms 20 --tpot-ms 4 --output-tokens-mean 120",
         "FLEETGEN_HEALTH_INTERVAL_S": "0.5",
     }
     write_env(tmp / ".env", values)
-    log = tmp / "honcho.log"
+    log = tmp / f"honcho-{lease.port}.log"  # one per attempt: pids are read from it
     argv = [str(VENV_BIN / "honcho"), "-f", str(REPO / "Procfile.sim"), "-e", str(tmp / ".env"),
             "start", *PROCESSES]
     with log.open("wb") as out:
@@ -93,22 +120,43 @@ def honcho_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HonchoFle
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     host = socket.gethostname()
-    fleet = HonchoFleet(tmp, {**values}, proc, log, password, (flower_user, flower_password),
+    fleet = HonchoFleet(tmp, {**values}, proc, log, password, flower_auth,
                         [f"gpu{g}@{host}" for g in range(GPUS)])
     try:
-        client = fleet.client()
-
-        def workers_online() -> bool:
-            try:
-                return all(client.exists(worker_key(w)) for w in fleet.workers)
-            except redis.ConnectionError:
-                return False
-
-        wait_for(workers_online, 60, "honcho's workers to publish heartbeats", poll_s=0.2,
-                 check=fleet.check_alive)
-        yield fleet
-    finally:
+        wait_for(lambda: _ready(fleet), 90, "honcho's process set to serve, as ours",
+                 poll_s=0.2, check=fleet.check_alive)
+    except BaseException:
         _stop_honcho(proc)
+        raise
+    return fleet
+
+
+def _ready(fleet: HonchoFleet) -> bool:
+    """Every server of the set answers, and from the process honcho started for it (another
+    server on a leased port would otherwise pass for ours)."""
+    pids = {name: _started_pid(fleet.log, name) for name in ("valkey", "flower", "metrics")}
+    if None in pids.values():
+        return False
+    client = redis.Redis.from_url(fleet.redis_url, socket_connect_timeout=1, socket_timeout=2)
+    try:
+        if not probe_valkey(client, pids["valkey"] or 0):
+            return False
+        workers = all(client.exists(worker_key(w)) for w in fleet.workers)
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()
+    engine_base = int(fleet.env["ENGINE_PORT_BASE"])
+    return (workers and all(_sim_ports(fleet.log, g) == [engine_base + g] for g in range(GPUS))
+            and listens_on(pids["flower"] or 0, int(fleet.env["FLOWER_PORT"]))
+            and listens_on(pids["metrics"] or 0, int(fleet.env["METRICS_PORT"])))
+
+
+def _sim_ports(log: Path, gpu: int) -> list[int]:
+    """The port simulator `gpu` reports in its own ready line (honcho prefixes its output)."""
+    lines = [line.split("| ", 1)[1] for line in log.read_text(errors="replace").splitlines()
+             if re.match(rf"\S+ sim{gpu}\.1\s+\| ", line)]
+    return sim_ports_reported("\n".join(lines))
 
 
 def _stop_honcho(proc: subprocess.Popen[bytes]) -> None:
@@ -122,10 +170,15 @@ def _stop_honcho(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _pid(log: Path, name: str) -> int:
+def _started_pid(log: Path, name: str) -> int | None:
     found = re.search(rf"{name}\.1 started \(pid=(\d+)\)", log.read_text(errors="replace"))
-    assert found, f"honcho did not report {name}'s pid"
-    return int(found.group(1))
+    return int(found.group(1)) if found else None
+
+
+def _pid(log: Path, name: str) -> int:
+    pid = _started_pid(log, name)
+    assert pid is not None, f"honcho did not report {name}'s pid"
+    return pid
 
 
 @dataclass
@@ -277,14 +330,18 @@ def test_check_command_probes_redis_engine_and_worker(honcho_fleet: HonchoFleet,
     ok = ["check", "--redis", url, "--engine-url", honcho_fleet.engine_url(0),
           "--worker", "gpu0@%h"]
     assert cli.main(ok) == exitcodes.OK
-    dead_engine = f"http://127.0.0.1:{free_port()}"
-    assert cli.main(["check", "--redis", url, "--engine-url", dead_engine]) == \
-        exitcodes.UNAVAILABLE
-    assert cli.main(["check", "--redis", url, "--worker", "gpu7@%h"]) == exitcodes.UNAVAILABLE
-    wrong_password = re.sub(r":[^:@]+@", ":nope@", url)
-    assert cli.main(["check", "--redis", wrong_password]) == exitcodes.UNAVAILABLE
-    no_redis = f"redis://127.0.0.1:{free_port()}/0"
-    assert cli.main(["check", "--redis", no_redis, "--timeout-s", "1"]) == exitcodes.UNAVAILABLE
+    # Leased: ports nothing of ours listens on, and nobody else is handed meanwhile.
+    with lease_port(count=2) as nothing:
+        dead_engine = f"http://127.0.0.1:{nothing.ports[0]}"
+        assert cli.main(["check", "--redis", url, "--engine-url", dead_engine]) == \
+            exitcodes.UNAVAILABLE
+        assert cli.main(["check", "--redis", url, "--worker", "gpu7@%h"]) == \
+            exitcodes.UNAVAILABLE
+        wrong_password = re.sub(r":[^:@]+@", ":nope@", url)
+        assert cli.main(["check", "--redis", wrong_password]) == exitcodes.UNAVAILABLE
+        no_redis = f"redis://127.0.0.1:{nothing.ports[1]}/0"
+        assert cli.main(["check", "--redis", no_redis, "--timeout-s", "1"]) == \
+            exitcodes.UNAVAILABLE
     printed = capsys.readouterr().out
     assert f"FAIL redis: {no_redis} unreachable" in printed
     assert "ok   worker gpu0@" in printed and "FAIL engine" in printed

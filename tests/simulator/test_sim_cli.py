@@ -18,6 +18,7 @@ from typing import IO
 import httpx
 import pytest
 
+from fleetgen.local.ports import lease_port
 from simulator.cli import add_arguments, config_from_args
 from tests.simulator.sim_helpers import ENDLESS, generate, stats, wait_until
 
@@ -67,23 +68,16 @@ def processes() -> Iterator[list[SimProcess]]:
         process.kill()
 
 
-def free_port_pair() -> int:
-    """A port p with p and p+1 free (best effort, checked by binding both)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise AssertionError("no two consecutive free ports")
+@pytest.fixture
+def port_pair() -> Iterator[int]:
+    """Two consecutive ports (the ready line then shows a range), held for the test. Ask for
+    it before `processes`, so the simulator is gone before the lease is released."""
+    with lease_port(count=2) as lease:
+        yield lease.port
 
 
-def test_ready_line_then_drain_on_sigterm(processes: list[SimProcess]) -> None:
-    port = free_port_pair()
+def test_ready_line_then_drain_on_sigterm(port_pair: int, processes: list[SimProcess]) -> None:
+    port = port_pair
     sim = SimProcess("--port", str(port), "--count", "2", "--ttft-ms", "0", "--tpot-ms", "50",
                      "--output-tokens-mean", str(ENDLESS), "--max-running-requests", "4",
                      # An instant /health: a slow one could outlast the drain and be cut.

@@ -10,15 +10,17 @@ from pathlib import Path
 import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload, worker_key
+from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import wait_for
-from fleetgen.local.valkey import free_port
 from producer.enqueue import Enqueuer
 from simulator.config import SimConfig
 from simulator.server import run_in_thread
 
 
 def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) -> None:
-    port = free_port()
+    # Leased, not port 0: the worker must know the engine's URL before the engine exists.
+    lease = lease_port()
+    port = lease.port
     log = tmp_path / "worker.log"
     client = redis.Redis.from_url(redis_url)
     Enqueuer(client, "gate").send([TaskPayload(
@@ -46,4 +48,5 @@ def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) 
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        lease.close()
     assert client.xlen(RunKeys("gate").stream) == 1
