@@ -1,40 +1,83 @@
 """Building a producer from its settings: the one wiring that the CLI, the demo and the
-benchmarks share (limits from the flag or the engine, the tokenizer, Redis, the enqueuer)."""
+benchmarks share (limits from the flags or the engines, the tokenizer, Redis, the enqueuer)."""
 
 from __future__ import annotations
 
+import logging
+
 from fleetgen import engine
-from fleetgen.base.errors import ConfigError, EngineError
+from fleetgen.base.errors import (
+    ConfigError,
+    EngineUnreachable,
+    PermanentError,
+    RetryableError,
+)
 from fleetgen.base.redisconn import connect
+from fleetgen.engine import EngineProtocol, ServerLimits
+from fleetgen.engine.preflight import combine
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.pipeline import Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 
+log = logging.getLogger("fleetgen.producer")
+
+
+def read_servers(s: ProducerSettings, proto: EngineProtocol) -> dict[str, ServerLimits]:
+    """Every --engine-url's limits. A server that does not answer is EngineUnreachable (exit 4);
+    one that answers without a context length is a ConfigError (exit 3)."""
+    servers = {}
+    for url in s.engine_url:
+        try:
+            servers[url] = proto.read_limits(url, api_key=s.engine_api_key)
+        except PermanentError as exc:
+            raise ConfigError(f"cannot read limits from {url}: {exc.message}") from exc
+        except EngineUnreachable as exc:
+            raise EngineUnreachable(f"cannot read limits from {url}: {exc.message}; is the "
+                                    "server up? (`fleetgen doctor --engine-url URL`)") from exc
+        except RetryableError as exc:  # a timeout, a 503 while loading: not there yet either
+            raise EngineUnreachable(f"cannot read limits from {url}: {exc.message}") from exc
+    return servers
+
 
 def resolve_limits(s: ProducerSettings) -> Limits:
-    """The context from --context-length, else from the engine; KV capacity from the engine."""
+    """The limits every server allows: from the flags, and from each --engine-url (the smallest
+    context and input limit, the largest speculative reserve win)."""
     proto = engine.protocol()
-    max_total = None
-    context = s.context_length
+    context, max_total, input_limit = s.context_length, None, s.max_req_input_len
+    reserve = s.reserved_tokens
     if s.engine_url:
-        try:
-            server = proto.read_limits(s.engine_url, api_key=s.engine_api_key)
-        except EngineError as exc:
-            raise ConfigError(f"cannot read limits from {s.engine_url}: {exc.message}") from exc
-        if context is not None and context > server.context_length:
+        servers = read_servers(s, proto)
+        fleet = combine(list(servers.values()), proto.rule)
+        if context is not None and context > fleet.context_length:
             raise ConfigError(f"--context-length {context} exceeds the server's "
-                              f"{server.context_length}")
-        context = context or server.context_length
-        max_total = server.max_total_tokens
+                              f"{fleet.context_length}")
+        context = context or fleet.context_length
+        max_total = fleet.max_total_tokens
+        reserve = max(reserve, fleet.reserved_tokens)
+        input_limit = min(v for v in (input_limit, fleet.max_req_input_len) if v is not None)
+        warn_ignored_seed(s, servers)
     assert context is not None
     try:
         return Limits(context_length=context, max_total_tokens=max_total,
                       cap=s.max_output_tokens, margin=s.margin,
-                      min_output_tokens=s.min_output_tokens, rule=proto.rule)
+                      min_output_tokens=s.min_output_tokens, rule=proto.rule,
+                      reserved_tokens=reserve, server_input_limit=input_limit)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def warn_ignored_seed(s: ProducerSettings, servers: dict[str, ServerLimits]) -> None:
+    """SGLang applies `sampling_seed` only with --enable-deterministic-inference
+    (srt/sampling/sampling_batch_info.py `SamplingBatchInfo.from_schedule_batch`); say so once."""
+    if s.sampling.get("seed") is None:
+        return
+    ignoring = [url for url, limits in servers.items() if limits.deterministic is False]
+    if ignoring:
+        log.warning("--seed %s has no effect on %s: started without "
+                    "--enable-deterministic-inference, SGLang ignores sampling_seed, so answers "
+                    "are not reproducible", s.sampling.get("seed"), ", ".join(ignoring))
 
 
 def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,

@@ -14,7 +14,7 @@ from fleetgen.base.redisconn import read_hash
 
 # Settings that change what a row becomes; a resumed run must keep them.
 PINNED = ("input", "tokenizer", "context_length", "max_output_tokens", "min_output_tokens",
-          "margin", "sampling")
+          "margin", "reserved_tokens", "max_req_input_len", "sampling")
 
 
 class RunManifest:

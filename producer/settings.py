@@ -18,28 +18,51 @@ class ProducerSettings:
     redis_url: str = field(repr=False)
     tokenizer: str = "qwen3.6"
     context_length: int | None = None
-    engine_url: str | None = None
+    # Every server the run will use (read for their limits; the smallest wins). One URL given
+    # as a string is taken as a tuple of one.
+    engine_url: tuple[str, ...] = ()
     engine_api_key: str | None = field(default=None, repr=False)
     max_output_tokens: int | None = None
     min_output_tokens: int = 16
     margin: int = 0
+    # Without --engine-url: what the servers count with every input (speculative decoding) and
+    # their own input limit; with it, a floor on the reserve and a cap on the input limit.
+    reserved_tokens: int = 0
+    max_req_input_len: int | None = None
     sampling: Sampling = field(default_factory=lambda: Sampling())
     high_water: int | None = None  # None: derived from the live fleet's concurrency
     batch_size: int = 512
 
     def __post_init__(self) -> None:
+        if isinstance(self.engine_url, str):
+            object.__setattr__(self, "engine_url", (self.engine_url,))
+        elif self.engine_url is None:
+            object.__setattr__(self, "engine_url", ())
+        else:
+            object.__setattr__(self, "engine_url", tuple(self.engine_url))
         if not self.run or any(c in self.run for c in " :*?/\\"):
             raise ConfigError(f"--run must be a plain name (no spaces, ':', '/', '*'), "
                               f"got {self.run!r}")
-        if self.context_length is None and self.engine_url is None:
+        if self.context_length is None and not self.engine_url:
             raise ConfigError("give --context-length N or --engine-url URL (to read it from "
                               "the server's /v1/models)")
         if self.context_length is not None and self.context_length < 16:
             raise ConfigError(f"--context-length must be at least 16, got {self.context_length}")
+        self._check_length_rule()
         if self.high_water is not None and self.high_water < 1:
             raise ConfigError(f"--high-water must be at least 1, got {self.high_water}")
         if not 1 <= self.batch_size <= 100_000:
             raise ConfigError(f"--batch-size must be in 1..100000, got {self.batch_size}")
+
+    def _check_length_rule(self) -> None:
+        if self.reserved_tokens < 0:
+            raise ConfigError(f"--reserved-tokens must be >= 0, got {self.reserved_tokens}")
+        if self.context_length is not None and self.reserved_tokens >= self.context_length:
+            raise ConfigError(f"--reserved-tokens {self.reserved_tokens} leaves no room in a "
+                              f"{self.context_length}-token context")
+        if self.max_req_input_len is not None and self.max_req_input_len < 1:
+            raise ConfigError(f"--max-req-input-len must be at least 1, "
+                              f"got {self.max_req_input_len}")
 
     def manifest_settings(self) -> dict[str, Any]:
         """What is stored in the run's manifest: never a secret."""
@@ -47,10 +70,12 @@ class ProducerSettings:
             "input": str(self.input.resolve()),
             "tokenizer": self.tokenizer,
             "context_length": self.context_length,
-            "engine_url": self.engine_url,
+            "engine_url": list(self.engine_url),
             "max_output_tokens": self.max_output_tokens,
             "min_output_tokens": self.min_output_tokens,
             "margin": self.margin,
+            "reserved_tokens": self.reserved_tokens,
+            "max_req_input_len": self.max_req_input_len,
             "sampling": dict(self.sampling),
             "redis": redact(self.redis_url),
         }

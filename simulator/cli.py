@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "honours it)")
     modes.add_argument("--skip-tokenizer-init", action="store_true",
                        help="answer with output_ids only, no text")
+    modes.add_argument("--allow-auto-truncate", action="store_true",
+                       help="cut a too-long input and a too-large max_new_tokens instead of "
+                            "answering 400 (a server that breaks fleetgen's budget model)")
     modes.add_argument("--health-delay-s", metavar="S", type=float, default=d.health_delay_s,
                        help="time /health takes when up; SGLang's probe never answers in "
                             "under 1 s (default %(default)s)")
@@ -137,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
         enable_deterministic_inference=args.enable_deterministic_inference,
         skip_tokenizer_init=args.skip_tokenizer_init,
+        allow_auto_truncate=args.allow_auto_truncate,
         health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,
         ttft_ms=args.ttft_ms,

@@ -46,6 +46,8 @@ class SimConfig:
     speculative_num_draft_tokens: int = 4
     enable_deterministic_inference: bool = False
     skip_tokenizer_init: bool = False
+    # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
+    allow_auto_truncate: bool = False
     # /health submits a probe and polls it once a second, so it never answers faster.
     health_delay_s: float = 1.0
     max_queued_requests: int | None = None

@@ -140,6 +140,24 @@ def validate_context(prompt_tokens: int, max_new_tokens: int | None, config: Sim
         )
 
 
+def auto_truncate(prompt: list[int] | str, prompt_tokens: int, max_new_tokens: int | None,
+                  config: SimConfig) -> tuple[list[int] | str, int, int | None]:
+    """`--allow-auto-truncate`: `_validate_one_request` cuts the input to the context (and then
+    counts it without the reserve) and `max_new_tokens` to what is left; the scheduler's
+    `validate_input_length` cuts the input again to `max_req_input_len`. Nothing is refused."""
+    context = config.context_length
+    counted = prompt_tokens + config.num_reserved_tokens
+    if counted >= context:
+        # `del input_ids[_max_req_len:]; input_token_num = len(input_ids)`
+        prompt_tokens = counted = min(prompt_tokens, context)
+    if max_new_tokens is not None and max_new_tokens + counted > context:
+        max_new_tokens = max(0, context - counted)
+    prompt_tokens = min(prompt_tokens, config.max_req_input_len)
+    if isinstance(prompt, list):  # the ids the server keeps, for the answer key
+        prompt = prompt[:max(1, prompt_tokens - config.extra_prompt_tokens)]
+    return prompt, prompt_tokens, max_new_tokens
+
+
 def schedule_limit(prompt_tokens: int, max_new_tokens: int | None, config: SimConfig) -> int:
     """Scheduler `init_req_max_new_tokens` then `validate_input_length`: the clamped limit."""
     wanted = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
@@ -150,7 +168,7 @@ def schedule_limit(prompt_tokens: int, max_new_tokens: int | None, config: SimCo
     page = config.page_size
     paged_input = -(-prompt_tokens // page) * page
     limit = max(0, min(limit, config.max_total_num_tokens - paged_input - page - 1))
-    if prompt_tokens >= config.max_req_input_len:
+    if prompt_tokens >= config.max_req_input_len and not config.allow_auto_truncate:
         raise bad_request(
             f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length "
             f"({config.max_req_input_len} tokens). Use a shorter input or enable "
@@ -339,9 +357,13 @@ def _build_job(
         if sent == 0:
             raise bad_request("The input is empty.")
         prompt_tokens = sent + config.extra_prompt_tokens
-        validate_context(prompt_tokens, sampling.max_new_tokens, config)
+        wanted = sampling.max_new_tokens
+        if config.allow_auto_truncate:
+            prompt, prompt_tokens, wanted = auto_truncate(prompt, prompt_tokens, wanted, config)
+        else:
+            validate_context(prompt_tokens, wanted, config)
         verify_sampling(sampling)
-        max_new = schedule_limit(prompt_tokens, sampling.max_new_tokens, config)
+        max_new = schedule_limit(prompt_tokens, wanted, config)
         for sample in range(sampling.n):
             rid = rids[index * sampling.n + sample]
             items.append(Item(

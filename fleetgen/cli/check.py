@@ -6,34 +6,25 @@ import argparse
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import redis
 
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import read_hash, redact, redis_url
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-    def line(self) -> str:
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+from fleetgen.engine.preflight import Check, readiness
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "check", help="exit 0 if Redis, the engine and a worker are healthy (for healthchecks)",
-        description="Checks that Redis answers PING; that the engine answers GET /health with "
-        "200 (when --engine-url or FLEETGEN_ENGINE_URL is set); and, with --worker, that the "
-        "worker's heartbeat is fresh and reports a healthy engine. Prints one line per check; "
-        "exits 0 when all pass, 4 otherwise. Made for Docker/compose healthchecks.")
+        description="Checks that Redis answers PING; that the engine is ready (GET /ready, "
+        "else /readiness, else /health, answering 200; when --engine-url or "
+        "FLEETGEN_ENGINE_URL is set); and, with --worker, that the worker's heartbeat is fresh "
+        "and reports a healthy engine. Prints one line per check; exits 0 when all pass, 4 "
+        "otherwise. Made for Docker/compose healthchecks; before a long run, run "
+        "`fleetgen doctor`.")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--engine-url", help="engine base URL (default: $FLEETGEN_ENGINE_URL)")
     p.add_argument("--worker", help="worker node name, e.g. gpu0@%%h (%%h = this host's name)")
@@ -64,13 +55,9 @@ def check_redis(client: redis.Redis, url: str) -> Check:
 
 
 def check_engine(url: str, timeout_s: float) -> Check:
-    try:
-        status = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code
-    except httpx.HTTPError as exc:
-        return Check("engine", False, f"{url}/health unreachable ({type(exc).__name__})")
-    if status != 200:
-        return Check("engine", False, f"{url}/health answered {status}")
-    return Check("engine", True, f"{url}/health 200")
+    """The readiness probe (/ready, instant), not SGLang's /health, which generates a token
+    and takes at least a second (http_server.py `health_generate`)."""
+    return readiness(url, timeout_s, os.environ.get("FLEETGEN_ENGINE_API_KEY") or None)
 
 
 def check_worker(client: redis.Redis, name: str, max_age_s: float,

@@ -11,13 +11,25 @@ import redis
 
 from fleetgen import __version__
 from fleetgen.base import exitcodes
-from fleetgen.base.errors import USER_MISTAKES
+from fleetgen.base.errors import USER_MISTAKES, EngineUnreachable
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fleetgen.cli import check, demo, drain, metrics, produce, purge, retry, sim, status, valkey
+    from fleetgen.cli import (
+        check,
+        demo,
+        doctor,
+        drain,
+        metrics,
+        produce,
+        purge,
+        retry,
+        sim,
+        status,
+        valkey,
+    )
 
     parser = argparse.ArgumentParser(
         prog="fleetgen",
@@ -29,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (demo, produce, drain, status, retry, purge, sim, check, metrics, valkey):
+    for module in (demo, produce, drain, status, retry, purge, sim, check, doctor, metrics,
+                   valkey):
         module.add_parser(sub)
     return parser
 
@@ -47,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_MISTAKES as exc:
         print(f"fleetgen {args.command}: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
+    except EngineUnreachable as exc:
+        print(f"fleetgen {args.command}: {exc}", file=sys.stderr)
+        return exitcodes.UNAVAILABLE
     except redis.AuthenticationError:
         print(f"fleetgen {args.command}: Redis refused the password; check FLEETGEN_REDIS_URL",
               file=sys.stderr)

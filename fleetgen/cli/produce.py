@@ -33,8 +33,18 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
         p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
         p.add_argument("--context-length", type=int, metavar="N",
                        help="the servers' context length in tokens")
-        p.add_argument("--engine-url", metavar="URL",
-                       help="read the context length from this server's /v1/models instead")
+        p.add_argument("--engine-url", metavar="URL", action="append",
+                       help="read the limits from this server (/v1/models, /server_info): "
+                       "context, input limit, speculative reserve. Repeat it for every server "
+                       "of the fleet: the smallest limits win")
+        p.add_argument("--reserved-tokens", type=int, default=0, metavar="N",
+                       help="tokens the servers count with every input, for --context-length "
+                       "without --engine-url: SGLang's speculative reserve, max(eagle_topk x "
+                       "num_steps, num_draft_tokens) with EAGLE (0)")
+        p.add_argument("--max-req-input-len", type=int, metavar="N",
+                       help="the servers' own input limit (/server_info max_req_input_len), "
+                       "for --context-length without --engine-url (default: derived from the "
+                       "context)")
         p.add_argument("--no-wait", action="store_true",
                        help="exit once every row is enqueued, instead of waiting until every "
                        "row has an outcome and re-enqueueing rows lost to a Redis crash")
@@ -55,7 +65,9 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
     p.add_argument("--top-k", type=int, metavar="K")
     p.add_argument("--min-p", type=float, metavar="P")
     p.add_argument("--repetition-penalty", type=float, metavar="R")
-    p.add_argument("--seed", type=int, metavar="N", help="sampling seed (SGLang's sampling_seed)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="sampling seed (SGLang's sampling_seed); honoured only by servers "
+                   "started with --enable-deterministic-inference")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
     p.add_argument("--high-water", type=int, metavar="N",
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
@@ -74,7 +86,8 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
 
     return ProducerSettings(
         input=args.input, run=args.run, redis_url=redis_url_value, tokenizer=args.tokenizer,
-        context_length=args.context_length, engine_url=args.engine_url,
+        context_length=args.context_length, engine_url=tuple(args.engine_url or ()),
+        reserved_tokens=args.reserved_tokens, max_req_input_len=args.max_req_input_len,
         engine_api_key=os.environ.get("FLEETGEN_ENGINE_API_KEY") or None,
         max_output_tokens=args.max_output_tokens, min_output_tokens=args.min_output_tokens,
         margin=args.margin, sampling=sampling_from(args), high_water=args.high_water,

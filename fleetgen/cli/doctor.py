@@ -1,0 +1,205 @@
+"""`fleetgen doctor`: a read-only pre-flight of the real fleet before a long run: what fleetgen
+will assume about each server, and whether each server keeps the length rule the budget needs.
+
+It sends three small requests per server: one tiny generation, and two that a server keeping
+SGLang's rules refuses before any prefill (`TokenizerManager._validate_one_request`, the
+scheduler's `validate_input_length`). Nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from fleetgen import engine
+from fleetgen.base import errors, exitcodes
+from fleetgen.engine import EngineProtocol, ServerLimits
+from fleetgen.engine.health import State, probe_url
+from fleetgen.engine.preflight import (
+    Check,
+    combine,
+    fleet_disagreements,
+    refuses_long_input,
+    refuses_past_total,
+    tiny_generation,
+)
+
+# The server contradicts the budget model: a run would get 400s, truncated prompts or no text.
+DISAGREES = 1
+
+
+@dataclass
+class Report:
+    """One server: what fleetgen assumes about it, and the checks."""
+
+    url: str
+    limits: ServerLimits | None = None
+    input_limit: int | None = None
+    concurrency: int | None = None  # the `-c` to give its worker
+    checks: list[Check] = field(default_factory=list)
+    code: int = exitcodes.OK  # the worst outcome: UNAVAILABLE > CONFIG > DISAGREES > OK
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "doctor", help="check the fleet before a long run: limits, readiness, length rules",
+        description="For each --engine-url: prints what fleetgen will assume (context, input "
+        "limit, speculative reserve, running requests and the worker's -c, determinism, "
+        "model, skip_tokenizer_init); checks readiness; sends one tiny generation; and sends "
+        "two requests the server must refuse before generating (an input at the budget's "
+        "input limit, a budget one token past the context). Exit 0: all agree; 1: a server "
+        "disagrees with the budget model; 3: a server does not report its context; "
+        "4: a server is unreachable or not ready.")
+    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+                   help="a server of the fleet (repeat for each)")
+    p.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
+                   help="per request; the tiny generation may wait in a busy server's queue (60)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    p.set_defaults(handler=run)
+
+
+def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | None) -> Report:
+    report = Report(url)
+    ready = probe_url(url, timeout_s=min(timeout_s, 10.0), api_key=api_key)
+    if ready.state is State.REFUSED:  # nothing else can be learnt: one line
+        report.checks.append(Check("unreachable", False, ready.detail))
+        report.code = exitcodes.UNAVAILABLE
+        return report
+    report.checks.append(Check("ready", ready.ready, ready.detail))
+    try:
+        limits = proto.read_limits(url, api_key=api_key, timeout_s=timeout_s)
+    except errors.PermanentError as exc:
+        report.checks.append(Check("limits", False, exc.message))
+        report.code = exitcodes.CONFIG
+        return report
+    except errors.EngineError as exc:
+        report.checks.append(Check("limits", False, f"unreachable: {exc.message}"))
+        report.code = exitcodes.UNAVAILABLE
+        return report
+    report.limits = limits
+    report.input_limit = proto.rule.input_limit(limits)
+    report.concurrency = proto.pool_size(limits)
+    if not ready.ready:
+        report.code = exitcodes.UNAVAILABLE
+        return report
+    report.checks += probe_rules(url, proto, limits, timeout_s, api_key)
+    if not all(c.ok for c in report.checks):
+        report.code = DISAGREES
+    return report
+
+
+def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s: float,
+                api_key: str | None) -> list[Check]:
+    checks = []
+    if limits.skip_tokenizer_init:
+        checks.append(Check("text", False, "started with --skip-tokenizer-init: answers carry "
+                            "output ids and no text; restart it without that flag"))
+    client = proto.connect(url, timeout_s=timeout_s, concurrency=1, api_key=api_key)
+    try:
+        checks.append(tiny_generation(client))
+        long_input = refuses_long_input(client, limits, proto.rule)
+        checks.append(long_input)
+        # A server that truncated the long input would also truncate a too-large budget, and
+        # then generate a whole context: skip that probe, the verdict is in.
+        if long_input.ok:
+            checks.append(refuses_past_total(client, limits))
+    finally:
+        client.close()
+    return checks
+
+
+def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
+    codes = {r.code for r in reports}
+    for code in (exitcodes.UNAVAILABLE, exitcodes.CONFIG, DISAGREES):
+        if code in codes:
+            return code
+    return DISAGREES if fleet_checks else exitcodes.OK
+
+
+def run(args: argparse.Namespace) -> int:
+    proto = engine.protocol()
+    api_key = os.environ.get("FLEETGEN_ENGINE_API_KEY") or None
+    reports = [examine(url, proto, args.timeout_s, api_key) for url in args.engine_url]
+    known = {r.url: r.limits for r in reports if r.limits is not None}
+    fleet_checks = fleet_disagreements(known)
+    assumed = combine(list(known.values()), proto.rule) if known else None
+    code = exit_code(reports, fleet_checks)
+    if args.json:
+        print(render_json(reports, fleet_checks, assumed, code))
+    else:
+        print(render_text(reports, fleet_checks, assumed, code))
+    return code
+
+
+# -- output -----------------------------------------------------------------------------------
+COLUMNS = ("server", "model", "context", "input limit", "reserve", "running", "-c",
+           "deterministic", "text")
+
+
+def _yes_no(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def _row(r: Report) -> tuple[str, ...]:
+    s = r.limits
+    if s is None:
+        return (r.url, *("-" for _ in COLUMNS[1:]))
+    return (r.url, s.model or "?", str(s.context_length), str(r.input_limit),
+            str(s.reserved_tokens), str(s.max_running_requests or "?"),
+            str(r.concurrency or "?"), _yes_no(s.deterministic),
+            _yes_no(not s.skip_tokenizer_init))
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip() for row in rows)
+
+
+def render_text(reports: list[Report], fleet_checks: list[Check], assumed: ServerLimits | None,
+                code: int) -> str:
+    lines = [table([COLUMNS, *(_row(r) for r in reports)]), ""]
+    if assumed is not None:
+        lines.append(f"the producer budgets for: context {assumed.context_length}, input limit "
+                     f"{assumed.max_req_input_len}, reserve {assumed.reserved_tokens} "
+                     f"(the smallest limits of {len([r for r in reports if r.limits])} "
+                     "server(s))")
+        if assumed.deterministic is not True:
+            lines.append("note: --seed is not honoured (no --enable-deterministic-inference); "
+                         "answers are not reproducible")
+    lines += [f"{'ok  ' if c.ok else 'FAIL'} {r.url} {c.name}: {c.detail}"
+              for r in reports for c in r.checks]
+    lines += [c.line() for c in fleet_checks]
+    lines.append(VERDICTS[code])
+    return "\n".join(lines)
+
+
+VERDICTS = {
+    exitcodes.OK: "verdict: ok, the fleet agrees with fleetgen's budget model",
+    DISAGREES: "verdict: FAIL, a server disagrees with fleetgen's budget model (exit 1)",
+    exitcodes.CONFIG: "verdict: FAIL, a server does not report its context length; pass "
+                      "--context-length to produce (exit 3)",
+    exitcodes.UNAVAILABLE: "verdict: FAIL, a server is unreachable or not ready (exit 4)",
+}
+
+
+def render_json(reports: list[Report], fleet_checks: list[Check],
+                assumed: ServerLimits | None, code: int) -> str:
+    doc = {
+        "servers": [{
+            "url": r.url,
+            "limits": asdict(r.limits) if r.limits else None,
+            "input_limit": r.input_limit,
+            "concurrency": r.concurrency,
+            "checks": [asdict(c) for c in r.checks],
+            "exit_code": r.code,
+        } for r in reports],
+        "fleet_checks": [asdict(c) for c in fleet_checks],
+        "assumed": asdict(assumed) if assumed else None,
+        "exit_code": code,
+    }
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()

@@ -1,0 +1,156 @@
+"""Pre-flight checks of the servers a run will use, shared by `fleetgen check` (readiness only),
+`fleetgen doctor` (everything) and the producer (the limits of several servers as one).
+
+The probes go through the `Engine` client and its `LengthRule`, so they test the same requests
+and the same arithmetic a run relies on. The refusal probes are cheap on SGLang: the tokenizer
+manager (`TokenizerManager._validate_one_request`) and the scheduler
+(`managers/utils.py` `validate_input_length`) refuse them before any prefill.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetgen.base import errors
+from fleetgen.engine.api import Engine, LengthRule, ServerLimits
+from fleetgen.engine.health import probe_url
+
+# Any id below every vocabulary's size: the probes' prompts are this id repeated.
+PROBE_TOKEN = 11
+TINY_PROMPT_TOKENS = 4
+TINY_MAX_NEW_TOKENS = 2
+FINISHED = frozenset({"stop", "length"})
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+
+
+def readiness(url: str, timeout_s: float, api_key: str | None = None) -> Check:
+    """The readiness probe (/ready, /readiness, /health on 404) as a check line."""
+    result = probe_url(url, timeout_s=timeout_s, api_key=api_key)
+    return Check("engine", result.ready, f"{url.rstrip('/')}{result.detail}"
+                 if result.detail.startswith("/") else f"{url}: {result.detail}")
+
+
+def combine(servers: Sequence[ServerLimits], rule: LengthRule) -> ServerLimits:
+    """The limits that hold on every server: the smallest context, KV capacity and input limit,
+    the largest reserve. A budget within them is accepted by each server (the rule's room and
+    input limit only shrink as these do)."""
+    if not servers:
+        raise ValueError("combine needs at least one server")
+    models = {s.model for s in servers}
+    kv = [s.max_total_tokens for s in servers if s.max_total_tokens is not None]
+    deterministic = [s.deterministic for s in servers]
+    return ServerLimits(
+        context_length=min(s.context_length for s in servers),
+        max_total_tokens=min(kv) if kv else None,
+        # Each server's own input limit (its reserve included): a server that does not report
+        # max_req_input_len still has one, and the smallest must win.
+        max_req_input_len=min(rule.input_limit(s) for s in servers),
+        reserved_tokens=max(s.reserved_tokens for s in servers),
+        max_running_requests=None,  # per server, not for the fleet
+        model=models.pop() if len(models) == 1 else None,
+        deterministic=False if False in deterministic else
+        (None if None in deterministic else True),
+        skip_tokenizer_init=any(s.skip_tokenizer_init for s in servers),
+    )
+
+
+def _rid() -> str:
+    return f"fleetgen-doctor-{uuid.uuid4().hex}"
+
+
+def tiny_generation(engine: Engine) -> Check:
+    """One short generation from input ids: the answer must parse, count our prompt as we do
+    (a server that counts more needs --margin) and finish normally."""
+    name = "generation"
+    try:
+        answer = engine.generate([PROBE_TOKEN] * TINY_PROMPT_TOKENS, TINY_MAX_NEW_TOKENS, {},
+                                 _rid())
+    except errors.EngineError as exc:
+        return Check(name, False, f"a {TINY_PROMPT_TOKENS}-token request failed: {exc.message}")
+    if answer.finish_reason not in FINISHED:
+        return Check(name, False, f"finished with {answer.finish_reason!r}, not stop/length")
+    if answer.prompt_tokens != TINY_PROMPT_TOKENS:
+        return Check(name, False, f"the server counted {answer.prompt_tokens} prompt tokens for "
+                     f"{TINY_PROMPT_TOKENS} input ids; pass --margin "
+                     f"{answer.prompt_tokens - TINY_PROMPT_TOKENS} or more")
+    if answer.completion_tokens > TINY_MAX_NEW_TOKENS:
+        return Check(name, False, f"{answer.completion_tokens} tokens generated for "
+                     f"max_new_tokens={TINY_MAX_NEW_TOKENS}")
+    return Check(name, True, f"{TINY_PROMPT_TOKENS} input ids -> {answer.completion_tokens} "
+                 f"token(s), finish {answer.finish_reason}")
+
+
+def refuses_long_input(engine: Engine, limits: ServerLimits, rule: LengthRule) -> Check:
+    """The smallest prompt the budget rejects must be refused, not truncated
+    (`--allow-auto-truncate` cuts the prompt and answers 200)."""
+    tokens = rule.input_limit(limits)
+    name = f"refuses a {tokens}-token input"
+    try:
+        engine.generate([PROBE_TOKEN] * tokens, 1, {}, _rid())
+    except errors.ContextLengthError as exc:
+        return Check(name, True, f"400 {exc.message}")
+    except errors.EngineError as exc:
+        return Check(name, False, f"refused for another reason: {exc.message}")
+    return Check(name, False, "accepted it; the server truncates prompts instead of refusing "
+                 "them (--allow-auto-truncate?), so answers would silently lose their prompts' "
+                 "ends; restart it without that flag")
+
+
+def refuses_past_total(engine: Engine, limits: ServerLimits) -> Check:
+    """One token past the tokenizer manager's total rule (input + reserve + max_new_tokens >
+    context) must be refused, and its message shows the server's own reserve and context."""
+    prompt = TINY_PROMPT_TOKENS
+    wanted = limits.context_length - limits.reserved_tokens - prompt + 1
+    name = f"refuses {prompt} + {wanted} tokens"
+    try:
+        engine.generate([PROBE_TOKEN] * prompt, wanted, {}, _rid())
+    except errors.ContextLengthError as exc:
+        return _read_refusal(name, exc, limits, prompt)
+    except errors.EngineError as exc:
+        return Check(name, False, f"refused for another reason: {exc.message}")
+    return Check(name, False, "accepted it; the server reserves fewer tokens than it reports, "
+                 "or does not check the total length")
+
+
+def _read_refusal(name: str, exc: errors.ContextLengthError, limits: ServerLimits,
+                  prompt: int) -> Check:
+    if exc.server_prompt_tokens is None or exc.context_length is None:
+        return Check(name, True, f"400 {exc.message}")
+    reserve = exc.server_prompt_tokens - prompt
+    if reserve != limits.reserved_tokens or exc.context_length != limits.context_length:
+        return Check(name, False, f"the server counts a reserve of {reserve} and a context of "
+                     f"{exc.context_length}; its /server_info says {limits.reserved_tokens} "
+                     f"and {limits.context_length}")
+    return Check(name, True, f"400, context {exc.context_length}, reserve {reserve} as reported")
+
+
+CONSEQUENCE = {
+    "context_length": "a run over all of them budgets for the smallest; give each context a "
+                      "run of its own",
+    "model": "one tokenizer cannot count for both; give each model a run of its own",
+}
+
+
+def fleet_disagreements(servers: dict[str, ServerLimits]) -> list[Check]:
+    """Servers of one run must agree on the context and the model: the budget takes the
+    smallest context, and one tokenizer counts every prompt."""
+    checks = []
+    for field, label in (("context_length", "context"), ("model", "model")):
+        values = {url: getattr(s, field) for url, s in servers.items()}
+        if len(set(values.values())) > 1:
+            listed = ", ".join(f"{v} ({u})" for u, v in values.items())
+            checks.append(Check(f"servers' {label}", False, f"they disagree: {listed}; "
+                                f"{CONSEQUENCE[field]}"))
+    return checks
+
