@@ -86,7 +86,7 @@ def wrong_columns(tmp_path: Path) -> Path:
     (["produce", "{prompts}", "--run", "r", "--context-length", "8192", "--tokenizer",
       "{tmp}/no-such-tokenizer"], exitcodes.CONFIG, "tokenizer"),
     (["produce", "{prompts}", "--run", "r", "--engine-url", "http://127.0.0.1:9"],
-     exitcodes.CONFIG, "cannot read limits"),
+     exitcodes.UNAVAILABLE, "cannot read limits"),
     (["status", "--run", "nope"], exitcodes.CONFIG, "no run named"),
     (["drain", "--run", "r", "--out", "{tmp}/o", "--redis", "redis://127.0.0.1:9/0"],
      exitcodes.UNAVAILABLE, "cannot reach Redis"),

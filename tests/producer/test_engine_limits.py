@@ -1,0 +1,214 @@
+"""The producer's limits read from real servers (simulated SGLang over HTTP): the speculative
+reserve and the server's own input limit enter the budget, several servers give the smallest
+limits, an ignored --seed is said once, and bad servers are one line with an exit code."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetgen.base import exitcodes
+from fleetgen.base.contract import Sampling
+from fleetgen.base.errors import ConfigError, EngineUnreachable
+from fleetgen.cli.main import main
+from producer.budget import budget
+from producer.build import build_producer, resolve_limits
+from producer.settings import ProducerSettings
+from tests.producer.conftest import StartSim
+
+# EAGLE with topk 2 x 4 steps and 6 draft tokens: SGLang reserves max(2 x 4, 6) = 8 tokens
+# (srt/managers/utils.py `compute_num_reserved_tokens`).
+EAGLE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4,
+         "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}
+PROBE = 11
+
+
+def settings(tmp_path: Path, *urls: str, **options: object) -> ProducerSettings:
+    prompts = tmp_path / "p.jsonl"
+    if not prompts.exists():
+        prompts.write_text('{"prompt": "hi"}\n')
+    return ProducerSettings(input=prompts, run="limits", redis_url="redis://127.0.0.1:9/0",
+                            engine_url=urls, **options)  # type: ignore[arg-type]
+
+
+def send(url: str, prompt_tokens: int, max_new_tokens: int) -> httpx.Response:
+    return httpx.post(url + "/generate", timeout=30, json={
+        "input_ids": [PROBE] * prompt_tokens,
+        "sampling_params": {"max_new_tokens": max_new_tokens}})
+
+
+def test_the_speculative_reserve_enters_the_budget_and_the_server_accepts_it(
+        start_sim: StartSim, tmp_path: Path) -> None:
+    sim = start_sim(context_length=4096, **EAGLE)
+    limits = resolve_limits(settings(tmp_path, sim.url))
+    assert limits.reserved_tokens == 8
+    assert limits.max_req_input_len == 4096 - 8
+    b = budget(100, limits)
+    assert b.max_tokens == 4096 - 8 - 100 - 1
+    assert send(sim.url, 100, b.max_tokens).status_code == 200
+    # Without the reserve (the old budget, context - prompt - 2) the server refuses it.
+    old = send(sim.url, 100, 4096 - 100 - 2)
+    assert old.status_code == 400 and "Requested token count" in old.text
+    # The smallest input the budget rejects is the one the server refuses.
+    assert str(budget(4088, limits).reason).startswith("prompt_too_long")
+    assert not str(budget(4087, limits).reason).startswith("prompt_too_long")
+    assert send(sim.url, 4088, 1).status_code == 400
+    assert send(sim.url, 4087, 1).status_code == 200
+
+
+def test_without_an_engine_the_reserve_and_input_limit_come_from_flags(tmp_path: Path) -> None:
+    limits = resolve_limits(settings(tmp_path, context_length=4096, reserved_tokens=8,
+                                     max_req_input_len=3000))
+    assert limits.reserved_tokens == 8
+    assert budget(100, limits).max_tokens == 4096 - 8 - 100 - 1
+    assert budget(3000, limits).rejected and not budget(2999, limits).rejected
+    with pytest.raises(ConfigError, match="--reserved-tokens"):
+        settings(tmp_path, context_length=4096, reserved_tokens=-1)
+
+
+@pytest.mark.parametrize("order", [(4096, 8192), (8192, 4096)])
+def test_several_servers_the_smallest_limits_win(start_sim: StartSim, tmp_path: Path,
+                                                  order: tuple[int, int]) -> None:
+    sims = [start_sim(context_length=c) for c in order]
+    limits = resolve_limits(settings(tmp_path, *(s.url for s in sims)))
+    assert limits.context_length == 4096
+    assert limits.max_req_input_len == 4096 - 6  # max_req_len - 5 = (4096 - 1) - 5
+    assert budget(100, limits).max_tokens == 4096 - 100 - 2
+
+
+def test_the_largest_reserve_wins(start_sim: StartSim, tmp_path: Path) -> None:
+    plain, eagle = start_sim(context_length=8192), start_sim(context_length=8192, **EAGLE)
+    limits = resolve_limits(settings(tmp_path, plain.url, eagle.url))
+    assert limits.reserved_tokens == 8
+    assert budget(100, limits).max_tokens == 8192 - 8 - 100 - 1
+
+
+def test_engine_urls_are_stored_in_the_manifest_and_a_resume_may_keep_them(
+        tmp_path: Path) -> None:
+    one = settings(tmp_path, "http://a:1", "http://b:2", context_length=4096)
+    assert one.manifest_settings()["engine_url"] == ["http://a:1", "http://b:2"]
+    assert one.manifest_settings()["reserved_tokens"] == 0
+    # A single URL (the old spelling) is a tuple of one.
+    old = ProducerSettings(input=one.input, run="r", redis_url="redis://x",
+                           engine_url="http://a:1")  # type: ignore[arg-type]
+    assert old.engine_url == ("http://a:1",)
+
+
+def seed_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "--seed" in r.getMessage()]
+
+
+def test_seed_warns_once_when_a_server_ignores_it(start_sim: StartSim, tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    plain, plain2 = start_sim(), start_sim()
+    deterministic = start_sim(enable_deterministic_inference=True)
+    caplog.set_level(logging.WARNING)
+    resolve_limits(settings(tmp_path, plain.url, plain2.url, deterministic.url,
+                            sampling=Sampling(seed=5)))
+    warnings = seed_warnings(caplog)
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert plain.url in warnings[0] and plain2.url in warnings[0]
+    assert deterministic.url not in warnings[0]
+    caplog.clear()
+    resolve_limits(settings(tmp_path, deterministic.url, sampling=Sampling(seed=5)))
+    resolve_limits(settings(tmp_path, plain.url))  # no --seed, nothing to say
+    assert seed_warnings(caplog) == []
+
+
+class CharTokenizer:
+    """One token per character: a prompt of N characters is exactly N tokens."""
+
+    name = "chars"
+
+    def render(self, messages: object) -> str:
+        raise AssertionError("prompt rows are not rendered")
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[PROBE] * len(t) for t in texts]
+
+    def count(self, text: str) -> int:
+        return len(text)
+
+
+class DllmLikeServer(BaseHTTPRequestHandler):
+    """A server whose reported `max_req_input_len` is below what the context implies (SGLang's
+    tp_worker.py lowers it by the block size for diffusion LLMs)."""
+
+    info = {"context_length": 4096, "max_total_num_tokens": 100_000, "max_req_input_len": 3000}
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = {"/v1/models": {"data": [{"id": "m", "max_model_len": 4096}]},
+                "/server_info": self.info}.get(self.path)
+        self.send_response(200 if body else 404)
+        self.end_headers()
+        self.wfile.write(json.dumps(body or {}).encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def dllm_like() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DllmLikeServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("server", ["speculative", "dllm-like"])
+def test_a_prompt_at_the_servers_input_limit_is_rejected_before_sending(
+        start_sim: StartSim, dllm_like: str, redis_url: str, tmp_path: Path,
+        server: str) -> None:
+    url = start_sim(context_length=4096, **EAGLE).url if server == "speculative" else dllm_like
+    reported = httpx.get(url + "/server_info").json()["max_req_input_len"]
+    # The server refuses `limit` tokens: its max_req_input_len, or context - reserve if smaller.
+    limit = 4096 - 8 if server == "speculative" else reported
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "fits", "prompt": "x" * (limit - 10)}) + "\n"
+                       + json.dumps({"id": "at_limit", "prompt": "x" * limit}) + "\n")
+    s = ProducerSettings(input=prompts, run="at-limit", redis_url=redis_url, engine_url=(url,),
+                         high_water=100, min_output_tokens=1)
+    report = build_producer(s, tokenizer=CharTokenizer()).run()
+    assert (report.enqueued, report.rejected) == (1, 1)
+
+
+def test_unreachable_engine_is_one_line_and_exit_4(tmp_path: Path, redis_url: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(EngineUnreachable):
+        resolve_limits(settings(tmp_path, "http://127.0.0.1:9"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    code = main(["produce", str(prompts), "--run", "r", "--redis", redis_url,
+                 "--engine-url", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == exitcodes.UNAVAILABLE
+    assert len(err.strip().splitlines()) == 1 and "http://127.0.0.1:9" in err, err
+
+
+def test_a_server_without_a_context_is_one_line_and_exit_3(
+        dllm_like: str, tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(DllmLikeServer, "do_GET", _no_context)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    code = main(["produce", str(prompts), "--run", "r", "--redis", redis_url,
+                 "--engine-url", dllm_like])
+    err = capsys.readouterr().err
+    assert code == exitcodes.CONFIG
+    assert len(err.strip().splitlines()) == 1 and "context" in err, err
+
+
+def _no_context(self: DllmLikeServer) -> None:
+    self.send_response(200)
+    self.end_headers()
+    self.wfile.write(b'{"data": [{"id": "m"}]}' if self.path == "/v1/models" else b"{}")
