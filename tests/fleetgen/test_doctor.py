@@ -132,7 +132,7 @@ def test_json_output(start_sim: StartSim, capsys: pytest.CaptureFixture[str]) ->
 class NoContext(BaseHTTPRequestHandler):
     """A server that answers but reports no context length anywhere."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server calls it by this name
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b'{"data": [{"id": "m"}]}' if self.path == "/v1/models" else b"{}")

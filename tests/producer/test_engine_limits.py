@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -142,11 +143,12 @@ class DllmLikeServer(BaseHTTPRequestHandler):
     """A server whose reported `max_req_input_len` is below what the context implies (SGLang's
     tp_worker.py lowers it by the block size for diffusion LLMs)."""
 
-    info = {"context_length": 4096, "max_total_num_tokens": 100_000, "max_req_input_len": 3000}
+    INFO: ClassVar[dict[str, int]] = {"context_length": 4096, "max_total_num_tokens": 100_000,
+                                      "max_req_input_len": 3000}
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server calls it by this name
         body = {"/v1/models": {"data": [{"id": "m", "max_model_len": 4096}]},
-                "/server_info": self.info}.get(self.path)
+                "/server_info": self.INFO}.get(self.path)
         self.send_response(200 if body else 404)
         self.end_headers()
         self.wfile.write(json.dumps(body or {}).encode())
