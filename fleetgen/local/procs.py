@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -91,6 +92,7 @@ def sigterm_flag(grace_s: float = 1.0) -> Callable[[], bool]:
         timer = threading.Timer(grace_s, signal.pthread_kill, (main, signal.SIGTERM))
         timer.daemon = True
         timer.start()
+        atexit.register(timer.cancel)  # a command that returned in time exits in peace
 
     signal.signal(signal.SIGTERM, on_sigterm)
     return flag.is_set
