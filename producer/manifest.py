@@ -51,8 +51,26 @@ class RunManifest:
     def close(self, total: int) -> None:
         """Every row has been read: the run's total is known."""
         self.redis.hset(self.key, mapping={
-            "state": STATE_PRODUCED, "total": total, "produced_at": time.time(),
+            "state": STATE_PRODUCED, "total": total, "read": total, "produced_at": time.time(),
         })
+
+    def reassert(self, settings: dict[str, Any], total: int) -> bool:
+        """Write the total and the state again if Redis forgot them (restarted from a copy
+        taken before the producer finished reading, or before the run existed): without
+        them no one can call the run complete. Returns True if anything was missing."""
+        old = self.read()
+        if old.get("state") == STATE_PRODUCED and old.get("total") == str(total):
+            return False
+        mapping: dict[Any, Any] = {"state": STATE_PRODUCED, "total": total, "read": total,
+                                   "produced_at": time.time()}
+        if "settings" not in old:  # the whole manifest is gone: the pins come back too
+            mapping.update(settings=orjson.dumps(settings), started_at=time.time(),
+                           expected=total)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.key, mapping=mapping)
+        pipe.sadd(runs_index_key(), self.run)
+        pipe.execute()
+        return True
 
 
 def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:

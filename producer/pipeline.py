@@ -52,6 +52,8 @@ class Producer:
         self.reconciler = Reconciler(client, settings.run)
         self.progress = Progress()
         self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
+        self._settings: dict[str, Any] = {}
+        self.total: int | None = None  # rows in the input, once all of it has been read
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, on_batch: Callable[[Progress], None] | None = None,
@@ -60,13 +62,15 @@ class Producer:
         what an interrupted run left on a resumed one), then mark the run produced."""
         settings = self.s.manifest_settings()
         settings["context_length"] = self.limits.context_length
+        self._settings = settings
         self.run_manifest.open(settings, count_rows(self.s.input))
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
         self._pass(lambda line: line not in done and line not in in_flight, on_batch,
                    should_stop)
         if not should_stop():
-            self.run_manifest.close(self.progress.read)
+            self.total = self.progress.read
+            self.run_manifest.close(self.total)
         return self.progress
 
     def requeue(self, lines: set[int], should_stop: Callable[[], bool] = lambda: False) -> None:
@@ -92,14 +96,21 @@ class Producer:
                 on_batch(self.progress)
 
     # -- reconciliation (producer/reconcile.py) ---------------------------------------------
+    # The producer is the one that knows the input and its total: while it waits it writes
+    # them back whenever Redis forgets them (restarted from an older copy of its data).
     def lost_lines(self) -> set[int]:
-        return self.reconciler.lost_lines()
+        assert self.total is not None, "run() first: the total is known once all is read"
+        return self.reconciler.lost_lines(self.total)
 
     def wait_until_generated(self, interval_s: float = 30.0,
                              should_stop: Callable[[], bool] = lambda: False,
                              on_tick: Callable[[int, int], None] | None = None) -> int:
+        total = self.total
+        assert total is not None, "run() first: the total is known once all is read"
         return self.reconciler.wait_until_generated(
-            lambda lines: self.requeue(lines, should_stop), interval_s, should_stop, on_tick)
+            lambda lines: self.requeue(lines, should_stop), total,
+            lambda: self.run_manifest.reassert(self._settings, total), interval_s,
+            should_stop, on_tick)
 
     def manifest(self) -> dict[str, str]:
         return self.run_manifest.read()

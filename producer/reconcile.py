@@ -11,7 +11,6 @@ import redis
 
 from fleetgen.base.contract import RunKeys
 from fleetgen.base.wire import lines_in_flight
-from producer.manifest import RunManifest
 
 log = logging.getLogger("fleetgen.producer")
 
@@ -44,7 +43,6 @@ class Reconciler:
         self.redis = client
         self.run = run
         self.keys = RunKeys(run)
-        self.manifest = RunManifest(client, run)
 
     def done(self) -> Bits:
         return Bits(self.redis.get(self.keys.done))
@@ -52,38 +50,69 @@ class Reconciler:
     def in_flight(self) -> set[int]:
         return lines_in_flight(self.redis, self.run)
 
-    def lost_lines(self) -> set[int]:
-        """Lines with no outcome that are neither queued nor held by a worker."""
-        total = self.manifest.total()
+    def lost_lines(self, total: int) -> set[int]:
+        """Lines with no outcome that are neither queued nor held by a worker. `total` is
+        the producer's own count: the manifest's may have been lost with the rest."""
         done = self.done()
         in_flight = self.in_flight()
         return {n for n in done.missing(1, total) if n not in in_flight}
 
-    def wait_until_generated(self, requeue: Callable[[set[int]], None], interval_s: float = 30.0,
+    def wait_until_generated(self, requeue: Callable[[set[int]], None], total: int,
+                             reassert: Callable[[], bool] = lambda: False,
+                             interval_s: float = 30.0,
                              should_stop: Callable[[], bool] = lambda: False,
                              on_tick: Callable[[int, int], None] | None = None) -> int:
-        """Wait until every line has an outcome. A line seen lost at two checks in a row (so
-        not merely between a worker's BRPOP and its bookkeeping) is handed to `requeue`.
+        """Wait until every line has an outcome. At every tick `reassert` writes the run's
+        total and state again if Redis forgot them; a line seen lost at two checks in a row
+        (so not merely between a worker's BRPOP and its bookkeeping) is handed to `requeue`.
         Returns how many lines were re-enqueued."""
-        total = self.manifest.total()
-        suspects: set[int] = set()
-        requeued = 0
-        next_check = time.monotonic() + interval_s
+        waiter = _Waiter(self, requeue, total, interval_s)
         while not should_stop():
-            generated = int(self.redis.bitcount(self.keys.done))
-            if on_tick:
-                on_tick(generated, total)
-            if generated >= total:
-                break
-            if time.monotonic() >= next_check:
-                lost = self.lost_lines()
-                confirmed = lost & suspects
-                if confirmed:
-                    log.warning("re-enqueueing %d line(s) that were lost (neither queued, in "
-                                "flight nor done)", len(confirmed))
-                    requeue(confirmed)
-                    requeued += len(confirmed)
-                suspects = lost - confirmed
-                next_check = time.monotonic() + interval_s
-            time.sleep(min(0.5, interval_s))
-        return requeued
+            try:
+                if waiter.tick(reassert, on_tick):
+                    break
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Past the client's own retries: keep waiting, Redis may come back.
+                log.warning("Redis unreachable while waiting for the run (%s); retrying", exc)
+            time.sleep(min(0.5, interval_s))  # the poll period; SIGTERM ends it at once
+        return waiter.requeued
+
+
+class _Waiter:
+    """The state of one wait: lines suspected lost at the last check, lines re-enqueued."""
+
+    def __init__(self, reconciler: Reconciler, requeue: Callable[[set[int]], None], total: int,
+                 interval_s: float) -> None:
+        self.r = reconciler
+        self.requeue = requeue
+        self.total = total
+        self.interval_s = interval_s
+        self.suspects: set[int] = set()
+        self.requeued = 0
+        self.next_check = time.monotonic() + interval_s
+
+    def tick(self, reassert: Callable[[], bool],
+             on_tick: Callable[[int, int], None] | None) -> bool:
+        """One look at the run; True once every line has an outcome."""
+        if reassert():
+            log.warning("the run's manifest had lost its total or state (Redis restarted "
+                        "from an older copy?); re-asserted total=%d", self.total)
+        generated = int(self.r.redis.bitcount(self.r.keys.done))
+        if on_tick:
+            on_tick(generated, self.total)
+        if generated >= self.total:
+            return True
+        if time.monotonic() >= self.next_check:
+            self.reconcile()
+        return False
+
+    def reconcile(self) -> None:
+        lost = self.r.lost_lines(self.total)
+        confirmed = lost & self.suspects
+        if confirmed:
+            log.warning("re-enqueueing %d line(s) that were lost (neither queued, in "
+                        "flight nor done)", len(confirmed))
+            self.requeue(confirmed)
+            self.requeued += len(confirmed)
+        self.suspects = lost - confirmed
+        self.next_check = time.monotonic() + self.interval_s

@@ -33,6 +33,13 @@ FILES = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
 CONSUMER = "drainer"
 RUN_MARKER = ".fleetgen-run"
 SUMMARY_EVERY_S = 10.0
+# How the drainer notices that Redis lost data (restarted from an older copy): every
+# VERIFY_EVERY_S it compares the `written` counts in Redis with its own and Redis's run_id
+# with the one it saw last (a few hundred bytes); every COVERAGE_EVERY_S, and at once on
+# either sign, it checks that the done bitmap covers every line the files hold.
+VERIFY_EVERY_S = 2.0
+COVERAGE_EVERY_S = 30.0
+BITS_PER_COMMAND = 4096  # offsets per BITFIELD when done bits are written back
 
 
 CODES = {KIND_RESULT: 1, KIND_FAILURE: 2, KIND_REJECTED: 3}
@@ -44,6 +51,7 @@ class Tally:
     input line (which kind holds it), so a 10-million-row run costs 10 MB here."""
 
     kinds: bytearray = field(default_factory=bytearray)
+    bits: bytearray = field(default_factory=bytearray)  # the lines held, as Redis's bitmap
     by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     truncated: int = 0
     prompt_tokens: int = 0
@@ -66,10 +74,24 @@ class Tally:
             self.by_kind[previous] -= 1
         self.kinds[line] = CODES[kind]
         self.by_kind[kind] += 1
+        if (line >> 3) >= len(self.bits):
+            self.bits.extend(bytes((line >> 3) + 1 - len(self.bits)))
+        self.bits[line >> 3] |= 0x80 >> (line & 7)
         if kind == KIND_RESULT:
             self.truncated += record.get("finish_reason") == "length"
             self.prompt_tokens += int(record.get("prompt_tokens", 0))
             self.completion_tokens += int(record.get("completion_tokens", 0))
+
+
+    def missing_from(self, done: bytes) -> list[int]:
+        """Lines held here whose bit is clear in `done` (a Redis bitmap, bit 0 the most
+        significant of byte 0): one big-integer operation, then only the non-zero bytes."""
+        size = len(self.bits)
+        held = int.from_bytes(self.bits, "big")
+        diff = (held & ~int.from_bytes(done[:size].ljust(size, b"\0"), "big")).to_bytes(
+            size, "big")
+        return [(index << 3) | bit for index, byte in enumerate(diff) if byte
+                for bit in range(8) if byte & (0x80 >> bit)]
 
 
 def repair_tail(path: Path) -> int:
@@ -112,7 +134,7 @@ def load_file(path: Path, kind: str, tally: Tally) -> None:
 
 class Drainer:
     def __init__(self, client: redis.Redis, run: str, out_dir: Path, *, batch: int = 512,
-                 block_ms: int = 1000) -> None:
+                 block_ms: int = 500, verify_s: float = VERIFY_EVERY_S) -> None:
         self.redis = client
         self.keys = RunKeys(run)
         self.run = run
@@ -120,8 +142,15 @@ class Drainer:
         self.batch = batch
         self.block_ms = block_ms
         self.tally = Tally()
+        self.verify_s = verify_s
         self._files: dict[str, BinaryIO] = {}
         self._superseded = False
+        self.done_bits_restored = 0  # done bits Redis had lost and this drainer set again
+        self.losses_noticed = 0
+        self._server_id: str | None = None
+        self._verify_due = 0.0
+        self._coverage_due = 0.0
+        self._unreachable_since: float | None = None
 
     # -- start-up -------------------------------------------------------------------------
     def recover(self) -> None:
@@ -138,11 +167,86 @@ class Drainer:
         self._compact_failures()
         for kind in KINDS:
             self._files[kind] = (self.out / FILES[kind]).open("ab")
+        self.reassert_files()
+
+    def _ensure_group(self) -> None:
         try:
             self.redis.xgroup_create(self.keys.stream, DRAINER_GROUP, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    # -- Redis is a cache of what the files hold ----------------------------------------------
+    def reassert_files(self) -> None:
+        """Tell Redis again what the files hold: the done bit of every line written (so no
+        worker generates it again), the `written` counts, and the consumer group. Done at
+        start and whenever Redis is seen to have lost data."""
+        self._ensure_group()
+        restored = self.restore_done_bits()
+        if restored:
+            log.warning("restored %d done bit(s) that Redis had lost, from the output files",
+                        restored)
+        self.done_bits_restored += restored
+        self._publish_counts(self.redis)
+        self._server_id = self._redis_run_id()
+        self._coverage_due = time.monotonic() + COVERAGE_EVERY_S
+
+    def restore_done_bits(self) -> int:
+        """Set the done bit of every line the files hold that lacks it, except rows that
+        `fleetgen retry` sent back to work (WATCH: a retry landing meanwhile restarts this,
+        so a bit it just cleared is never set again behind its back)."""
+        while True:
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.keys.retrying)
+                    raw = pipe.get(self.keys.done) or b""
+                    done = raw.encode() if isinstance(raw, str) else bytes(raw)
+                    retrying = {int(x) for x in pipe.smembers(self.keys.retrying)}
+                    missing = [n for n in self.tally.missing_from(done)
+                               if n not in retrying]
+                    pipe.multi()
+                    for start in range(0, len(missing), BITS_PER_COMMAND):
+                        args: list[Any] = []
+                        for line in missing[start:start + BITS_PER_COMMAND]:
+                            args += ["SET", "u1", line, 1]
+                        pipe.execute_command("BITFIELD", self.keys.done, *args)
+                    pipe.execute()
+                    return len(missing)
+                except redis.WatchError:
+                    continue
+
+    def verify(self) -> None:
+        """Notice whether Redis lost data since the last look, and if so reassert the files.
+        Signs: the `written` counts differ from this drainer's own (they are published with
+        every batch, so a copy older than the last batch shows fewer, or none), Redis's
+        run_id changed (it restarted), or the coverage check is due."""
+        self._verify_due = time.monotonic() + self.verify_s
+        reason = self._loss_sign()
+        if reason is None and time.monotonic() < self._coverage_due:
+            return
+        if reason is not None:
+            self.losses_noticed += 1
+            log.warning("Redis lost data (%s): re-asserting what the output files hold",
+                        reason)
+        self.reassert_files()
+        if reason is not None:
+            self._drain_pending()  # an older copy's pending entries are ours to read again
+
+    def _loss_sign(self) -> str | None:
+        published = read_hash(self.redis, self.keys.written)
+        ours = self.counts()
+        if any(int(published.get(k, -1)) != v for k, v in ours.items()):
+            return "its written counts differ from the files'"
+        run_id = self._redis_run_id()
+        if run_id != self._server_id:
+            return "it restarted"
+        return None
+
+    def _redis_run_id(self) -> str | None:
+        try:
+            return str(self.redis.info("server").get("run_id"))
+        except redis.ResponseError:  # INFO disabled (some managed Redis): counts only
+            return None
 
     def _claim_out_dir(self) -> None:
         """One output directory holds one run: mixing two would break exactly-once."""
@@ -170,16 +274,48 @@ class Drainer:
         self._drain_pending()
         summary_due = time.monotonic() + SUMMARY_EVERY_S
         while not should_stop():
-            self.step(block_ms=self.block_ms)
+            finished = self._tick_riding_outages(follow, should_stop)
+            if finished is None:
+                continue
             if on_progress:
                 on_progress(self)
-            if not follow and self.complete():
+            if finished:
                 break
             if follow and time.monotonic() >= summary_due:
                 # A --follow drainer never exits by itself: keep summary.json current.
                 self.write_summary()
                 summary_due = time.monotonic() + SUMMARY_EVERY_S
         self.write_summary()
+
+    def _tick_riding_outages(self, follow: bool, should_stop: Callable[[], bool]) -> bool | None:
+        """One tick; None if Redis was unreachable or had lost the stream's group. Redis
+        coming back may be an older copy of itself: the next tick verifies at once."""
+        try:
+            finished = self._tick(follow)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if self._unreachable_since is None:
+                self._unreachable_since = time.monotonic()
+                log.warning("Redis unreachable (%s); retrying until it is back", exc)
+            self._verify_due = 0.0
+            _pause(0.2, should_stop)
+            return None
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("the stream or its consumer group is gone: Redis lost data")
+            self._coverage_due = self._verify_due = 0.0
+            self._ensure_group()
+            return None
+        if self._unreachable_since is not None:
+            log.warning("Redis is back after %.1f s", time.monotonic() - self._unreachable_since)
+            self._unreachable_since = None
+        return finished
+
+    def _tick(self, follow: bool) -> bool:
+        if time.monotonic() >= self._verify_due:
+            self.verify()
+        self.step(block_ms=self.block_ms)
+        return not follow and self.complete()
 
     def _drain_pending(self) -> None:
         """After a restart, our own read-but-unacked entries come first (id 0)."""
@@ -298,6 +434,12 @@ class Drainer:
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
         os.replace(tmp, self.out / "summary.json")
         return summary
+
+
+def _pause(seconds: float, should_stop: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not should_stop():
+        time.sleep(0.05)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.produce import add_producer_options, produce, sampling_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.procs import sigterm_flag
 
 OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json")
 
@@ -77,21 +79,36 @@ def run(args: argparse.Namespace) -> int:
     spec = FleetSpec(gpus=args.gpus, context_length=args.context_length,
                      max_running_requests=args.slots, tpot_ms=args.tpot_ms,
                      output_tokens_mean=args.output_tokens_mean)
+    # SIGTERM: the drainer stops within half a second and everything the demo started is
+    # stopped with a short grace (its data is thrown away). The long escalation grace keeps
+    # that cleanup from being interrupted; a second SIGTERM still forces the exit.
+    should_stop = sigterm_flag(grace_s=10.0)
+    summary: dict[str, Any] = {"complete": False}
     with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:
         fleet = LocalFleet(Path(tmp), spec)
         try:
             print(f"fleetgen demo: starting Valkey, {args.gpus} simulated GPUs and "
                   f"{args.gpus} workers ...", flush=True)
             fleet.start()
-            if args.flower:
+            if args.flower and not should_stop():
                 _start_flower(fleet, args.flower)
-            summary = _run_pipeline(fleet, args, prompts)
-            print(summary_table(summary, args.out))
+            if not should_stop():
+                summary = _run_pipeline(fleet, args, prompts, should_stop)
+                print(summary_table(summary, args.out))
             if args.flower and sys.stdin.isatty():
-                _linger(args.flower)
+                _linger(args.flower, should_stop)
         finally:
-            fleet.stop()
+            _stop_fleet(fleet, quickly=should_stop())
+    if should_stop():
+        raise KeyboardInterrupt  # main: "interrupted; run the same command again", exit 130
     return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+
+
+def _stop_fleet(fleet: LocalFleet, quickly: bool) -> None:
+    """Stop what the demo started; after SIGTERM without waiting for the workers' soft
+    shutdown (what they hold belongs to a run that is being thrown away)."""
+    fleet.procs.stop_all(grace_s=0.5 if quickly else 15.0)
+    fleet.valkey.stop()
 
 
 def _start_flower(fleet: LocalFleet, port: int) -> None:
@@ -111,15 +128,17 @@ def _start_flower(fleet: LocalFleet, port: int) -> None:
     print(f"fleetgen demo: Flower at http://127.0.0.1:{port}/workers ({login})", flush=True)
 
 
-def _linger(port: int) -> None:
+def _linger(port: int, should_stop: Callable[[], bool]) -> None:
     """Keep the fleet (and Flower) up so the finished run can be inspected."""
     print(f"fleetgen demo: Flower stays up at http://127.0.0.1:{port}; Ctrl-C to stop",
           flush=True)
     with contextlib.suppress(KeyboardInterrupt):
-        threading.Event().wait()
+        while not should_stop():
+            time.sleep(0.1)  # the poll period of the SIGTERM flag
 
 
-def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path) -> dict[str, Any]:
+def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path,
+                  should_stop: Callable[[], bool]) -> dict[str, Any]:
     from producer.settings import ProducerSettings
     from workers.drainer import Drainer
 
@@ -149,12 +168,13 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path) ->
             bar.update(d.tally.written - bar.n)
 
     try:
-        drainer.run_until_complete(on_progress=on_progress)
+        drainer.run_until_complete(on_progress=on_progress, should_stop=should_stop)
     finally:
         drainer.close()
         if bar is not None:
             bar.close()
-    thread.join(timeout=5)
+    if not should_stop():  # stopped: the producer thread (a daemon) dies with the process
+        thread.join(timeout=5)
     return drainer.write_summary()
 
 

@@ -122,7 +122,9 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
         return Progress()
     producer = build_producer(settings)
     bar = _bar(show_progress, total=count_rows(settings.input))
-    should_stop = sigterm_flag()  # SIGTERM: stop between batches; resume later
+    # SIGTERM: stop between batches, or between two looks at the run while waiting (within
+    # a second either way; a call blocked on Redis is interrupted, see sigterm_flag).
+    should_stop = sigterm_flag()
     try:
         report = producer.run(on_batch=lambda p: _advance(bar, p.read, None),
                               should_stop=should_stop)
@@ -133,10 +135,14 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
                 on_tick=lambda n, total: _advance(done_bar, n, total))
             if done_bar is not None:
                 done_bar.close()
-        return report
     finally:
         if bar is not None:  # (a tqdm without a total refuses bool())
             bar.close()
+    if should_stop():
+        # Stopped, not finished: main says "interrupted; run the same command again to
+        # resume" and exits 130, so no script takes a stopped producer for a finished run.
+        raise KeyboardInterrupt
+    return report
 
 
 def _bar(show: bool, desc: str = "produce", total: int | None = None) -> Any:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import runs_index_key
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redis_url, text
+from fleetgen.local.procs import sigterm_flag
 from fleetgen.monitor import status
 
 
@@ -37,9 +39,12 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.OK
     if args.interval <= 0:
         raise ConfigError(f"--interval must be positive, got {args.interval}")
+    # SIGTERM ends --watch between two refreshes (exit 0); one blocked on an unreachable
+    # Redis is interrupted (exit 130, see sigterm_flag).
+    should_stop = sigterm_flag()
     previous: status.RunStatus | None = None
     clear = args.watch and not args.json and sys.stdout.isatty()
-    while True:
+    while not should_stop():
         s = status.gather(client, args.run)
         if s is None and not args.watch:
             raise ConfigError(f"no run named {args.run!r} in this Redis")
@@ -56,4 +61,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.watch:
             return exitcodes.OK
         previous = s
-        time.sleep(args.interval)  # the refresh period itself, not a synchronisation
+        _pause(args.interval, should_stop)
+    return exitcodes.OK
+
+
+def _pause(seconds: float, should_stop: Callable[[], bool]) -> None:
+    """The refresh period itself (not a synchronisation), cut short by SIGTERM."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not should_stop():
+        time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
