@@ -46,6 +46,7 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
     client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": 1})
     out = tmp_path / "out"
     drainer = Drainer(connect(redis_url), run, out, block_ms=100)
+    drainer.recover()
     deadline = time.monotonic() + 30
     try:
         drainer.run_until_complete(should_stop=lambda: time.monotonic() > deadline)
