@@ -43,7 +43,7 @@ def _stats(http: httpx.Client, url: str) -> dict[str, Any]:
 
 def test_aborted_requests_are_retried_never_written(fleet: LocalFleet, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
-    kinds = make_prompts(prompts, 40, seed=3)
+    kinds = make_prompts(prompts, 60, seed=3)
     errors: list[BaseException] = []
 
     def producer() -> None:
@@ -55,10 +55,18 @@ def test_aborted_requests_are_retried_never_written(fleet: LocalFleet, tmp_path:
     threading.Thread(target=producer, daemon=True).start()
     victims = [fleet.engine_url(0), fleet.engine_url(1)]
     with httpx.Client(timeout=10) as http:
-        # Prove they hold work: every slot of both servers busy, a request queued behind.
-        wait_for(lambda: all(_stats(http, u)["num_running_reqs"] == 4
-                             and _stats(http, u)["num_queue_reqs"] >= 1 for u in victims),
-                 60, "both servers to be full")
+        # Prove they hold work: every slot of both servers busy.
+        seen: list[list[tuple[int, int]]] = []
+
+        def full() -> bool:
+            stats = [_stats(http, u) for u in victims]
+            seen.append([(s["num_running_reqs"], s["num_queue_reqs"]) for s in stats])
+            return all(running == 4 for running, _ in seen[-1])
+
+        try:
+            wait_for(full, 60, "both servers to be full")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; (running, queued) last seen: {seen[-5:]}") from exc
         for url in victims:
             assert http.post(url + "/abort_request", json={"abort_all": True}).status_code == 200
         # At least the 4 running on each (counted as the aborted handlers finish).
