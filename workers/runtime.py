@@ -12,6 +12,7 @@ import redis
 
 from fleetgen import engine
 from fleetgen.base.redisconn import connect
+from fleetgen.engine.health import Watch
 from workers.generate import RetryPolicy
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink
@@ -25,6 +26,7 @@ class Runtime:
     sink: StreamSink
     policy: RetryPolicy
     worker: str
+    watch: Watch  # the one readiness prober of this process (started by the health gate)
 
 
 _lock = threading.Lock()
@@ -82,7 +84,10 @@ def get() -> Runtime:
                     api_key=s.engine_api_key),
                 redis=client,
                 sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
-                policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s),
+                policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s,
+                                   s.engine_gone_s),
                 worker=_worker_name,
+                watch=Watch(s.engine_url, interval_s=s.health_interval_s,
+                            gone_after_s=s.engine_gone_s, api_key=s.engine_api_key),
             )
         return _runtime

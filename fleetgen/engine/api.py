@@ -21,6 +21,9 @@ class ServerLimits:
     context_length: int
     max_total_tokens: int | None = None  # KV capacity, when smaller than the context
     max_running_requests: int | None = None  # requests it runs at once (in force, all DP ranks)
+    # Where that number came from (e.g. "internal_states"), for the worker's sizing log line.
+    running_requests_from: str | None = None
+    dp_size: int = 1  # data-parallel ranks behind the one URL
     model: str | None = None
     max_req_input_len: int | None = None  # the server's own input limit, where it reports one
     reserved_tokens: int = 0  # counted with the input in the length checks (speculative decoding)
@@ -58,7 +61,10 @@ class Engine(Protocol):
     def generate(self, input_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any], rid: str) -> Generation: ...
 
-    def healthy(self) -> bool: ...
+    def healthy(self) -> bool:
+        """A quick readiness probe (never SGLang's slow /health): True when the server is
+        ready, or connected but slow to answer (busy, not gone)."""
+        ...
 
     def close(self) -> None: ...
 
