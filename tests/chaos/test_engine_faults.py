@@ -37,6 +37,7 @@ def test_flaky_engine_every_row_completes_and_retries_are_counted(make_fleet: Fl
     run_pipeline(fleet, prompts, "flaky", out, timeout_s=180)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert len(data["results"]) == N and not data["failures"]
+    assert_fleet_content(fleet, prompts, data)  # a retried row gets the same answer
     retried = [r for r in data["results"] if r["attempts"] > 1]
     faults = {k: sum(s["faults_total"].get(k, 0) for s in sim_stats(fleet))
               for k in ("error", "queue_full", "hang", "drop")}
@@ -67,6 +68,7 @@ def test_engine_down_for_a_while_its_worker_pauses_then_resumes(make_fleet: Flee
     summary = drain(fleet, "down", out, timeout_s=120)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert summary["failed"] == 0 and len(data["results"]) == 600
+    assert_fleet_content(fleet, prompts, data)
     done_after = int(read_hash(client, RunKeys("down").stats).get(f"{gpu1}|done", 0))
     assert done_after > done_while_down, "gpu1 never worked again after its server came back"
     # Its prompts were handed to the other GPUs, not failed: no 503 ended as a failure.
@@ -130,6 +132,7 @@ def test_tokenizer_mismatch_self_heals_once_or_fails_with_reason(make_fleet: Fle
     prompts.write_text("\n".join(rows) + "\n")
     run_pipeline(fleet, prompts, "mismatch", out, timeout_s=90, min_output_tokens=1)
     data = assert_exactly_once(out, {f"short{i}" for i in range(40)} | {"edge"})
+    assert assert_fleet_content(fleet, prompts, data) == 40  # the server's count, +4
     for r in data["results"]:
         assert r["attempts"] == 2  # one context-length 400, one corrected request
         assert r["max_tokens"] == ctx - (r["prompt_tokens"]) - 2

@@ -240,6 +240,7 @@ def test_producer_killed_mid_enqueue_and_rerun(make_fleet: FleetFactory,
     data = assert_exactly_once(out, set(kinds["good"]) | set(kinds["too_long"]))
     # Nothing was generated twice: the simulators served exactly one completion per row.
     assert generated(fleet) == len(data["results"]) == N
+    assert_fleet_content(fleet, prompts, data)
 
     before = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=60)
