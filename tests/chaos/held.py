@@ -1,15 +1,13 @@
 """What a worker holds, read from Redis: proof that a fault landed while work was in flight.
 
 kombu keeps every delivered, not yet acknowledged message in its `unacked` hash (late acks),
-so the lines in it are the prompts the workers hold; a line that leaves `unacked` for the
-queue was handed back (rejected with requeue, restored after the visibility timeout, or
-requeued by a worker's shutdown).
+so the lines in it are the prompts the workers hold.
 """
 
 from __future__ import annotations
 
+import re
 import socket
-import threading
 from typing import Any
 
 import orjson
@@ -32,6 +30,26 @@ def _lines(messages: list[Any], run: str) -> set[int]:
         if payload is not None and payload.get("run") == run:
             lines.add(int(payload["line"]))
     return lines
+
+
+def unacked_tasks(client: redis.Redis, run: str) -> dict[str, int]:
+    """Celery task id -> line, for the messages of `run` now unacked."""
+    tasks: dict[str, int] = {}
+    for raw in client.hvals(KOMBU_UNACKED):
+        message = orjson.loads(raw)[0]
+        payload = task_payload(message)
+        if payload is not None and payload.get("run") == run:
+            tasks[message["headers"]["id"]] = int(payload["line"])
+    return tasks
+
+
+# What Celery logs (at WARNING) for a task the worker hands back (workers/celery.py: Reject).
+REJECTED = re.compile(r"Task \S+\[([0-9a-f-]+)\] reject requeue=True")
+
+
+def handed_back(worker_log: str, tasks: dict[str, int]) -> set[int]:
+    """Lines among `tasks` that the worker whose log this is rejected back to the queue."""
+    return {tasks[task] for task in REJECTED.findall(worker_log) if task in tasks}
 
 
 def unacked_lines(client: redis.Redis, run: str) -> set[int]:
@@ -60,29 +78,3 @@ def worker_done(client: redis.Redis, run: str, worker: str) -> int:
 
 def heartbeat(client: redis.Redis, worker: str) -> dict[str, str]:
     return read_hash(client, worker_key(worker))
-
-
-class QueueWatch:
-    """Records every line of `run` seen in the queue while it runs: started after a fault,
-    the lines it sees that were held before the fault are the ones handed back."""
-
-    def __init__(self, client: redis.Redis, run: str, poll_s: float = 0.02) -> None:
-        self.client = client
-        self.run = run
-        self.poll_s = poll_s
-        self.seen: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> QueueWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.seen |= queued_lines(self.client, self.run)
-            self._stop.wait(self.poll_s)

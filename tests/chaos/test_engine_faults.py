@@ -89,19 +89,16 @@ def test_engine_dead_for_good_the_run_still_completes(make_fleet: FleetFactory,
     wait_for(lambda: held.worker_done(client, "dead", gpu2) >= 5
              and sim_stats(fleet)[2]["num_running_reqs"] > 0, 60,
              "gpu2 to write results and hold running requests")
-    holding = held.unacked_lines(client, "dead") - held.done_lines(client, "dead", N)
+    holding = held.unacked_tasks(client, "dead")  # task id -> line, every worker's
     before = held.worker_done(client, "dead", gpu2)
-    with held.QueueWatch(client, "dead") as watch:
-        fleet.sims[2].signal(signal.SIGKILL)
-        assert fleet.sims[2].proc.wait(timeout=10) == -signal.SIGKILL
-        # Its worker stops consuming and lets go of every prompt it held.
-        wait_for(lambda: held.heartbeat(client, gpu2).get("consuming") == "0"
-                 and held.heartbeat(client, gpu2).get("inflight") == "0", 20,
-                 "gpu2's worker to stop consuming and hold nothing")
-        at_death = held.worker_done(client, "dead", gpu2)
-        wait_for(lambda: holding <= watch.seen | held.done_lines(client, "dead", N), 30,
-                 "what gpu2 held to be handed back")
-    handed_back = holding & watch.seen  # held at the kill, seen back in the queue after it
+    fleet.sims[2].signal(signal.SIGKILL)
+    assert fleet.sims[2].proc.wait(timeout=10) == -signal.SIGKILL
+    # Its worker stops consuming and lets go of every prompt it held.
+    wait_for(lambda: held.heartbeat(client, gpu2).get("consuming") == "0"
+             and held.heartbeat(client, gpu2).get("inflight") == "0", 20,
+             "gpu2's worker to stop consuming and hold nothing")
+    at_death = held.worker_done(client, "dead", gpu2)
+    handed_back = held.handed_back(fleet.workers[2].log_text(), holding)
     assert handed_back, "gpu2 handed nothing back: the kill did not land mid-request"
     summary = drain(fleet, "dead", out, timeout_s=150)
     data = assert_exactly_once(out, set(kinds["good"]))
