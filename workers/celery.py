@@ -10,7 +10,6 @@ from typing import Any, NoReturn
 from celery import Celery, signals
 from celery.exceptions import Reject
 
-from fleetgen import engine
 from fleetgen.base import exitcodes
 from fleetgen.base.celeryconf import make_app
 from fleetgen.base.contract import TASK_NAME, TaskPayload
@@ -59,9 +58,12 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
     gate keeps the worker idle until it answers."""
     if conf is None:
         return
-    proto = engine.protocol()
     fixed = bool((options or {}).get("concurrency"))
     try:
+        proto = startup.resolve_protocol(_settings, wait=not fixed)
+        if proto is None:
+            raise EngineError("not answering", None)
+        runtime.use_protocol(proto)
         if fixed:
             limits = proto.read_limits(_settings.engine_url, api_key=_settings.engine_api_key,
                                        timeout_s=5.0)

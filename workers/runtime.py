@@ -35,6 +35,24 @@ _worker_name = f"worker@{socket.gethostname()}"
 _concurrency = 16
 
 
+_protocol: engine.EngineProtocol | None = None
+
+
+def use_protocol(proto: engine.EngineProtocol) -> None:
+    """The protocol resolved at start-up (FLEETGEN_ENGINE_PROTOCOL or detected)."""
+    global _protocol
+    _protocol = proto
+
+
+def protocol(s: WorkerSettings) -> engine.EngineProtocol:
+    """The start-up's choice; when the engine was not up then (-c given), resolved now: the
+    health gate lets no task run before the engine has answered."""
+    global _protocol
+    if _protocol is None:
+        _protocol = engine.resolve(s.engine_protocol, s.engine_url, s.engine_api_key)
+    return _protocol
+
+
 def configure(worker_name: str, concurrency: int) -> None:
     """Called at worker start, before any task, with Celery's node name and pool size."""
     global _worker_name, _concurrency
@@ -79,7 +97,7 @@ def get() -> Runtime:
             client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
             _runtime = Runtime(
                 settings=s,
-                engine=engine.protocol().connect(
+                engine=protocol(s).connect(
                     s.engine_url, timeout_s=s.request_timeout_s, concurrency=_concurrency,
                     api_key=s.engine_api_key),
                 redis=client,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from fleetgen import engine
 from fleetgen.base.celeryconf import DEFAULT_VISIBILITY_TIMEOUT_S
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redis_url
@@ -15,6 +16,8 @@ class WorkerSettings:
     redis_url: str = field(repr=False)
     engine_url: str
     engine_api_key: str | None = field(default=None, repr=False)
+    # sglang | openai; None: detected from what the engine answers at start-up.
+    engine_protocol: str | None = None
     visibility_timeout_s: float = DEFAULT_VISIBILITY_TIMEOUT_S
     request_timeout_s: float = 900.0
     max_attempts: int = 5
@@ -33,6 +36,8 @@ class WorkerSettings:
         if not self.engine_url.startswith(("http://", "https://")):
             raise ConfigError("FLEETGEN_ENGINE_URL must be an http(s) URL, "
                               f"got {self.engine_url!r}")
+        if self.engine_protocol is not None:
+            engine.protocol(self.engine_protocol)  # ConfigError naming the known ones
         for name in ("health_interval_s", "engine_gone_s", "engine_wait_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"FLEETGEN_{name.upper()} must be > 0, "
@@ -52,6 +57,7 @@ class WorkerSettings:
             redis_url=redis_url(env.get("FLEETGEN_REDIS_URL")),
             engine_url=env.get("FLEETGEN_ENGINE_URL", "http://127.0.0.1:30000"),
             engine_api_key=env.get("FLEETGEN_ENGINE_API_KEY") or None,
+            engine_protocol=env.get("FLEETGEN_ENGINE_PROTOCOL") or None,
             visibility_timeout_s=_num(env, "FLEETGEN_VISIBILITY_TIMEOUT_S",
                                       DEFAULT_VISIBILITY_TIMEOUT_S),
             request_timeout_s=_num(env, "FLEETGEN_REQUEST_TIMEOUT_S", 900.0),

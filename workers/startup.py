@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
+from fleetgen import engine
 from fleetgen.base import exitcodes
-from fleetgen.base.errors import EngineError, PermanentError
+from fleetgen.base.errors import ConfigError, EngineError, PermanentError
 from fleetgen.engine import EngineProtocol, ServerLimits
 from workers.settings import WorkerSettings
 
@@ -27,6 +29,27 @@ class StartupRefused(Exception):
         self.code = code
 
 
+T = TypeVar("T")
+
+
+def resolve_protocol(settings: WorkerSettings, *, wait: bool,
+                     sleep: Callable[[float], None] = time.sleep,
+                     clock: Callable[[], float] = time.monotonic) -> EngineProtocol | None:
+    """FLEETGEN_ENGINE_PROTOCOL, or the protocol the engine answers (detection needs it up:
+    waited for when `wait`, else None and the runtime detects it once the gate opens)."""
+    url, key = settings.engine_url, settings.engine_api_key
+
+    def resolve() -> EngineProtocol:
+        return engine.resolve(settings.engine_protocol, url, key)
+
+    try:
+        return _waiting(settings, resolve, sleep, clock) if wait else resolve()
+    except ConfigError as exc:
+        raise StartupRefused(str(exc), exitcodes.CONFIG) from None
+    except EngineError:
+        return None  # with -c: the runtime resolves it once the health gate has seen it up
+
+
 def wait_for_limits(proto: EngineProtocol, settings: WorkerSettings, *,
                     sleep: Callable[[float], None] = time.sleep,
                     clock: Callable[[], float] = time.monotonic) -> ServerLimits:
@@ -34,11 +57,18 @@ def wait_for_limits(proto: EngineProtocol, settings: WorkerSettings, *,
     weights (minutes for a large model), so a worker started beside it waits rather than
     guessing a pool size; past FLEETGEN_ENGINE_WAIT_S it gives up."""
     url = settings.engine_url
+    return _waiting(settings, lambda: proto.read_limits(url, api_key=settings.engine_api_key,
+                                                         timeout_s=5.0), sleep, clock)
+
+
+def _waiting(settings: WorkerSettings, call: Callable[[], T],
+             sleep: Callable[[float], None], clock: Callable[[], float]) -> T:
+    url = settings.engine_url
     deadline = clock() + settings.engine_wait_s
     next_log = clock()
     while True:
         try:
-            return proto.read_limits(url, api_key=settings.engine_api_key, timeout_s=5.0)
+            return call()
         except PermanentError as exc:
             raise StartupRefused(f"engine {url} refused the limits request: {exc.message}",
                                  exitcodes.CONFIG) from None

@@ -19,6 +19,7 @@ class ServerLimits:
     """What a server reports about itself; None where it does not say."""
 
     context_length: int
+    engine: str = "sglang"  # what answers behind the protocol: sglang, vllm, llama.cpp
     max_total_tokens: int | None = None  # KV capacity, when smaller than the context
     max_running_requests: int | None = None  # requests it runs at once (in force, all DP ranks)
     # Where that number came from (e.g. "internal_states"), for the worker's sizing log line.
@@ -76,7 +77,13 @@ class EngineProtocol(Protocol):
     def name(self) -> str: ...
 
     @property
-    def rule(self) -> LengthRule: ...
+    def rule(self) -> LengthRule:
+        """The rule to assume when no server has been read (--context-length alone)."""
+        ...
+
+    def rule_for(self, limits: ServerLimits) -> LengthRule:
+        """The length rule of the engine that reported these limits."""
+        ...
 
     def connect(self, base_url: str, *, timeout_s: float, concurrency: int,
                 api_key: str | None = None) -> Engine: ...

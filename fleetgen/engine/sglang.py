@@ -12,7 +12,7 @@ import httpx
 
 from fleetgen.base import errors
 from fleetgen.base.outcomes import Generation
-from fleetgen.engine.api import Engine, ServerLimits
+from fleetgen.engine.api import Engine, LengthRule, ServerLimits
 from fleetgen.engine.health import READY_PATHS, State, probe
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
@@ -313,6 +313,9 @@ class SGLangProtocol:
                 api_key: str | None = None) -> Engine:
         return SGLangClient(base_url, timeout_s=timeout_s, concurrency=concurrency,
                             api_key=api_key)
+
+    def rule_for(self, limits: ServerLimits) -> LengthRule:
+        return RULE
 
     def read_limits(self, base_url: str, *, api_key: str | None = None,
                     timeout_s: float = 10.0) -> ServerLimits:
