@@ -36,8 +36,9 @@ def _detect(http: httpx.Client, base_url: str) -> Detected:
         info = _json(http, path)
         if isinstance(info, dict) and info.get("router_manager"):
             return Detected("sglang", "sglang-router", f"{path} describes an SGLang router")
-        if isinstance(info, dict) and ("internal_states" in info or "version" in info):
-            return Detected("sglang", "sglang", f"{path} answers (SGLang {info.get('version')})")
+        if isinstance(info, dict):  # neither vLLM nor llama.cpp has this endpoint
+            return Detected("sglang", "sglang",
+                            f"{path} answers (SGLang {info.get('version', 'of unknown version')})")
     props = _json(http, "/props")
     if isinstance(props, dict) and "default_generation_settings" in props:
         return Detected("openai", "llama.cpp", "/props answers (llama.cpp's server)")

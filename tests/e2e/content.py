@@ -23,7 +23,7 @@ from producer.tokenizer import PromptTokenizer, load_tokenizer
 from simulator.cli import add_arguments, config_from_args
 from simulator.config import SimConfig
 from simulator.model import generate, request_key
-from simulator.protocol import schedule_limit
+from simulator.protocol import schedule_limit, vllm_limit
 
 CHECKED = ("completion", "completion_tokens", "finish_reason", "prompt_tokens")
 REQUIRED = ("id", "line", "worker", "max_tokens", *CHECKED)
@@ -80,7 +80,8 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
     """What the simulator answers for these ids under this budget (simulator/protocol.py
     `_build_job`, simulator/server.py `_answer`)."""
     prompt_tokens = len(ids) + config.extra_prompt_tokens
-    max_new = schedule_limit(prompt_tokens, max_tokens, config)
+    max_new = vllm_limit(prompt_tokens, max_tokens, config) if config.flavor == "vllm" \
+        else schedule_limit(prompt_tokens, max_tokens, config)
     key = request_key(config.seed, ids, 0, sampling.get("seed"))
     answer = generate(key, config.output_tokens_mean, max_new)
     return {"completion": answer.text, "completion_tokens": answer.completion_tokens,
