@@ -26,8 +26,8 @@ import orjson
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import save, table, write_varied_prompts
 from fleetgen.base.redisconn import connect
+from fleetgen.engine.health import probe_url
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.procs import http_ok
 
 BATCH = 512  # the producer's batch: the window it could reorder without holding rows back
 CONTEXT = 8192
@@ -216,7 +216,8 @@ def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]],
                                 poller.busy(_rel_int(died, t0)), _rel(died, t0))]
         lost = {r["id"] for r in _lines(out) if "error" in r and r["status"] is None}
         if lost:
-            alive = [url for url in urls if http_ok(url + "/health", timeout_s=2.0)]
+            # /ready: SGLang's /health is a generation probe (>= 1 s), not a liveness check.
+            alive = [url for url in urls if probe_url(url).ready]
             again = work / f"bl-{fleet.name}-rerun.jsonl"
             second = asyncio.run(run_baseline(alive, [r for r in rows if r[0] in lost],
                                               model.slots, again))

@@ -44,12 +44,15 @@ def read_servers(s: ProducerSettings, proto: EngineProtocol) -> dict[str, Server
 def resolve_limits(s: ProducerSettings) -> Limits:
     """The limits every server allows: from the flags, and from each --engine-url (the smallest
     context and input limit, the largest speculative reserve win)."""
-    proto = engine.protocol()
+    first = s.engine_url[0] if s.engine_url else None
+    proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
+    rule = proto.rule
     context, max_total, input_limit = s.context_length, None, s.max_req_input_len
     reserve = s.reserved_tokens
     if s.engine_url:
         servers = read_servers(s, proto)
-        fleet = combine(list(servers.values()), proto.rule)
+        rule = proto.rule_for(next(iter(servers.values())))
+        fleet = combine(list(servers.values()), rule)
         if context is not None and context > fleet.context_length:
             raise ConfigError(f"--context-length {context} exceeds the server's "
                               f"{fleet.context_length}")
@@ -62,7 +65,7 @@ def resolve_limits(s: ProducerSettings) -> Limits:
     try:
         return Limits(context_length=context, max_total_tokens=max_total,
                       cap=s.max_output_tokens, margin=s.margin,
-                      min_output_tokens=s.min_output_tokens, rule=proto.rule,
+                      min_output_tokens=s.min_output_tokens, rule=rule,
                       reserved_tokens=reserve, server_input_limit=input_limit)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

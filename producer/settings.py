@@ -22,6 +22,7 @@ class ProducerSettings:
     # as a string is taken as a tuple of one.
     engine_url: tuple[str, ...] = ()
     engine_api_key: str | None = field(default=None, repr=False)
+    engine_protocol: str | None = None  # sglang | openai; None: detected from the server
     max_output_tokens: int | None = None
     min_output_tokens: int = 16
     margin: int = 0
@@ -71,6 +72,7 @@ class ProducerSettings:
             "tokenizer": self.tokenizer,
             "context_length": self.context_length,
             "engine_url": list(self.engine_url),
+            "engine_protocol": self.engine_protocol,
             "max_output_tokens": self.max_output_tokens,
             "min_output_tokens": self.min_output_tokens,
             "margin": self.margin,

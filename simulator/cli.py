@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "honours it)")
     modes.add_argument("--skip-tokenizer-init", action="store_true",
                        help="answer with output_ids only, no text")
+    modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
+                       help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
+                            "(/v1/completions with vLLM's length rule, no native endpoints)")
     modes.add_argument("--allow-auto-truncate", action="store_true",
                        help="cut a too-long input and a too-large max_new_tokens instead of "
                             "answering 400 (a server that breaks fleetgen's budget model)")
@@ -141,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_deterministic_inference=args.enable_deterministic_inference,
         skip_tokenizer_init=args.skip_tokenizer_init,
         allow_auto_truncate=args.allow_auto_truncate,
+        flavor=args.flavor,
         health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,
         ttft_ms=args.ttft_ms,

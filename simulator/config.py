@@ -48,6 +48,9 @@ class SimConfig:
     skip_tokenizer_init: bool = False
     # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
     allow_auto_truncate: bool = False
+    # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
+    # "vllm" (only /v1/* and /health, vLLM's length rule and error body).
+    flavor: str = "sglang"
     # /health submits a probe and polls it once a second, so it never answers faster.
     health_delay_s: float = 1.0
     max_queued_requests: int | None = None
@@ -80,6 +83,7 @@ class SimConfig:
     def _validate_sizes(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]", self.port)
         _require(1 <= self.count <= 1024, "count", "must be in [1, 1024]", self.count)
+        _require(self.flavor in ("sglang", "vllm"), "flavor", "must be sglang or vllm", self.flavor)
         if self.port:
             last = self.port + self.count - 1
             _require(last <= 65535, "count", f"puts the last port at {last}", self.count)

@@ -177,6 +177,33 @@ def schedule_limit(prompt_tokens: int, max_new_tokens: int | None, config: SimCo
     return limit
 
 
+def vllm_limit(prompt_tokens: int, max_tokens: int | None, config: SimConfig) -> int:
+    """vLLM 0.33.0's rule: `renderers/params.py` `_token_len_check` refuses a prompt longer than
+    max_model_len, `v1/engine/input_processor.py` `_validate_prompt_len` one equal to it, and
+    `entrypoints/serve/utils/api_utils.py` `get_max_tokens` clamps max_tokens to what is left."""
+    context = config.context_length
+    if prompt_tokens > context:
+        raise bad_request(
+            f"This model's maximum context length is {context} tokens. However, your prompt "
+            f"contains {prompt_tokens} input tokens, which exceeds this limit even without any "
+            "output tokens. Please reduce the length of the input prompt.")
+    if prompt_tokens == context:
+        raise bad_request(
+            f"The decoder prompt (length {prompt_tokens}) plus the number of requested output "
+            f"tokens (at least 1) is longer than the maximum model length of {context}. Make "
+            "sure that `max_model_len` is no smaller than the number of text tokens (prompt + "
+            "requested output tokens).")
+    wanted = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    return max(0, min(wanted, context - prompt_tokens))
+
+
+def vllm_error_body(error: ApiError) -> dict[str, Any]:
+    """vLLM's `ErrorResponse` (entrypoints/serve/engine/protocol.py): {"error": ErrorInfo}."""
+    kind = "BadRequestError" if error.status < 500 else "InternalServerError"
+    return {"error": {"message": error.message, "type": kind, "param": None,
+                      "code": error.status}}
+
+
 # ---------------------------------------------------------------- sampling params
 
 # (name, accepted?, message): `SamplingParams.verify`, in its order.
@@ -358,12 +385,17 @@ def _build_job(
             raise bad_request("The input is empty.")
         prompt_tokens = sent + config.extra_prompt_tokens
         wanted = sampling.max_new_tokens
-        if config.allow_auto_truncate:
-            prompt, prompt_tokens, wanted = auto_truncate(prompt, prompt_tokens, wanted, config)
+        if config.flavor == "vllm":
+            verify_sampling(sampling)
+            max_new = vllm_limit(prompt_tokens, wanted, config)
         else:
-            validate_context(prompt_tokens, wanted, config)
-        verify_sampling(sampling)
-        max_new = schedule_limit(prompt_tokens, wanted, config)
+            if config.allow_auto_truncate:
+                prompt, prompt_tokens, wanted = auto_truncate(prompt, prompt_tokens, wanted,
+                                                              config)
+            else:
+                validate_context(prompt_tokens, wanted, config)
+            verify_sampling(sampling)
+            max_new = schedule_limit(prompt_tokens, wanted, config)
         for sample in range(sampling.n):
             rid = rids[index * sampling.n + sample]
             items.append(Item(

@@ -37,6 +37,7 @@ from simulator.protocol import (
     parse_generate,
     render_completions,
     render_native,
+    vllm_error_body,
 )
 from simulator.protocol import (
     InFlight as RidInFlight,
@@ -70,6 +71,7 @@ class Api:
 
 NATIVE = Api(parse_generate, render_native, native_error_body)
 OPENAI = Api(parse_completions, render_completions, openai_error_body)
+VLLM_OPENAI = Api(parse_completions, render_completions, vllm_error_body)
 
 
 class SimServer:
@@ -191,9 +193,22 @@ class SimServer:
             middlewares=[self._count_requests, self._check_api_key],
             client_max_size=MAX_BODY_BYTES,
         )
-        app.router.add_post("/generate", self._generate)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        if self.config.flavor == "vllm":
+            # vLLM's /health is instant and it has no /ready (entrypoints/serve/...).
+            app.router.add_get("/health", self._ready)
+        else:
+            self._add_sglang_routes(app)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/abort_request", self._abort_request)
+        app.router.add_post("/_sim/down", self._sim_down)
+        app.router.add_post("/_sim/up", self._sim_up)
+        app.router.add_get("/_sim/stats", self._sim_stats)
+        return app
+
+    def _add_sglang_routes(self, app: web.Application) -> None:
+        app.router.add_post("/generate", self._generate)
         for path in ("/get_server_info", "/server_info"):
             app.router.add_get(path, self._server_info)
         for path in ("/get_model_info", "/model_info"):
@@ -201,12 +216,6 @@ class SimServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
         app.router.add_get("/ready", self._ready)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/abort_request", self._abort_request)
-        app.router.add_post("/_sim/down", self._sim_down)
-        app.router.add_post("/_sim/up", self._sim_up)
-        app.router.add_get("/_sim/stats", self._sim_stats)
-        return app
 
     @web.middleware
     async def _count_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -238,7 +247,7 @@ class SimServer:
         return await self._serve(request, NATIVE)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, OPENAI)
+        return await self._serve(request, VLLM_OPENAI if self.config.flavor == "vllm" else OPENAI)
 
     async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
         with self.in_flight.track() as leave:
@@ -422,7 +431,8 @@ class SimServer:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         name = self.config.model_name
         return _json({"object": "list", "data": [{
-            "id": name, "object": "model", "created": self._created, "owned_by": "sglang",
+            "id": name, "object": "model", "created": self._created,
+            "owned_by": "vllm" if self.config.flavor == "vllm" else "sglang",
             "root": name, "max_model_len": self.config.context_length,
         }]})
 

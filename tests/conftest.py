@@ -12,6 +12,8 @@ import pytest
 import redis
 
 from fleetgen.local.valkey import EmbeddedValkey
+from simulator import SimConfig, SimThread, run_in_thread
+from tests.simulator.sim_helpers import StartSim
 
 # Set by .ci/run, which installs every system package the suite needs: there a missing one is
 # a broken CI image, and a skip would hide it behind a green run.
@@ -52,3 +54,23 @@ def rclient(redis_url: str) -> redis.Redis:
 def write_jsonl(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def start_sim() -> Iterator[StartSim]:
+    """Simulated servers in this process (a thread), with SimConfig overrides; instant by
+    default (no ttft, tpot, health wait)."""
+    handles: list[SimThread] = []
+
+    def start(**overrides: object) -> SimThread:
+        settings: dict[str, object] = {
+            "port": 0, "ttft_ms": 0.0, "tpot_ms": 0.0, "health_delay_s": 0.0,
+        }
+        settings.update(overrides)
+        handle = run_in_thread(SimConfig(**settings))  # type: ignore[arg-type]
+        handles.append(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        handle.stop()

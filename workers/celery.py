@@ -1,23 +1,24 @@
-"""The Celery app of `celery -A workers worker`: FLEETGEN_* settings, one task, a health gate."""
+"""The Celery app of `celery -A workers worker`: FLEETGEN_* settings, one task, the start-up
+checks against the engine, the health gate."""
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
-from typing import Any, ClassVar
+from typing import Any, NoReturn
 
-from celery import Celery, bootsteps, signals
+from celery import Celery, signals
 from celery.exceptions import Reject
 
-from fleetgen import engine
 from fleetgen.base import exitcodes
 from fleetgen.base.celeryconf import make_app
-from fleetgen.base.contract import QUEUE, TASK_NAME, WORKER_TTL_S, TaskPayload, worker_key
+from fleetgen.base.contract import TASK_NAME, TaskPayload
 from fleetgen.base.errors import ConfigError, EngineError, EngineGone
-from workers import runtime
+from workers import runtime, startup
+from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.settings import WorkerSettings
+from workers.startup import StartupRefused
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -44,81 +45,48 @@ def generate(self: Any, payload: TaskPayload) -> None:
         raise Reject(str(exc), requeue=True) from exc
 
 
+def _refuse(exc: StartupRefused) -> NoReturn:
+    # A user-facing start-up failure: one line and a meaningful exit code, no traceback.
+    print(f"fleetgen worker: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(exc.code)
+
+
 @signals.celeryd_init.connect
-def _size_pool_from_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
-    """Without -c, the pool follows the engine (its protocol's suggested size)."""
-    if conf is None or (options or {}).get("concurrency"):
+def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
+    """Before the pool exists: refuse an engine the worker cannot use and, without -c, size
+    the pool from it (waiting while it loads). With -c the engine may come later: the health
+    gate keeps the worker idle until it answers."""
+    if conf is None:
         return
-    proto = engine.protocol()
+    fixed = bool((options or {}).get("concurrency"))
     try:
-        limits = proto.read_limits(_settings.engine_url, api_key=_settings.engine_api_key,
-                                   timeout_s=5.0)
-    except EngineError as exc:
-        log.warning("engine %s did not give its slot count (%s); pass -c", _settings.engine_url,
-                    exc.message)
+        proto = startup.resolve_protocol(_settings, wait=not fixed)
+        if proto is None:
+            raise EngineError("not answering", None)
+        runtime.use_protocol(proto)
+        if fixed:
+            limits = proto.read_limits(_settings.engine_url, api_key=_settings.engine_api_key,
+                                       timeout_s=5.0)
+        else:
+            limits = startup.wait_for_limits(proto, _settings)
+        startup.check_usable(limits, _settings.engine_url)
+    except StartupRefused as exc:
+        _refuse(exc)
+    except EngineError as exc:  # only with -c: the engine is not there yet
+        log.warning("engine %s not answering yet (%s); the health gate waits for it",
+                    _settings.engine_url, exc.message)
         return
-    size = proto.pool_size(limits)
-    if size:
-        conf.worker_concurrency = size
-        log.warning("pool sized from the engine: %s running slots -> -c %d",
-                    limits.max_running_requests, size)
+    if not fixed:
+        size, why = startup.pool_size(proto, limits)
+        if size:
+            conf.worker_concurrency = size
+        log.warning("%s", why)
 
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     concurrency = getattr(sender, "concurrency", None) or 16
     runtime.configure(getattr(sender, "hostname", None) or "worker", int(concurrency))
-
-
-class HealthGate(bootsteps.StartStopStep):
-    """Stops consuming while the local engine is down and resumes when it is back, so a dead
-    GPU server does not burn every prompt's retries. Also publishes the worker's heartbeat."""
-
-    requires: ClassVar[set[str]] = {"celery.worker.consumer.tasks:Tasks"}
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self._tref: Any = None
-        self._consuming = True
-
-    def start(self, c: Any) -> None:
-        interval = runtime.get().settings.health_interval_s
-        # Check before the first prompt: a worker started next to an SGLang server that is
-        # still loading its weights must not take (and bounce) prompts meanwhile.
-        self.check(c)
-        self._tref = c.timer.call_repeatedly(interval, self.check, (c,), priority=10)
-
-    def stop(self, c: Any) -> None:
-        if self._tref is not None:
-            self._tref.cancel()
-
-    def check(self, c: Any) -> None:
-        rt = runtime.get()
-        healthy = rt.engine.healthy()
-        if not healthy and self._consuming:
-            log.warning("engine %s unhealthy: %s stops taking prompts", rt.engine.base_url,
-                        rt.worker)
-            c.cancel_task_queue(QUEUE)
-            self._consuming = False
-        elif healthy and not self._consuming:
-            log.warning("engine %s healthy again: %s takes prompts", rt.engine.base_url,
-                        rt.worker)
-            c.add_task_queue(QUEUE)
-            self._consuming = True
-        self._heartbeat(rt, healthy)
-
-    def _heartbeat(self, rt: runtime.Runtime, healthy: bool) -> None:
-        key = worker_key(rt.worker)
-        try:
-            pipe = rt.redis.pipeline()
-            pipe.hset(key, mapping={"engine": rt.engine.base_url, "healthy": int(healthy),
-                                    "consuming": int(self._consuming), "at": time.time(),
-                                    "concurrency": runtime.concurrency(),
-                                    "inflight": runtime.in_flight_count()})
-            pipe.expire(key, WORKER_TTL_S)
-            pipe.execute()
-        except Exception:  # a heartbeat must never kill the consumer's timer
-            log.debug("heartbeat failed", exc_info=True)
 
 
 app.steps["consumer"].add(HealthGate)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from uuid import uuid4
 
 from fleetgen.base import errors
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload
@@ -17,12 +19,16 @@ from workers.sink import Sink
 
 log = logging.getLogger("fleetgen.worker")
 
+# How often a prompt whose engine stopped answering asks again whether it is back.
+PROBE_EVERY_S = 0.5
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 5
     base_s: float = 1.0
     cap_s: float = 30.0
+    gone_s: float = 10.0  # an engine down this long is gone: hand the prompt back
 
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
         """Exponential backoff with full jitter, so retries from 128 threads don't align."""
@@ -51,9 +57,9 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         state.attempts += 1
         try:
             gen = engine.generate(payload["input_ids"], state.max_tokens, dict(payload["sampling"]),
-                                  rid=f"{run}:{line}:{state.attempts}")
+                                  rid=request_id(run, line))
         except errors.EngineError as exc:
-            if _should_retry(exc, state, policy, engine, payload["id"]):
+            if _should_retry(exc, state, policy, engine, payload["id"], sleep):
                 sleep(policy.backoff_s(state.retries, rng))
                 continue
             _emit_failure(payload, exc, state, sink, worker)
@@ -62,8 +68,16 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         return KIND_RESULT
 
 
+def request_id(run: str, line: int) -> str:
+    """A rid of its own for every attempt of every delivery. SGLang refuses a rid still in
+    flight (`TokenizerManager._init_req_state`), and a redelivered prompt can reach the server
+    while its first delivery runs; aborts match rids by prefix (`Scheduler.abort_request`:
+    `rid.startswith`), so the suffix has a fixed length: no rid is a prefix of another."""
+    return f"{run}:{line}:{uuid4().hex}"
+
+
 def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
-                  engine: Engine, row_id: str) -> bool:
+                  engine: Engine, row_id: str, sleep: Callable[[float], None]) -> bool:
     if isinstance(exc, errors.ContextLengthError):
         fixed = None if state.corrected else engine.rule.correction(exc, state.max_tokens)
         if fixed is None:
@@ -74,15 +88,28 @@ def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
         return True
     if not isinstance(exc, errors.RetryableError):
         return False
-    # A retryable error from a server that also fails /health is a server that is gone (down,
-    # draining, dead): hand the prompt to another GPU instead of burning its retries here.
-    if not engine.healthy():
+    # A retryable error from a server that stays refused or not ready past policy.gone_s is
+    # a server that is gone (down, dead): hand the prompt to another GPU instead of burning
+    # its retries here. An abort or a 503 from a server that is up is just retried.
+    if not _engine_back(engine, policy, sleep):
         raise EngineGone(str(exc))
     state.retries += 1
     if state.attempts >= policy.max_attempts:
         return False
     log.info("id=%s attempt %d failed (%s), retrying", row_id, state.attempts, exc.message)
     return True
+
+
+def _engine_back(engine: Engine, policy: RetryPolicy, sleep: Callable[[float], None]) -> bool:
+    """Whether the engine is up now or comes back within policy.gone_s (a blip is ridden
+    out holding the prompt, as the health gate rides it out still consuming)."""
+    if engine.healthy():
+        return True
+    for _ in range(math.ceil(policy.gone_s / PROBE_EVERY_S)):
+        sleep(PROBE_EVERY_S)
+        if engine.healthy():
+            return True
+    return False
 
 
 def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Sink,

@@ -12,6 +12,7 @@ import redis
 
 from fleetgen import engine
 from fleetgen.base.redisconn import connect
+from fleetgen.engine.health import Watch
 from workers.generate import RetryPolicy
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink
@@ -25,12 +26,31 @@ class Runtime:
     sink: StreamSink
     policy: RetryPolicy
     worker: str
+    watch: Watch  # the one readiness prober of this process (started by the health gate)
 
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
 _worker_name = f"worker@{socket.gethostname()}"
 _concurrency = 16
+
+
+_protocol: engine.EngineProtocol | None = None
+
+
+def use_protocol(proto: engine.EngineProtocol) -> None:
+    """The protocol resolved at start-up (FLEETGEN_ENGINE_PROTOCOL or detected)."""
+    global _protocol
+    _protocol = proto
+
+
+def protocol(s: WorkerSettings) -> engine.EngineProtocol:
+    """The start-up's choice; when the engine was not up then (-c given), resolved now: the
+    health gate lets no task run before the engine has answered."""
+    global _protocol
+    if _protocol is None:
+        _protocol = engine.resolve(s.engine_protocol, s.engine_url, s.engine_api_key)
+    return _protocol
 
 
 def configure(worker_name: str, concurrency: int) -> None:
@@ -77,12 +97,15 @@ def get() -> Runtime:
             client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
             _runtime = Runtime(
                 settings=s,
-                engine=engine.protocol().connect(
+                engine=protocol(s).connect(
                     s.engine_url, timeout_s=s.request_timeout_s, concurrency=_concurrency,
                     api_key=s.engine_api_key),
                 redis=client,
                 sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
-                policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s),
+                policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s,
+                                   s.engine_gone_s),
                 worker=_worker_name,
+                watch=Watch(s.engine_url, interval_s=s.health_interval_s,
+                            gone_after_s=s.engine_gone_s, api_key=s.engine_api_key),
             )
         return _runtime

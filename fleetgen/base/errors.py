@@ -59,6 +59,21 @@ class EngineUnreachable(RetryableError):
     kind = "unreachable"
 
 
+class AbortedError(RetryableError):
+    """The server ended the request itself (SGLang answers an abort with HTTP 200 and
+    `finish_reason.type == "abort"`): whatever text came back is partial, never a result.
+    A new attempt may finish; the message is the server's."""
+
+    kind = "aborted"
+
+
+class DuplicateRidError(RetryableError):
+    """The server still holds a request with this rid (an earlier delivery of the same
+    prompt): a new attempt under a new rid can go through."""
+
+    kind = "duplicate_rid"
+
+
 class PermanentError(EngineError):
     """The server refused the request itself (400, 401, 404, 422): retrying cannot help."""
 

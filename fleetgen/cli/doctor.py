@@ -56,6 +56,9 @@ def add_parser(sub: Any) -> None:
         "4: a server is unreachable or not ready.")
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server of the fleet (repeat for each)")
+    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
+                   default=os.environ.get("FLEETGEN_ENGINE_PROTOCOL") or None,
+                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                    help="per request; the tiny generation may wait in a busy server's queue (60)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
@@ -81,7 +84,7 @@ def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | No
         report.code = exitcodes.UNAVAILABLE
         return report
     report.limits = limits
-    report.input_limit = proto.rule.input_limit(limits)
+    report.input_limit = proto.rule_for(limits).input_limit(limits)
     report.concurrency = proto.pool_size(limits)
     if not ready.ready:
         report.code = exitcodes.UNAVAILABLE
@@ -101,11 +104,12 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
     client = proto.connect(url, timeout_s=timeout_s, concurrency=1, api_key=api_key)
     try:
         checks.append(tiny_generation(client))
-        long_input = refuses_long_input(client, limits, proto.rule)
+        long_input = refuses_long_input(client, limits, proto.rule_for(limits))
         checks.append(long_input)
         # A server that truncated the long input would also truncate a too-large budget, and
-        # then generate a whole context: skip that probe, the verdict is in.
-        if long_input.ok:
+        # then generate a whole context: skip that probe, the verdict is in. OpenAI-protocol
+        # engines (vLLM, llama.cpp) clamp a too-large budget by design: nothing to confirm.
+        if long_input.ok and proto.name == "sglang":
             checks.append(refuses_past_total(client, limits))
     finally:
         client.close()
@@ -121,12 +125,16 @@ def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    proto = engine.protocol()
     api_key = os.environ.get("FLEETGEN_ENGINE_API_KEY") or None
+    try:
+        proto = engine.resolve(args.engine_protocol, args.engine_url[0], api_key)
+    except errors.EngineError:  # unreachable: each server's report says so
+        proto = engine.protocol(args.engine_protocol or engine.DEFAULT_PROTOCOL)
     reports = [examine(url, proto, args.timeout_s, api_key) for url in args.engine_url]
     known = {r.url: r.limits for r in reports if r.limits is not None}
     fleet_checks = fleet_disagreements(known)
-    assumed = combine(list(known.values()), proto.rule) if known else None
+    assumed = combine(list(known.values()), proto.rule_for(next(iter(known.values())))) \
+        if known else None
     code = exit_code(reports, fleet_checks)
     if args.json:
         print(render_json(reports, fleet_checks, assumed, code))

@@ -37,6 +37,11 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                        help="read the limits from this server (/v1/models, /server_info): "
                        "context, input limit, speculative reserve. Repeat it for every server "
                        "of the fleet: the smallest limits win")
+        p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
+                       default=os.environ.get("FLEETGEN_ENGINE_PROTOCOL") or None,
+                       help="sglang (native /generate) or openai (/v1/completions: vLLM, "
+                       "llama.cpp); picks the length rule. Default: $FLEETGEN_ENGINE_PROTOCOL, "
+                       "else detected from the --engine-url server, else sglang")
         p.add_argument("--reserved-tokens", type=int, default=0, metavar="N",
                        help="tokens the servers count with every input, for --context-length "
                        "without --engine-url: SGLang's speculative reserve, max(eagle_topk x "
@@ -88,6 +93,7 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
         input=args.input, run=args.run, redis_url=redis_url_value, tokenizer=args.tokenizer,
         context_length=args.context_length, engine_url=tuple(args.engine_url or ()),
         reserved_tokens=args.reserved_tokens, max_req_input_len=args.max_req_input_len,
+        engine_protocol=args.engine_protocol,
         engine_api_key=os.environ.get("FLEETGEN_ENGINE_API_KEY") or None,
         max_output_tokens=args.max_output_tokens, min_output_tokens=args.min_output_tokens,
         margin=args.margin, sampling=sampling_from(args), high_water=args.high_water,

@@ -19,8 +19,12 @@ class ServerLimits:
     """What a server reports about itself; None where it does not say."""
 
     context_length: int
+    engine: str = "sglang"  # what answers behind the protocol: sglang, vllm, llama.cpp
     max_total_tokens: int | None = None  # KV capacity, when smaller than the context
     max_running_requests: int | None = None  # requests it runs at once (in force, all DP ranks)
+    # Where that number came from (e.g. "internal_states"), for the worker's sizing log line.
+    running_requests_from: str | None = None
+    dp_size: int = 1  # data-parallel ranks behind the one URL
     model: str | None = None
     max_req_input_len: int | None = None  # the server's own input limit, where it reports one
     reserved_tokens: int = 0  # counted with the input in the length checks (speculative decoding)
@@ -58,7 +62,10 @@ class Engine(Protocol):
     def generate(self, input_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any], rid: str) -> Generation: ...
 
-    def healthy(self) -> bool: ...
+    def healthy(self) -> bool:
+        """A quick readiness probe (never SGLang's slow /health): True when the server is
+        ready, or connected but slow to answer (busy, not gone)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -70,7 +77,13 @@ class EngineProtocol(Protocol):
     def name(self) -> str: ...
 
     @property
-    def rule(self) -> LengthRule: ...
+    def rule(self) -> LengthRule:
+        """The rule to assume when no server has been read (--context-length alone)."""
+        ...
+
+    def rule_for(self, limits: ServerLimits) -> LengthRule:
+        """The length rule of the engine that reported these limits."""
+        ...
 
     def connect(self, base_url: str, *, timeout_s: float, concurrency: int,
                 api_key: str | None = None) -> Engine: ...

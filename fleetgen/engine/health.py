@@ -1,5 +1,6 @@
 """The readiness probe every fleetgen part uses (worker health gate, local fleet, `check`,
-`doctor`): one quick GET that tells ready, not ready, refused and slow apart.
+`doctor`): one quick GET that tells ready, not ready, refused and slow apart; and `Watch`, which
+repeats it on a thread of its own and says when a server is gone.
 
 SGLang 0.5.23's `/health` is a generation probe (http_server.py `health_generate`: it submits
 a request and polls once a second, so every call takes >= 1 s and up to 20 s before a 503);
@@ -11,6 +12,9 @@ not exiting). SGLang's router serves `/readiness` instead; servers that have nei
 from __future__ import annotations
 
 import enum
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -62,3 +66,80 @@ def probe_url(base_url: str, timeout_s: float = 2.0, api_key: str | None = None)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=base_url.rstrip("/"), headers=headers) as http:
         return probe(http, timeout_s)[0]
+
+
+class Watch:
+    """Probes one server every `interval_s` on a daemon thread and keeps the last answer, so
+    readers (the worker's health gate on Celery's consumer loop) never wait on the network.
+
+    Slow is not gone: a server that accepted the connection but answers late is busy. Gone is
+    REFUSED or NOT_READY without a break for longer than `gone_after_s`, or not once up since
+    the watch started (a server still loading its weights takes no prompts)."""
+
+    def __init__(self, base_url: str, *, interval_s: float, gone_after_s: float,
+                 timeout_s: float = 2.0, api_key: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers)
+        self._interval_s = interval_s
+        self._gone_after_s = gone_after_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._paths: tuple[str, ...] = READY_PATHS
+        self._last = Probe(State.NOT_READY, "not probed yet")
+        self._up_until: float | None = None  # when it was last seen up; None: not yet
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def last(self) -> Probe:
+        return self._last
+
+    def up(self) -> bool:
+        """Ready, or slow but connected."""
+        return self._last.state in (State.READY, State.SLOW)
+
+    def gone(self) -> bool:
+        if self.up():
+            return False
+        if self._up_until is None:
+            return True
+        return self._clock() - self._up_until > self._gone_after_s
+
+    def down_for_s(self) -> float:
+        """Seconds since the server was last seen up (0 while it is up)."""
+        if self.up() or self._up_until is None:
+            return 0.0
+        return self._clock() - self._up_until
+
+    def check(self) -> Probe:
+        """One probe now (the thread calls this; so may a caller that must not wait)."""
+        result, path = probe(self._http, self._timeout_s, self._paths)
+        if path is not None:
+            self._paths = (path,)
+        if result.state in (State.READY, State.SLOW):
+            self._up_until = self._clock()
+        self._last = result
+        return result
+
+    def start(self) -> None:
+        """Probe once now, so the first reader sees a real answer, then keep probing."""
+        if self._thread is not None:
+            return
+        self.check()
+        self._thread = threading.Thread(target=self._run, name="fleetgen-engine-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._timeout_s + 1)
+        self._http.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.check()
+            except Exception as exc:  # a probe bug must not end the watch and freeze its state
+                self._last = Probe(State.NOT_READY, f"probe failed: {exc!r}")

@@ -12,7 +12,8 @@ import httpx
 
 from fleetgen.base import errors
 from fleetgen.base.outcomes import Generation
-from fleetgen.engine.api import Engine, ServerLimits
+from fleetgen.engine.api import Engine, LengthRule, ServerLimits
+from fleetgen.engine.health import READY_PATHS, State, probe
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
     auth_headers,
@@ -20,6 +21,14 @@ from fleetgen.engine.http import (
     from_transport,
     get_json,
 )
+
+# A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
+PROBE_TIMEOUT_S = 2.0
+# schedule_batch.py FINISH_MATCHED_TOKEN / FINISH_MATCHED_STR / FINISHED_MATCHED_REGEX report
+# "stop", FINISH_LENGTH "length": the only finishes that are whole answers.
+FINISHED = frozenset({"stop", "length"})
+# TokenizerManager._init_req_state: `raise ValueError(f"Duplicate request ID detected: {rid}")`
+DUPLICATE_RID = "Duplicate request ID detected"
 
 # The scheduler (scheduler.py, `max_req_input_len = max_req_len - 5`) refuses an input of
 # max_req_input_len tokens or more, where max_req_len = min(context_len - 1, kv_capacity - 1).
@@ -82,6 +91,7 @@ class SGLangClient:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
                                   limits=limits, timeout=timeout)
+        self._ready_paths: tuple[str, ...] = READY_PATHS
 
     def close(self) -> None:
         self._http.close()
@@ -98,10 +108,12 @@ class SGLangClient:
         return parse_generation(data)
 
     def healthy(self) -> bool:
-        try:
-            return self._http.get("/health", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        # /ready, not /health: 0.5.23's /health (http_server.py `health_generate`) submits a
+        # generation and polls it once a second, so it takes >= 1 s and up to 20 s when busy.
+        result, path = probe(self._http, PROBE_TIMEOUT_S, self._ready_paths)
+        if path is not None:
+            self._ready_paths = (path,)  # the path this server answers; ask it alone next time
+        return result.state in (State.READY, State.SLOW)
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
@@ -125,14 +137,27 @@ def sampling_params(sampling: dict[str, Any], max_new_tokens: int) -> dict[str, 
 
 
 def parse_generation(data: Any) -> Generation:
+    """A finished answer, or an error: a 200 is not always one. An aborted request comes back
+    as 200 (tokenizer_manager.py `_handle_abort_finish_reason` raises only for an abort that
+    carries a status code; the rest are returned): partial text and full meta_info when it
+    was running, no prompt_tokens when it was waiting. Both are retried, never written."""
     if isinstance(data, list):  # a batch of one
         data = data[0]
     try:
         meta = data["meta_info"]
         reason = meta.get("finish_reason") or {}
+        finish = reason.get("type")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
+    if finish == "abort":
+        message = reason.get("message") or "no message"
+        raise errors.AbortedError(f"request aborted by the server: {message}", 200)
+    if finish not in FINISHED:
+        raise errors.RetryableError(f"engine finished with {finish!r}, not stop or length", 200)
+    try:
         return Generation(
             text=data["text"],
-            finish_reason=str(reason.get("type", "unknown")),
+            finish_reason=str(finish),
             prompt_tokens=int(meta["prompt_tokens"]),
             completion_tokens=int(meta["completion_tokens"]),
             cached_tokens=int(meta.get("cached_tokens", 0)),
@@ -157,6 +182,9 @@ def from_response(response: httpx.Response) -> errors.EngineError:
     message = error_message(response)
     if status in RETRYABLE_STATUSES:
         return errors.RetryableError(message, status)
+    if status == 400 and message.startswith(DUPLICATE_RID):
+        # An earlier delivery of this prompt still runs there; the next attempt's rid is new.
+        return errors.DuplicateRidError(message, status)
     if status == 400:
         parsed = parse_context_error(message)
         if parsed is not None:
@@ -206,6 +234,8 @@ def read_limits(base_url: str, *, api_key: str | None = None,
     return ServerLimits(context_length=context,
                         max_total_tokens=_int_or_none(info.get("max_total_num_tokens")),
                         max_running_requests=running_requests(info),
+                        running_requests_from=running_requests_source(info),
+                        dp_size=_int_or_none(info.get("dp_size")) or 1,
                         model=entry.get("id"),
                         max_req_input_len=_int_or_none(info.get("max_req_input_len")),
                         reserved_tokens=reserved_tokens(info),
@@ -217,16 +247,31 @@ def running_requests(info: dict[str, Any]) -> int | None:
     """The requests the server runs at once. The top-level `max_running_requests` is the CLI
     value (null unless passed); the value in force is per DP rank in `internal_states`
     (scheduler_components/internal_state.py: `effective_max_running_requests_per_dp`)."""
-    states = info.get("internal_states")
-    if isinstance(states, list) and states:
-        per_rank = [_int_or_none(s.get("effective_max_running_requests_per_dp"))
-                    for s in states if isinstance(s, dict)]
-        if per_rank and all(per_rank):
-            dp_size = _int_or_none(info.get("dp_size")) or 1
-            # One entry per DP rank; a server that lists one for all ranks multiplies.
-            ranks = dp_size if len(per_rank) == 1 else 1
-            return sum(v for v in per_rank if v) * ranks
+    per_rank = _per_rank(info)
+    if per_rank:
+        dp_size = _int_or_none(info.get("dp_size")) or 1
+        # One entry per DP rank; a server that lists one for all ranks multiplies.
+        ranks = dp_size if len(per_rank) == 1 else 1
+        return sum(per_rank) * ranks
     return _int_or_none(info.get("max_running_requests"))
+
+
+def running_requests_source(info: dict[str, Any]) -> str | None:
+    """Which field `running_requests` read: "internal_states", "max_running_requests" or
+    None (neither says)."""
+    if _per_rank(info):
+        return "internal_states"
+    return "max_running_requests" if _int_or_none(info.get("max_running_requests")) else None
+
+
+def _per_rank(info: dict[str, Any]) -> list[int]:
+    """`effective_max_running_requests_per_dp` of every DP rank, or [] unless all report it."""
+    states = info.get("internal_states")
+    if not isinstance(states, list):
+        return []
+    per_rank = [_int_or_none(s.get("effective_max_running_requests_per_dp"))
+                for s in states if isinstance(s, dict)]
+    return [v for v in per_rank if v] if per_rank and all(per_rank) else []
 
 
 def reserved_tokens(info: dict[str, Any]) -> int:
@@ -268,6 +313,9 @@ class SGLangProtocol:
                 api_key: str | None = None) -> Engine:
         return SGLangClient(base_url, timeout_s=timeout_s, concurrency=concurrency,
                             api_key=api_key)
+
+    def rule_for(self, limits: ServerLimits) -> LengthRule:
+        return RULE
 
     def read_limits(self, base_url: str, *, api_key: str | None = None,
                     timeout_s: float = 10.0) -> ServerLimits:

@@ -55,7 +55,8 @@ class FleetCollector(Collector):
 
 def _worker_metrics(beats: dict[str, dict[str, str]]) -> list[Metric]:
     healthy = GaugeMetricFamily("fleetgen_worker_healthy",
-                                "1 if the worker's engine answers /health", labels=["worker"])
+                                "1 if the worker's engine is up (its readiness probe answers, "
+                                "or is slow but connected)", labels=["worker"])
     inflight = GaugeMetricFamily("fleetgen_worker_in_flight",
                                  "prompts the worker is working on (as of its heartbeat)",
                                  labels=["worker"])

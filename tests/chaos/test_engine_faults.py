@@ -3,6 +3,7 @@ more. Every row must end as a result (or a failure where a failure is right), ne
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -14,7 +15,10 @@ from fleetgen.base.contract import RunKeys, worker_key
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.procs import wait_for
 from producer.tokenizer import load_tokenizer
+from tests.chaos import held
 from tests.chaos.conftest import FleetFactory, generated, sim_stats
+from tests.chaos.held import worker_name
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce, run_pipeline
 
 N = 300
@@ -33,6 +37,7 @@ def test_flaky_engine_every_row_completes_and_retries_are_counted(make_fleet: Fl
     run_pipeline(fleet, prompts, "flaky", out, timeout_s=180)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert len(data["results"]) == N and not data["failures"]
+    assert_fleet_content(fleet, prompts, data)  # a retried row gets the same answer
     retried = [r for r in data["results"] if r["attempts"] > 1]
     faults = {k: sum(s["faults_total"].get(k, 0) for s in sim_stats(fleet))
               for k in ("error", "queue_full", "hang", "drop")}
@@ -63,6 +68,7 @@ def test_engine_down_for_a_while_its_worker_pauses_then_resumes(make_fleet: Flee
     summary = drain(fleet, "down", out, timeout_s=120)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert summary["failed"] == 0 and len(data["results"]) == 600
+    assert_fleet_content(fleet, prompts, data)
     done_after = int(read_hash(client, RunKeys("down").stats).get(f"{gpu1}|done", 0))
     assert done_after > done_while_down, "gpu1 never worked again after its server came back"
     # Its prompts were handed to the other GPUs, not failed: no 503 ended as a failure.
@@ -71,14 +77,41 @@ def test_engine_down_for_a_while_its_worker_pauses_then_resumes(make_fleet: Flee
 
 def test_engine_dead_for_good_the_run_still_completes(make_fleet: FleetFactory,
                                                       tmp_path: Path) -> None:
-    fleet = make_fleet(gpu_sim_args={2: ["--die-after-s", "3"]})
+    # gpu2's server in a process of its own, SIGKILLed once it is serving requests and its
+    # worker has written results: a crash in the middle of the run, not before it.
+    fleet = make_fleet(gpu_sim_args={2: []})
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, N)
-    summary = run_pipeline(fleet, prompts, "dead", out, timeout_s=150)
+    client = redis.Redis.from_url(fleet.redis_url)
+    gpu2 = worker_name(2)
+    thread = threading.Thread(target=produce, args=(fleet, prompts, "dead"), daemon=True)
+    thread.start()
+    wait_for(lambda: held.worker_done(client, "dead", gpu2) >= 5
+             and sim_stats(fleet)[2]["num_running_reqs"] > 0, 60,
+             "gpu2 to write results and hold running requests")
+    holding = held.unacked_tasks(client, "dead")  # task id -> line, every worker's
+    before = held.worker_done(client, "dead", gpu2)
+    fleet.sims[2].signal(signal.SIGKILL)
+    assert fleet.sims[2].proc.wait(timeout=10) == -signal.SIGKILL
+    # Its worker stops consuming and lets go of every prompt it held.
+    wait_for(lambda: held.heartbeat(client, gpu2).get("consuming") == "0"
+             and held.heartbeat(client, gpu2).get("inflight") == "0", 20,
+             "gpu2's worker to stop consuming and hold nothing")
+    at_death = held.worker_done(client, "dead", gpu2)
+    handed_back = held.handed_back(fleet.workers[2].log_text(), holding)
+    assert handed_back, "gpu2 handed nothing back: the kill did not land mid-request"
+    summary = drain(fleet, "dead", out, timeout_s=150)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert summary["failed"] == 0 and len(data["results"]) == N
-    with_gpu2 = [r for r in data["results"] if r["worker"].startswith("gpu2@")]
-    assert len(with_gpu2) < N // 3  # it died early; the others carried the run
+    assert_fleet_content(fleet, prompts, data)
+    by_line = {r["line"]: r for r in data["results"]}
+    with_gpu2 = sum(r["worker"] == gpu2 for r in data["results"])
+    assert 0 < before <= with_gpu2 == at_death, (before, with_gpu2, at_death)
+    assert all(by_line[line]["worker"] != gpu2 for line in handed_back)
+    print(f"\nengine dead: gpu2 {with_gpu2} results before its server died "
+          f"({before} when the kill was sent), 0 after; {len(handed_back)} prompts it held "
+          f"handed back and written by "
+          f"{sorted({by_line[line]['worker'].split('@')[0] for line in handed_back})}")
 
 
 def test_tokenizer_mismatch_self_heals_once_or_fails_with_reason(make_fleet: FleetFactory,
@@ -96,6 +129,7 @@ def test_tokenizer_mismatch_self_heals_once_or_fails_with_reason(make_fleet: Fle
     prompts.write_text("\n".join(rows) + "\n")
     run_pipeline(fleet, prompts, "mismatch", out, timeout_s=90, min_output_tokens=1)
     data = assert_exactly_once(out, {f"short{i}" for i in range(40)} | {"edge"})
+    assert assert_fleet_content(fleet, prompts, data) == 40  # the server's count, +4
     for r in data["results"]:
         assert r["attempts"] == 2  # one context-length 400, one corrected request
         assert r["max_tokens"] == ctx - (r["prompt_tokens"]) - 2

@@ -7,16 +7,21 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from fleetgen.base.contract import RunKeys
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.local.procs import wait_for
-from tests.chaos.conftest import FleetFactory, generated
+from tests.chaos import held
+from tests.chaos.conftest import FleetFactory, generated, sim_stats
+from tests.chaos.held import worker_name
 from tests.chaos.test_redis_loss import copy_data, restart_from
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce, read_output
 
 N = 300
@@ -43,52 +48,148 @@ def fleetgen_cli(*args: str) -> list[str]:
 
 def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory,
                                                         tmp_path: Path) -> None:
-    fleet = make_fleet(worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "6",
+    fleet = make_fleet(worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "15",
                                    "FLEETGEN_REQUEST_TIMEOUT_S": "4"})
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
-    kinds = make_prompts(prompts, N)
-    start_producer(fleet, prompts, "kill9")
-    wait_for(lambda: done_count(fleet, "kill9") >= N // 4, 60, "a quarter of the rows")
+    rows = 600  # short answers go fast: enough rows that the kill lands mid-run
+    kinds = make_prompts(prompts, rows)
     client = redis.Redis.from_url(fleet.redis_url)
-    held = client.hlen("unacked")
-    fleet.workers[1].signal(signal.SIGKILL)
-    assert held > 0, "nothing was in flight when the worker died: the test proves nothing"
+    gpu1, worker = worker_name(1), fleet.workers[1]
+    # Answers of <= 200 tokens (<= 0.25 s): the survivors' prompts leave `unacked` long
+    # before the dead worker's come back (15 s), which tells the two apart.
+    threading.Thread(target=produce, args=(fleet, prompts, "kill9"),
+                     kwargs={"max_output_tokens": 200}, daemon=True).start()
+
+    def busy() -> bool:  # a quarter done, gpu1 has written results and holds requests now
+        return (held.done_count(client, "kill9") >= rows // 8
+                and held.worker_done(client, "kill9", gpu1) > 0
+                and sim_stats(fleet)[1]["num_running_reqs"] > 0)
+
+    wait_for(busy, 60, "gpu1 to hold requests after writing results")
+    worker.signal(signal.SIGKILL)
+    assert worker.proc.wait(timeout=10) == -signal.SIGKILL
+    # Dead: from here on nothing of gpu1's changes. Its prompts stay unacked until the
+    # visibility timeout; the survivors' leave once they finish them.
+    before = held.worker_done(client, "kill9", gpu1)
+    at_kill = held.unacked_lines(client, "kill9") - held.done_lines(client, "kill9", rows)
+    done_at_kill = held.done_count(client, "kill9")
+    wait_for(lambda: held.done_count(client, "kill9") >= min(rows, done_at_kill + 32), 30,
+             "the surviving workers to cycle their slots")
+    stuck = (at_kill & held.unacked_lines(client, "kill9")) - \
+        held.done_lines(client, "kill9", rows)
+    assert stuck, "gpu1 held nothing unacked when it died: the test proves nothing"
+
     drain(fleet, "kill9", out, timeout_s=120)
     data = assert_exactly_once(out, set(kinds["good"]))
-    assert len(data["results"]) == N and not data["failures"]
-    assert client.hlen("unacked") == 0
+    assert len(data["results"]) == rows and not data["failures"]
+    assert_fleet_content(fleet, prompts, data)
+    by_line = {r["line"]: r for r in data["results"]}
+    after = sum(r["worker"] == gpu1 for r in data["results"])
+    assert after == before, f"gpu1 wrote {after - before} results after it was killed"
+    assert all(by_line[line]["worker"] != gpu1 for line in stuck)
+    # A row gpu1 wrote but had not acked comes back too, and is skipped as done.
+    wait_for(lambda: client.hlen("unacked") == 0, 30, "every redelivery to be acked")
+    print(f"\nworker SIGKILL: gpu1 wrote {before} results before the kill, 0 after; it held "
+          f"{len(stuck)} unacked prompts, redelivered after the visibility timeout and written "
+          f"by {sorted({by_line[line]['worker'].split('@')[0] for line in stuck})}")
 
 
-def test_worker_sigterm_hands_prompts_back_at_once(make_fleet: FleetFactory,
-                                                   tmp_path: Path) -> None:
-    # A visibility timeout far longer than the test: only a clean hand-back can finish it.
+def test_worker_sigterm_finishes_what_it_holds(make_fleet: FleetFactory,
+                                               tmp_path: Path) -> None:
+    # A visibility timeout far longer than the test: nothing may be left to it.
     fleet = make_fleet(worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "3600"})
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, N)
+    client = redis.Redis.from_url(fleet.redis_url)
+    gpu1, worker = worker_name(1), fleet.workers[1]
     start_producer(fleet, prompts, "term")
-    wait_for(lambda: done_count(fleet, "term") >= N // 4, 60, "a quarter of the rows")
-    worker = fleet.workers[1]
+    wait_for(lambda: held.done_count(client, "term") >= N // 4
+             and sim_stats(fleet)[1]["num_running_reqs"] > 0
+             and int(held.heartbeat(client, gpu1).get("inflight", 0)) > 0, 60,
+             "a quarter of the rows, and gpu1 holding requests")
+    before = held.worker_done(client, "term", gpu1)
     worker.signal(signal.SIGTERM)
-    worker.proc.wait(timeout=60)
+    # Warm shutdown: it takes nothing more and finishes what it holds (requests < 4.2 s).
+    assert worker.proc.wait(timeout=60) == 0, worker.log_text()[-2000:]
+    finished = held.worker_done(client, "term", gpu1) - before
+    assert finished > 0, "gpu1 finished nothing after SIGTERM: it held nothing"
     drain(fleet, "term", out, timeout_s=90)
-    assert_exactly_once(out, set(kinds["good"]))
+    data = assert_exactly_once(out, set(kinds["good"]))
+    assert len(data["results"]) == N and not data["failures"]
+    assert_fleet_content(fleet, prompts, data)
+    assert sum(r["worker"] == gpu1 for r in data["results"]) == before + finished
+    print(f"\nworker SIGTERM (short requests): gpu1 wrote {before} results before the "
+          f"signal and finished the {finished} it held during its warm shutdown")
+
+
+@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired, reason=(
+    "Celery's SIGTERM is a warm shutdown that waits for running tasks without limit; "
+    "worker_soft_shutdown_timeout only applies to a cold shutdown (SIGQUIT, or SIGTERM with "
+    "REMAP_SIGTERM=SIGQUIT), and even then the threads pool cannot cancel a task "
+    "(NotImplementedError: kill_job), so a worker whose requests outlast 30 s hands nothing "
+    "back until they end (up to FLEETGEN_REQUEST_TIMEOUT_S)"))
+def test_worker_sigterm_hands_back_what_it_cannot_finish(make_fleet: FleetFactory,
+                                                         tmp_path: Path) -> None:
+    # gpu1's server takes 120 s to its first token: nothing it holds can finish inside the
+    # 30 s soft shutdown, so what it holds must be handed back. A visibility timeout far
+    # longer than the test: only that hand-back can finish the run.
+    fleet = make_fleet(gpu_sim_args={1: ["--ttft-ms", "120000", "--drain-timeout-s", "1"]},
+                       worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "3600"})
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
+    kinds = make_prompts(prompts, N)
+    client = redis.Redis.from_url(fleet.redis_url)
+    gpu1, worker = worker_name(1), fleet.workers[1]
+    start_producer(fleet, prompts, "handback")
+    slots = fleet.spec.max_running_requests
+    wait_for(lambda: sim_stats(fleet)[1]["num_running_reqs"] == slots
+             and int(held.heartbeat(client, gpu1).get("inflight", 0)) == slots, 60,
+             "gpu1 to hold a full batch")
+    first = held.unacked_lines(client, "handback")
+    done_then = held.done_count(client, "handback")
+    wait_for(lambda: held.done_count(client, "handback") >= min(N - slots, done_then + 48), 60,
+             "the other workers to cycle their slots")
+    # Unacked then and now, and not done: gpu1's (the others finish theirs in < 4.2 s).
+    holding = (first & held.unacked_lines(client, "handback")) - \
+        held.done_lines(client, "handback", N)
+    assert len(holding) >= slots, f"gpu1 held {len(holding)} prompts, expected {slots}"
+    stopped_at = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    worker.proc.wait(timeout=45)  # the 30 s soft shutdown, then the hand-back
+    shutdown_s = time.monotonic() - stopped_at
+    drain(fleet, "handback", out, timeout_s=90)
+    data = assert_exactly_once(out, set(kinds["good"]))
+    assert len(data["results"]) == N and not data["failures"]
+    assert_fleet_content(fleet, prompts, data)
+    by_line = {r["line"]: r for r in data["results"]}
+    assert sim_stats(fleet)[1]["requests_total"].get("200", 0) == 0  # gpu1 finished nothing
+    assert all(by_line[line]["worker"] != gpu1 for line in holding)
+    print(f"\nworker SIGTERM: gpu1 held {len(holding)} prompts, finished 0, exited after "
+          f"{shutdown_s:.1f} s and handed all back")
 
 
 def test_drainer_sigkilled_repeatedly_repairs_torn_lines(make_fleet: FleetFactory,
                                                          tmp_path: Path) -> None:
-    fleet = make_fleet(max_running_requests=16, tpot_ms=0.3)
+    # ~40 rows/s: the run outlasts four drainer start-ups, so each kill finds it unfinished.
+    fleet = make_fleet(tpot_ms=2.0)
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, 600)
     producer = start_producer(fleet, prompts, "drainkill")
     argv = fleetgen_cli("drain", "--run", "drainkill", "--out", str(out), "--batch", "16",
                         "--redis", fleet.redis_url)
+    rounds: list[int] = []
     for round_no in range(4):
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        target = written(out) + 40
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        start = written(out)
+        target = start + 40
         wait_for(lambda t=target, p=proc: written(out) >= t or p.poll() is not None, 60,
                  "the drainer to write more")
+        # Killed while alive and working, not found finished (or crashed) by itself.
+        assert proc.poll() is None, f"round {round_no}: the drainer exited by itself " \
+            f"({proc.returncode}): {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
         proc.kill()
-        proc.wait()
+        assert proc.wait() == -signal.SIGKILL
+        rounds.append(written(out) - start)
+        assert rounds[-1] >= 40
         if round_no == 1:  # what a kill in the middle of a write() leaves behind
             with (out / "results.jsonl").open("ab") as f:
                 f.write(b'{"id": "torn", "completion": "half a li')
@@ -96,6 +197,9 @@ def test_drainer_sigkilled_repeatedly_repairs_torn_lines(make_fleet: FleetFactor
     summary = drain(fleet, "drainkill", out, timeout_s=120)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert summary["done"] == 600 == len(data["results"])
+    assert_fleet_content(fleet, prompts, data)
+    print(f"\ndrainer SIGKILL x4: lines written per round before each kill {rounds}, "
+          f"every kill while alive (returncode -9); 600 results, exactly once")
 
 
 def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path: Path) -> None:
@@ -147,6 +251,7 @@ def test_producer_killed_mid_enqueue_and_rerun(make_fleet: FleetFactory,
     data = assert_exactly_once(out, set(kinds["good"]) | set(kinds["too_long"]))
     # Nothing was generated twice: the simulators served exactly one completion per row.
     assert generated(fleet) == len(data["results"]) == N
+    assert_fleet_content(fleet, prompts, data)
 
     before = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=60)

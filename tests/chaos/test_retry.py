@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.chaos.conftest import FleetFactory
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, read_output, run_pipeline
 
 
@@ -36,6 +37,7 @@ def test_retry_moves_rows_from_failures_to_results(make_fleet: FleetFactory,
     assert all(a >= b for a, b in itertools.pairwise(history)), history
     data = read_output(out)
     assert len(data["results"]) == 200
+    assert_fleet_content(fleet, prompts, data)
     done = subprocess.run([sys.executable, "-m", "fleetgen", "retry", "--run", "retry",
                            "--redis", fleet.redis_url], capture_output=True, text=True)
     assert "no failed rows" in done.stdout

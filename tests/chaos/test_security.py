@@ -24,6 +24,7 @@ from fleetgen.local.valkey import probe_valkey
 from producer.settings import ProducerSettings
 from tests.chaos.conftest import FleetFactory
 from tests.conftest import require_binary
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from workers.settings import WorkerSettings
 
@@ -68,7 +69,7 @@ def test_password_and_api_key_work_and_never_leak(make_fleet: FleetFactory,
     # The producer reads the context from the engine, with the key.
     run_pipeline(fleet, prompts, "secure", out, context_length=None,
                  engine_url=fleet.engine_url(0), engine_api_key=API_KEY)
-    assert_exactly_once(out, set(kinds["good"]))
+    assert_fleet_content(fleet, prompts, assert_exactly_once(out, set(kinds["good"])))
 
     env = {**os.environ, "FLEETGEN_REDIS_URL": fleet.redis_url}
     for args in (["status", "--run", "secure"], ["status", "--run", "secure", "--json"],
@@ -204,7 +205,7 @@ def test_a_whole_run_over_rediss(make_fleet: FleetFactory, tmp_path: Path,
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, 80)
     run_pipeline(fleet, prompts, "tls", out)
-    assert_exactly_once(out, set(kinds["good"]))
+    assert_fleet_content(fleet, prompts, assert_exactly_once(out, set(kinds["good"])))
     plain = tls_redis.replace("rediss://", "redis://").split("?")[0]
     with pytest.raises(redis.ConnectionError):  # the port speaks TLS only
         redis.Redis.from_url(plain, socket_timeout=3).ping()

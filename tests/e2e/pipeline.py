@@ -108,9 +108,10 @@ def assert_exactly_once(out: Path, expected_ids: set[str]) -> dict[str, list[dic
     """Every expected id once across results/failures/rejected, nothing else, no duplicate."""
     data = read_output(out)
     seen = Counter(r["id"] for kind in data.values() for r in kind)
+    assert None not in seen, f"{seen[None]} output lines have a null id"
     dupes = {i: c for i, c in seen.items() if c > 1}
     assert not dupes, f"ids written more than once: {list(dupes.items())[:10]}"
-    ids = {i for i in seen if i is not None}
+    ids = set(seen)
     assert ids == expected_ids, (f"missing {sorted(expected_ids - ids)[:10]}, "
                                  f"unexpected {sorted(ids - expected_ids)[:10]}")
     return data

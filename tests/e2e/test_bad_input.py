@@ -14,6 +14,7 @@ import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.local.fleet import LocalFleet
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, read_output, run_pipeline
 
 
@@ -39,6 +40,7 @@ def test_every_kind_of_bad_row_is_rejected_with_its_line_and_the_run_goes_on(
     data = read_output(out_dir)
     assert summary["complete"] and summary["total"] == 10
     assert {r["id"] for r in data["results"]} == {"ok1", "ok2"}
+    assert assert_fleet_content(fleet4, prompts, data) == 2  # ok1 answers line 1's prompt
     reasons = {r["line"]: r["reason"].split(":")[0] for r in data["rejected"]}
     assert reasons == {2: "invalid_json", 3: "no_prompt", 4: "empty_messages",
                        5: "bad_messages", 6: "invalid_utf8", 7: "duplicate_id",

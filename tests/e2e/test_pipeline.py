@@ -15,6 +15,7 @@ from fleetgen.base.contract import RunKeys
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.local.procs import wait_for
 from producer.tokenizer import load_tokenizer
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import (
     assert_exactly_once,
     make_prompts,
@@ -40,6 +41,7 @@ def test_500_prompts_on_4_gpus_every_row_exactly_once(fleet4: LocalFleet, tmp_pa
     assert summary["complete"] and summary["total"] == 510
     assert summary["done"] == 500 and summary["rejected"] == 10 and summary["failed"] == 0
     assert not data["failures"], data["failures"][:3]
+    assert assert_fleet_content(fleet4, prompts, data) == 500
 
     results = {r["id"]: r for r in data["results"]}
     for r in results.values():
@@ -86,6 +88,7 @@ def test_seed_scenario_context_8192_cap_8192_no_400(fleet4: LocalFleet, tmp_path
     data = assert_exactly_once(out_dir, set(kinds["good"]))
     assert summary["failed"] == 0 and summary["done"] == 60
     assert all(r["max_tokens"] == CTX - r["prompt_tokens"] - 2 for r in data["results"])
+    assert assert_fleet_content(fleet4, prompts, data) == 60
 
 
 def test_follow_drainer_keeps_summary_current(fleet4: LocalFleet, tmp_path: Path,
@@ -107,7 +110,8 @@ def test_follow_drainer_keeps_summary_current(fleet4: LocalFleet, tmp_path: Path
     finally:
         drainer.send_signal(signal.SIGTERM)
         assert drainer.wait(timeout=30) == 0
-    assert_exactly_once(out_dir, set(kinds["good"]))
+    data = assert_exactly_once(out_dir, set(kinds["good"]))
+    assert assert_fleet_content(fleet4, prompts, data) == 80
 
 
 def test_purge_removes_a_finished_runs_keys_only(fleet4: LocalFleet, tmp_path: Path,
@@ -128,6 +132,6 @@ def test_purge_removes_a_finished_runs_keys_only(fleet4: LocalFleet, tmp_path: P
     assert done.returncode == 0, done.stderr
     assert not [k for k in client.scan_iter("fleetgen:run:purged:*")]
     assert client.exists(RunKeys("unfinished").manifest)
-    assert (out_dir / "results.jsonl").read_bytes().count(b"\n") == 30  # files untouched
+    assert assert_fleet_content(fleet4, prompts, read_output(out_dir)) == 30  # untouched
     assert purge("--run", "unfinished", "--force").returncode == 0
     assert purge("--run", "purged").returncode == 3  # gone

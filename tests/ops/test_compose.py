@@ -53,7 +53,7 @@ def test_each_worker_points_at_its_own_engine_on_its_own_gpu(services: dict[str,
         assert flag(argv, "--context-length") == "8192" and "--enable-metrics" in argv
         devices = sglang["deploy"]["resources"]["reservations"]["devices"]
         assert [d["device_ids"] for d in devices] == [[str(n)]]
-        assert f":{port}/health" in " ".join(sglang["healthcheck"]["test"])
+        assert f":{port}/ready" in " ".join(sglang["healthcheck"]["test"])
         engine = worker["environment"]["FLEETGEN_ENGINE_URL"]
         assert engine == f"http://sglang{n}:{port}", (n, engine)
         engines.add(engine)

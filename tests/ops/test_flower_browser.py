@@ -17,6 +17,7 @@ from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.flower import start_flower_leased
 from fleetgen.local.procs import wait_for
 from tests.conftest import require_binary
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from tests.ops.helpers import REPO
 
@@ -94,6 +95,7 @@ def test_flower_in_chromium_shows_gpu_workers_and_their_task_counts(
                            max_output_tokens=256)
     data = assert_exactly_once(tmp_path / "out", set(kinds["good"]))
     assert summary["done"] == 60
+    assert assert_fleet_content(fleet, prompts, data) == 60
     per_worker = Counter(r["worker"] for r in data["results"])
 
     driver = _driver()

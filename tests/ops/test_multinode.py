@@ -20,6 +20,7 @@ from fleetgen.local.fleet import sim_ports_reported
 from fleetgen.local.ports import PortInUse, PortLease, on_leased_port, says_address_in_use
 from fleetgen.local.procs import Child, ProcessGroup, wait_for
 from fleetgen.local.valkey import probe_valkey
+from tests.e2e.content import assert_content, sim_config
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
 from tests.ops.helpers import VENV_BIN, venv_env
 
@@ -150,6 +151,10 @@ def topology() -> Iterator[Topology]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
 
 
+SIM_FLAGS = ["--context-length", "4096", "--max-running-requests", "8", "--ttft-ms", "10",
+             "--tpot-ms", "1", "--output-tokens-mean", "100"]
+
+
 def test_workers_on_two_hosts_share_one_valkey(topology: Topology, tmp_path: Path) -> None:
     password = secrets.token_urlsafe(16)
     fleetgen = str(VENV_BIN / "fleetgen")
@@ -162,9 +167,8 @@ def test_workers_on_two_hosts_share_one_valkey(topology: Topology, tmp_path: Pat
         for node in NODES:
             host, engine_port = topology.engine_hosts[node], topology.engine_ports[node]
             sim = procs.start(f"sim-{node}", topology.argv(node, [
-                fleetgen, "sim", "--host", host, "--port", str(engine_port),
-                "--context-length", "4096", "--max-running-requests", "8", "--ttft-ms", "10",
-                "--tpot-ms", "1", "--output-tokens-mean", "100"]), env=env)
+                fleetgen, "sim", "--host", host, "--port", str(engine_port), *SIM_FLAGS]),
+                env=env)
             procs.start(f"worker-{node}", topology.argv(node, [
                 str(VENV_BIN / "celery"), "-A", "workers", "worker", "-Q", "fleetgen",
                 "-n", f"gpu0@{node}", "-P", "threads", "-c", "8", "-l", "WARNING"]),
@@ -189,6 +193,7 @@ def test_workers_on_two_hosts_share_one_valkey(topology: Topology, tmp_path: Pat
         summary = on_redis_host("drain", "--run", "multinode", "--out", str(tmp_path / "out"))
         assert '"complete": true' in summary.stdout
         data = assert_exactly_once(tmp_path / "out", set(kinds["good"]))
+        assert assert_content(data["results"], prompts, sim_config(SIM_FLAGS)) == 80
         by_worker = Counter(r["worker"] for r in data["results"])
         assert set(by_worker) == {f"gpu0@{n}" for n in NODES}, by_worker
         assert not data["failures"]

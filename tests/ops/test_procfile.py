@@ -35,6 +35,7 @@ from fleetgen.local.ports import (
 )
 from fleetgen.local.procs import wait_for
 from fleetgen.local.valkey import probe_valkey
+from tests.e2e.content import assert_content, sim_config
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
 from tests.ops.helpers import REPO, VENV_BIN, sample, scrape, venv_env
 
@@ -242,6 +243,10 @@ def test_procfile_sim_completes_a_run_through_its_drainer(honcho_fleet: HonchoFl
                                                          completed_run: CompletedRun) -> None:
     data = completed_run.data
     assert len(data["results"]) == 160 and not data["failures"]
+    env = honcho_fleet.env  # the flags Procfile.sim gives every simulator
+    config = sim_config(["--context-length", env["CONTEXT_LENGTH"], "--max-running-requests",
+                         env["SLOTS"], *shlex.split(env["SIM_ARGS"])])
+    assert assert_content(data["results"], honcho_fleet.tmp / "prompts.jsonl", config) == 160
     assert {r["id"] for r in data["rejected"]} == {"long0", "long1"}
     by_worker = Counter(r["worker"] for r in data["results"])
     assert set(by_worker) == set(honcho_fleet.workers), by_worker  # both GPUs did work

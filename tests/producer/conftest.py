@@ -1,30 +1,13 @@
-"""Fixtures for producer tests that read a server's limits: simulated SGLang servers over real
-HTTP, on ports of the kernel's choosing, stopped after the test."""
+"""Producer tests read a server's limits from small simulated answers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 
-from simulator import SimConfig, SimThread, run_in_thread
-
-StartSim = Callable[..., SimThread]
+from tests.simulator.sim_helpers import StartSim
 
 
 @pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    """Start a simulated server with SimConfig overrides; instant answers by default."""
-    handles: list[SimThread] = []
-
-    def start(**overrides: object) -> SimThread:
-        settings: dict[str, object] = {"port": 0, "ttft_ms": 0.0, "tpot_ms": 0.0,
-                                       "health_delay_s": 0.0, "output_tokens_mean": 8}
-        settings.update(overrides)
-        handle = run_in_thread(SimConfig(**settings))  # type: ignore[arg-type]
-        handles.append(handle)
-        return handle
-
-    yield start
-    for handle in handles:
-        handle.stop()
+def start_sim(start_sim: StartSim) -> StartSim:
+    """The suite's simulated servers, with short answers unless a test says otherwise."""
+    return lambda **overrides: start_sim(**{"output_tokens_mean": 8, **overrides})

@@ -22,7 +22,7 @@ from fleetgen.cli.main import main
 from producer.budget import budget
 from producer.build import build_producer, resolve_limits
 from producer.settings import ProducerSettings
-from tests.producer.conftest import StartSim
+from tests.simulator.sim_helpers import StartSim
 
 # EAGLE with topk 2 x 4 steps and 6 draft tokens: SGLang reserves max(2 x 4, 6) = 8 tokens
 # (srt/managers/utils.py `compute_num_reserved_tokens`).

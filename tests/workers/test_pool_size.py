@@ -1,19 +1,21 @@
-"""A worker started without -c sizes its pool from the engine's running-request slots."""
+"""A worker started without -c sizes its pool from the running requests the engine has in
+force, waits for an engine that is still loading, and refuses one it cannot use."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
-from fleetgen.base.contract import worker_key
+from fleetgen.base import exitcodes
+from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import wait_for
 from simulator.config import SimConfig
 from simulator.server import SimThread, run_in_thread
+from tests.workers.workerproc import heartbeat_key, start_worker, stop
 
 
 @pytest.fixture()
@@ -22,18 +24,86 @@ def sim() -> Iterator[SimThread]:
         yield handle
 
 
-def test_pool_is_slots_plus_one_without_c(redis_url: str, sim: SimThread) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "fleetgen", "-n",
-         "auto@%h", "-P", "threads", "--without-mingle", "--without-gossip"],
-        env={"PATH": "/usr/bin:/bin", "FLEETGEN_REDIS_URL": redis_url,
-             "FLEETGEN_ENGINE_URL": sim.url, "FLEETGEN_HEALTH_INTERVAL_S": "0.5"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def test_pool_is_slots_plus_one_without_c(redis_url: str, sim: SimThread,
+                                          tmp_path: Path) -> None:
+    proc = start_worker(redis_url, sim.url, "auto", tmp_path / "w.log")
     try:
         client = redis.Redis.from_url(redis_url)
-        key = worker_key(f"auto@{socket.gethostname()}")
+        key = heartbeat_key("auto")
         wait_for(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
         assert client.hget(key, "concurrency") == b"6"
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
+
+
+def test_pool_follows_the_derived_limit_when_top_level_is_null(redis_url: str,
+                                                               tmp_path: Path) -> None:
+    # SGLang's usual case: no --max-running-requests, so /server_info's top-level value is
+    # null and the limit in force is only in internal_states.
+    log = tmp_path / "w.log"
+    with run_in_thread(SimConfig(port=0, derived_slots=7, health_delay_s=0)) as server:
+        proc = start_worker(redis_url, server.url, "derived", log)
+        try:
+            client = redis.Redis.from_url(redis_url)
+            key = heartbeat_key("derived")
+            wait_for(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
+            assert client.hget(key, "concurrency") == b"8"
+        finally:
+            stop(proc)
+    assert "7 running requests in force (internal_states, dp 1) -> -c 8" in log.read_text()
+
+
+def test_worker_waits_for_a_loading_engine_then_sizes_from_it(redis_url: str,
+                                                             tmp_path: Path) -> None:
+    lease = lease_port()  # the worker must know the URL before the server exists
+    log = tmp_path / "w.log"
+    proc = start_worker(redis_url, f"http://127.0.0.1:{lease.port}", "late", log)
+    client = redis.Redis.from_url(redis_url)
+    key = heartbeat_key("late")
+    try:
+        wait_for(lambda: "waiting for engine" in log.read_text(), 60,
+                 "the worker to say it waits for its engine")
+        assert proc.poll() is None and not client.exists(key)  # waiting, not started
+        with run_in_thread(SimConfig(port=lease.port, derived_slots=3, health_delay_s=0)):
+            wait_for(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
+            assert client.hget(key, "concurrency") == b"4"
+    finally:
+        stop(proc)
+        lease.close()
+
+
+def test_worker_gives_up_on_an_engine_that_never_comes(redis_url: str, tmp_path: Path) -> None:
+    lease = lease_port()
+    log = tmp_path / "w.log"
+    proc = start_worker(redis_url, f"http://127.0.0.1:{lease.port}", "never", log,
+                        env={"FLEETGEN_ENGINE_WAIT_S": "1"})
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        stop(proc)
+        lease.close()
+    text = log.read_text()
+    assert code == exitcodes.UNAVAILABLE, text
+    assert "Traceback" not in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("fleetgen worker:")]
+    assert len(lines) == 1 and "FLEETGEN_ENGINE_WAIT_S" in lines[0], text
+
+
+@pytest.mark.parametrize("concurrency", [None, 2])
+def test_worker_refuses_a_server_without_text_output(redis_url: str, tmp_path: Path,
+                                                     concurrency: int | None) -> None:
+    log = tmp_path / "w.log"
+    config = SimConfig(port=0, skip_tokenizer_init=True, health_delay_s=0)
+    with run_in_thread(config) as server:
+        proc = start_worker(redis_url, server.url, "notext", log, concurrency=concurrency)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop(proc)
+    text = log.read_text()
+    assert code == exitcodes.CONFIG, text
+    assert "Traceback" not in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("fleetgen worker:")]
+    assert len(lines) == 1 and "skip-tokenizer-init" in lines[0], text

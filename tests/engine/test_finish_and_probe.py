@@ -1,0 +1,156 @@
+"""The engine floor against real HTTP: a 200 that is an abort is an error, a duplicate rid is
+retryable, and the readiness watch tells a slow server from a gone one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from fleetgen.base import errors
+from fleetgen.engine.health import State, Watch
+from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
+from fleetgen.local.procs import wait_for
+from simulator.config import SimConfig
+from simulator.server import run_in_thread
+
+RUNNING_ABORT = {"text": "the model answers", "output_ids": [1, 2, 3], "meta_info": {
+    "id": "r", "prompt_tokens": 4, "completion_tokens": 3, "cached_tokens": 0,
+    "e2e_latency": 0.1, "finish_reason": {"type": "abort", "message": "Aborted",
+                                          "status_code": None, "err_type": None}}}
+WAITING_ABORT = {"text": "", "output_ids": [], "meta_info": {
+    "id": "r", "completion_tokens": 0, "e2e_latency": 0.1, "weight_version": "default",
+    "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}}}
+
+
+@pytest.mark.parametrize(("body", "message"), [(RUNNING_ABORT, "Aborted"),
+                                               (WAITING_ABORT, "Abort in waiting queue")])
+def test_an_abort_finish_is_a_retryable_error_with_the_servers_message(
+        body: dict[str, object], message: str) -> None:
+    with pytest.raises(errors.AbortedError) as caught:
+        parse_generation(body)
+    assert isinstance(caught.value, errors.RetryableError)
+    assert message in caught.value.message and caught.value.kind == "aborted"
+
+
+def test_only_stop_and_length_are_answers() -> None:
+    odd = json.loads(json.dumps(RUNNING_ABORT))
+    odd["meta_info"]["finish_reason"] = {"type": "paused"}
+    with pytest.raises(errors.RetryableError, match="paused"):
+        parse_generation(odd)
+    del odd["meta_info"]["finish_reason"]
+    with pytest.raises(errors.RetryableError):
+        parse_generation(odd)
+
+
+def test_an_abort_over_http_from_the_simulator_is_raised() -> None:
+    # A request running on the simulator, aborted by rid from outside, as SGLang answers it.
+    with run_in_thread(SimConfig(port=0, ttft_ms=10_000, health_delay_s=0)) as sim:
+        client = SGLangClient(sim.url, timeout_s=30, concurrency=1)
+        caught: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.generate([1, 2, 3], 8, {}, rid="victim-rid")
+            except BaseException as exc:
+                caught.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        with httpx.Client(base_url=sim.url) as http:
+            wait_for(lambda: http.get("/_sim/stats").json()["in_flight"] == 1, 30,
+                     "the request to be in flight")
+            http.post("/abort_request", json={"rid": "victim-rid"})
+        thread.join(30)
+        client.close()
+    assert len(caught) == 1 and isinstance(caught[0], errors.AbortedError), caught
+
+
+def test_a_duplicate_rid_is_retryable_over_http() -> None:
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}, "rid": "same"}
+    with run_in_thread(SimConfig(port=0, ttft_ms=10_000, health_delay_s=0)) as sim, \
+            httpx.Client(base_url=sim.url, timeout=30) as http:
+        first = threading.Thread(target=lambda: http.post("/generate", json=body))
+        first.start()
+        wait_for(lambda: http.get("/_sim/stats").json()["in_flight"] == 1, 30,
+                 "the first request to be in flight")
+        second = http.post("/generate", json=body)
+        http.post("/abort_request", json={"abort_all": True})
+        first.join(30)
+    err = from_response(second)
+    assert isinstance(err, errors.DuplicateRidError) and isinstance(err, errors.RetryableError)
+
+
+@contextmanager
+def _server(handle: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            handle(self)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_that_answers_late_is_slow_not_gone() -> None:
+    release = threading.Event()
+
+    def late(request: BaseHTTPRequestHandler) -> None:
+        release.wait(10)  # connected, no answer: a busy server
+        request.send_response(200)
+        request.end_headers()
+
+    with _server(late) as url:
+        watch = Watch(url, interval_s=0.05, gone_after_s=0.2, timeout_s=0.2)
+        try:
+            watch.start()  # the first probe is synchronous
+            assert watch.last.state is State.SLOW
+            assert watch.up() and not watch.gone()
+            client = SGLangClient(url, timeout_s=5, concurrency=1)
+            assert client.healthy()  # the task's check agrees: busy is not gone
+            client.close()
+        finally:
+            release.set()
+            watch.stop()
+
+
+def test_a_refused_server_is_gone_only_after_the_threshold() -> None:
+    with run_in_thread(SimConfig(port=0, health_delay_s=30)) as sim:
+        watch = Watch(sim.url, interval_s=0.05, gone_after_s=1.0)
+        watch.start()
+        assert watch.last.state is State.READY  # /ready, not the 30 s /health
+    try:
+        wait_for(lambda: watch.last.state is State.REFUSED, 10, "a refused probe")
+        assert not watch.gone()  # refused, but not yet for longer than the threshold
+        wait_for(watch.gone, 10, "the server to count as gone")
+        assert watch.down_for_s() > 1.0
+    finally:
+        watch.stop()
+
+
+def test_a_server_never_seen_up_is_gone_at_once() -> None:
+    def loading(request: BaseHTTPRequestHandler) -> None:
+        request.send_response(503)
+        request.end_headers()
+
+    with _server(loading) as url:
+        watch = Watch(url, interval_s=10, gone_after_s=60)
+        watch.start()
+        try:
+            assert watch.last.state is State.NOT_READY and watch.gone()
+        finally:
+            watch.stop()

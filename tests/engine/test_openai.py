@@ -1,0 +1,109 @@
+"""The OpenAI-protocol engine: each engine's length rule, the parsing of each engine's
+context-length 400, the answer shape, and protocol detection over real HTTP."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from fleetgen import engine
+from fleetgen.base import errors
+from fleetgen.base.errors import ConfigError
+from fleetgen.engine import openai
+from fleetgen.engine.api import ServerLimits
+from fleetgen.engine.detect import detect
+from tests.simulator.sim_helpers import StartSim
+
+VLLM_LONG = ("This model's maximum context length is 4096 tokens. However, your prompt contains "
+             "5000 input tokens, which exceeds this limit even without any output tokens. "
+             "Please reduce the length of the input prompt.")
+VLLM_OLD = ("This model's maximum context length is 4096 tokens. However, you requested 4200 "
+            "tokens (4000 in the messages, 200 in the completion). Please reduce the length of "
+            "the messages or completion.")
+VLLM_EQUAL = ("The decoder prompt (length 4096) plus the number of requested output tokens (at "
+              "least 1) is longer than the maximum model length of 4096. Make sure that ...")
+LLAMA = {"error": {"code": 400, "message": "request (5000 tokens) exceeds the available context "
+                   "size (4096 tokens), try increasing it", "type": "exceed_context_size_error",
+                   "n_prompt_tokens": 5000, "n_ctx": 4096}}
+
+
+def error_for(body: object) -> errors.EngineError:
+    return openai.from_response(httpx.Response(400, json=body))
+
+
+@pytest.mark.parametrize(("body", "prompt", "context"), [
+    ({"error": {"message": VLLM_LONG, "type": "BadRequestError", "code": 400}}, 5000, None),
+    ({"object": "error", "message": VLLM_OLD, "type": "BadRequestError", "code": 400}, 4000, 4096),
+    ({"error": {"message": VLLM_EQUAL, "type": "BadRequestError", "code": 400}}, 4096, None),
+    (LLAMA, 5000, None),
+    ({"error": {**LLAMA["error"], "n_prompt_tokens": 3000}}, 3000, 4096),
+])
+def test_each_engines_context_400_is_read_with_its_counts(body: object, prompt: int,
+                                                         context: int | None) -> None:
+    err = error_for(body)
+    assert isinstance(err, errors.ContextLengthError)
+    assert (err.server_prompt_tokens, err.context_length) == (prompt, context)
+
+
+def test_other_400s_are_permanent_and_5xx_retryable() -> None:
+    assert type(error_for({"error": {"message": "bad temperature"}})) is errors.PermanentError
+    assert isinstance(openai.from_response(httpx.Response(503, json={})), errors.RetryableError)
+
+
+def test_the_rules_of_vllm_and_llama_cpp_leave_context_minus_prompt() -> None:
+    limits = ServerLimits(context_length=4096, engine=openai.VLLM)
+    rule = openai.PROTOCOL.rule_for(limits)
+    assert (rule.input_limit(limits), rule.room(100, limits)) == (4096, 3996)
+    llama = ServerLimits(context_length=4096, engine=openai.LLAMA_CPP)
+    assert openai.PROTOCOL.rule_for(llama).room(4095, llama) == 1
+    sglang = ServerLimits(context_length=4096, engine=openai.SGLANG)  # SGLang's own /v1
+    assert openai.PROTOCOL.rule_for(sglang).room(100, sglang) == 4096 - 100 - 2
+    err = errors.ContextLengthError("m", 400, 4000, 4096)
+    assert rule.correction(err, 200) == 96 and rule.correction(err, 50) is None
+
+
+@pytest.mark.parametrize(("choice", "kind"), [
+    ({"text": "hi", "finish_reason": "stop"}, None),
+    ({"text": "hi", "finish_reason": "abort"}, errors.AbortedError),
+    ({"text": "hi", "finish_reason": None}, errors.AbortedError),
+])
+def test_only_stop_and_length_are_answers(choice: dict[str, object],
+                                          kind: type[Exception] | None) -> None:
+    data = {"choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    if kind is None:
+        assert openai.parse_completion(data).text == "hi"
+    else:
+        with pytest.raises(kind):
+            openai.parse_completion(data)
+
+
+def test_detection_over_http(start_sim: StartSim) -> None:
+    sglang = start_sim(context_length=4096)
+    vllm = start_sim(context_length=2048, flavor="vllm")
+    assert detect(sglang.url).protocol == "sglang"
+    found = detect(vllm.url)
+    assert (found.protocol, found.engine) == ("openai", "vllm"), found
+    assert engine.resolve(None, vllm.url).name == "openai"
+    with pytest.raises(ConfigError, match="does not speak SGLang's native protocol"):
+        engine.resolve("sglang", vllm.url)
+    with pytest.raises(ConfigError, match="unknown engine protocol 'bogus'"):
+        engine.resolve("bogus", vllm.url)
+    limits = openai.PROTOCOL.read_limits(vllm.url)
+    assert (limits.context_length, limits.engine) == (2048, "vllm")
+
+
+def test_the_client_generates_with_token_ids_and_a_budget_the_rule_allows(
+        start_sim: StartSim) -> None:
+    vllm = start_sim(context_length=64, flavor="vllm", output_tokens_mean=10_000)
+    client = openai.PROTOCOL.connect(vllm.url, timeout_s=10, concurrency=1)
+    try:
+        limits = openai.PROTOCOL.read_limits(vllm.url)
+        room = client.rule.room(10, limits)
+        gen = client.generate(list(range(1, 11)), room, {"seed": 3}, rid="r:1:ab")
+        assert (gen.prompt_tokens, gen.completion_tokens, gen.finish_reason) == (10, 54, "length")
+        with pytest.raises(errors.ContextLengthError) as info:
+            client.generate(list(range(1, 65)), 1, {}, rid="r:2:ab")
+        assert info.value.server_prompt_tokens == 64
+        assert client.healthy()
+    finally:
+        client.close()

@@ -1,0 +1,58 @@
+"""A prompt delivered twice to one server while its first delivery still runs: SGLang refuses
+a rid already in flight (400 `Duplicate request ID`), so every delivery needs its own rid."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import redis
+
+from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
+from fleetgen.base.redisconn import connect
+from fleetgen.local.procs import wait_for
+from producer.enqueue import Enqueuer
+from simulator.config import SimConfig
+from simulator.server import run_in_thread
+from tests.workers.workerproc import start_worker, stop
+from workers.drainer import Drainer
+
+
+def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path: Path) -> None:
+    run = "dup"
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    payload = TaskPayload(run=run, line=1, id="d1", input_ids=[5, 6, 7, 8], max_tokens=16,
+                          sampling={}, row={})
+    # A first token after 3 s keeps the first delivery running while the second arrives.
+    with run_in_thread(SimConfig(port=0, ttft_ms=3000, tpot_ms=0, health_delay_s=0)) as sim:
+        proc = start_worker(redis_url, sim.url, "dup", tmp_path / "w.log", concurrency=2,
+                            env={"FLEETGEN_BACKOFF_BASE_S": "0.05"})
+        try:
+            Enqueuer(client, run).send([payload, payload])  # the same message, twice
+            with httpx.Client(base_url=sim.url) as http:
+                wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] >= 1, 60,
+                         "the first delivery to be running")
+            wait_for(lambda: client.xlen(keys.stream) >= 2, 60, "both deliveries to finish")
+        finally:
+            stop(proc)
+    kinds = [fields[b"k"].decode() for _, fields in client.xrange(keys.stream)]
+    records = [orjson.loads(fields[b"d"]) for _, fields in client.xrange(keys.stream)]
+    assert kinds == ["result", "result"], records
+    assert client.hget(keys.stats, "failed") is None
+
+    client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": 1})
+    out = tmp_path / "out"
+    drainer = Drainer(connect(redis_url), run, out, block_ms=100)
+    drainer.recover()
+    deadline = time.monotonic() + 30
+    try:
+        drainer.run_until_complete(should_stop=lambda: time.monotonic() > deadline)
+    finally:
+        drainer.close()
+    assert drainer.complete()
+    rows = (out / "results.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(r)["id"] for r in rows] == ["d1"]
+    assert not (out / "failures.jsonl").exists() or not (out / "failures.jsonl").read_bytes()

@@ -1,0 +1,87 @@
+"""generate_one against a real HTTP server that aborts every request: each attempt gets a rid
+of its own, and past the attempt limit the row is a failure carrying the server's abort
+message, never a result."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from fleetgen.base.contract import TaskPayload
+from fleetgen.engine.sglang import SGLangClient
+from workers.generate import RetryPolicy, generate_one, request_id
+
+ABORTED = {"text": "the model", "output_ids": [1, 2], "meta_info": {
+    "id": "r", "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 0,
+    "e2e_latency": 0.1, "finish_reason": {"type": "abort", "message": "Aborted",
+                                          "status_code": None, "err_type": None}}}
+
+
+class MemorySink:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, dict[str, Any]]] = []
+
+    def is_done(self, run: str, line: int) -> bool:
+        return False
+
+    def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
+             stats: dict[str, int], payload: dict[str, Any] | None = None) -> None:
+        self.emitted.append((kind, record))
+
+
+@pytest.fixture()
+def aborting_server() -> Iterator[tuple[str, list[str]]]:
+    rids: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # /ready: up
+            self.send_response(200)
+            self.end_headers()
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            rids.append(body["rid"])
+            data = json.dumps(ABORTED).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", rids
+    server.shutdown()
+    server.server_close()
+
+
+def test_aborted_on_every_attempt_is_a_failure_with_the_abort_message(
+        aborting_server: tuple[str, list[str]]) -> None:
+    url, rids = aborting_server
+    client = SGLangClient(url, timeout_s=10, concurrency=1)
+    sink = MemorySink()
+    payload = TaskPayload(run="r", line=7, id="x7", input_ids=[1, 2, 3], max_tokens=8,
+                          sampling={}, row={})
+    kind = generate_one(payload, client, sink, RetryPolicy(max_attempts=3), worker="w",
+                        sleep=lambda _: None, rng=random.Random(0))
+    client.close()
+    assert kind == "failure"
+    [(emitted, record)] = sink.emitted
+    assert emitted == "failure" and record["attempts"] == 3
+    assert record["error"]["type"] == "aborted" and "Aborted" in record["error"]["message"]
+    assert len(rids) == 3 and len(set(rids)) == 3  # a new rid for every attempt
+
+
+def test_rids_are_unique_and_never_a_prefix_of_one_another() -> None:
+    rids = [request_id("run", line) for line in (1, 1, 10, 11, 100) for _ in range(3)]
+    assert len(set(rids)) == len(rids)
+    assert not [(a, b) for a in rids for b in rids if a != b and b.startswith(a)]

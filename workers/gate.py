@@ -1,0 +1,78 @@
+"""The health gate: a Celery consumer step that stops taking prompts while the worker's engine
+is gone and takes them again once it is back, and publishes the worker's heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, ClassVar
+
+from celery import bootsteps
+
+from fleetgen.base.contract import QUEUE, WORKER_TTL_S, worker_key
+from fleetgen.engine.health import Watch
+from workers import runtime
+
+log = logging.getLogger("fleetgen.worker")
+
+
+class HealthGate(bootsteps.StartStopStep):
+    """Runs on Celery's consumer loop, so it must never wait on the network: the probing is
+    the runtime's `Watch` thread; this step only reads its last answer. Slow (connected,
+    answering late) keeps the gate open; gone (refused or not ready past
+    FLEETGEN_ENGINE_GONE_S, or never up yet) closes it. Prompts already held are handed back
+    by the task itself (`EngineGone` -> Reject(requeue=True))."""
+
+    requires: ClassVar[set[str]] = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._tref: Any = None
+        self._consuming = True
+
+    def start(self, c: Any) -> None:
+        rt = runtime.get()
+        # The first probe is made here, before the first prompt: a worker beside an SGLang
+        # server that is still loading its weights must not take (and bounce) prompts.
+        rt.watch.start()
+        self.check(c)
+        self._tref = c.timer.call_repeatedly(rt.settings.health_interval_s, self.check, (c,),
+                                             priority=10)
+
+    def stop(self, c: Any) -> None:
+        if self._tref is not None:
+            self._tref.cancel()
+            self._tref = None
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+        runtime.get().watch.stop()
+
+    def check(self, c: Any) -> None:
+        rt = runtime.get()
+        watch = rt.watch
+        if self._consuming and watch.gone():
+            log.warning("engine %s gone (%s, down %.1f s): %s stops taking prompts",
+                        rt.engine.base_url, watch.last.detail, watch.down_for_s(), rt.worker)
+            c.cancel_task_queue(QUEUE)
+            self._consuming = False
+        elif not self._consuming and watch.last.ready:
+            log.warning("engine %s ready again: %s takes prompts", rt.engine.base_url,
+                        rt.worker)
+            c.add_task_queue(QUEUE)
+            self._consuming = True
+        self._heartbeat(rt, watch)
+
+    def _heartbeat(self, rt: runtime.Runtime, watch: Watch) -> None:
+        key = worker_key(rt.worker)
+        try:
+            pipe = rt.redis.pipeline()
+            pipe.hset(key, mapping={"engine": rt.engine.base_url, "healthy": int(watch.up()),
+                                    "engine_state": watch.last.state.value,
+                                    "consuming": int(self._consuming), "at": time.time(),
+                                    "concurrency": runtime.concurrency(),
+                                    "inflight": runtime.in_flight_count()})
+            pipe.expire(key, WORKER_TTL_S)
+            pipe.execute()
+        except Exception:  # a heartbeat must never kill the consumer's timer
+            log.debug("heartbeat failed", exc_info=True)
