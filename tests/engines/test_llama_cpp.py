@@ -87,11 +87,12 @@ def test_llama_tokenizes_rendered_chats_as_fleetgen_does(
             at = first_difference(ids, theirs)
             disagree.append(f"{row_id}: at token {at} fleetgen {ids[at:at + 5]} "
                             f"llama.cpp {theirs[at:at + 5]}")
-    specials = sum(QWEN_SPECIAL_IDS["<|im_start|>"] in ids for ids in ours)
+    chats = sum(QWEN_SPECIAL_IDS["<|im_start|>"] in ids for ids in ours)
     tokens = sum(len(ids) for ids in ours)
     print(f"\ntokenizer agreement with llama.cpp {llama_version()}: "
-          f"{len(rows) - len(disagree)}/{len(rows)} rows, {tokens} tokens")
-    assert len(rows) >= 400 and specials == len(rows)  # every row went through the template
+          f"{len(rows) - len(disagree)}/{len(rows)} rows ({chats} rendered chats, the rest raw "
+          f"prompts), {tokens} tokens")
+    assert len(rows) >= 400 and chats >= 350  # most through the template, specials and all
     assert not disagree, f"{len(disagree)} of {len(rows)} rows differ:\n" + "\n".join(disagree[:10])
 
 
