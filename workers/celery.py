@@ -70,6 +70,7 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
         else:
             limits = startup.wait_for_limits(proto, _settings)
         startup.check_usable(limits, _settings.engine_url)
+        size, why = (None, "") if fixed else startup.pool_size(proto, limits)
     except StartupRefused as exc:
         _refuse(exc)
     except EngineError as exc:  # only with -c: the engine is not there yet
@@ -77,7 +78,6 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
                     _settings.engine_url, exc.message)
         return
     if not fixed:
-        size, why = startup.pool_size(proto, limits)
         if size:
             conf.worker_concurrency = size
         log.warning("%s", why)
