@@ -17,6 +17,7 @@ from fleetgen.base.errors import ConfigError, EngineError, EngineGone
 from workers import runtime, startup
 from workers.gate import HealthGate
 from workers.generate import generate_one
+from workers.handback import RememberConsumer
 from workers.settings import WorkerSettings
 from workers.startup import StartupRefused
 
@@ -90,3 +91,4 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 app.steps["consumer"].add(HealthGate)
+app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)
