@@ -45,7 +45,11 @@ def resolve_limits(s: ProducerSettings) -> Limits:
     """The limits every server allows: from the flags, and from each --engine-url (the smallest
     context and input limit, the largest speculative reserve win)."""
     first = s.engine_url[0] if s.engine_url else None
-    proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
+    try:
+        proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
+    except EngineUnreachable as exc:
+        raise EngineUnreachable(f"cannot read limits from {first}: {exc.message}; is the "
+                                "server up? (`fleetgen doctor --engine-url URL`)") from exc
     rule = proto.rule
     context, max_total, input_limit = s.context_length, None, s.max_req_input_len
     reserve = s.reserved_tokens

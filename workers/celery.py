@@ -17,6 +17,7 @@ from fleetgen.base.errors import ConfigError, EngineError, EngineGone
 from workers import runtime, startup
 from workers.gate import HealthGate
 from workers.generate import generate_one
+from workers.handback import RememberConsumer
 from workers.settings import WorkerSettings
 from workers.startup import StartupRefused
 
@@ -70,6 +71,7 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
         else:
             limits = startup.wait_for_limits(proto, _settings)
         startup.check_usable(limits, _settings.engine_url)
+        size, why = (None, "") if fixed else startup.pool_size(proto, limits)
     except StartupRefused as exc:
         _refuse(exc)
     except EngineError as exc:  # only with -c: the engine is not there yet
@@ -77,7 +79,6 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
                     _settings.engine_url, exc.message)
         return
     if not fixed:
-        size, why = startup.pool_size(proto, limits)
         if size:
             conf.worker_concurrency = size
         log.warning("%s", why)
@@ -90,3 +91,4 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 app.steps["consumer"].add(HealthGate)
+app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)

@@ -7,10 +7,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from fleetgen import engine
+from fleetgen.base.errors import EngineError
+from fleetgen.base.outcomes import Generation
 from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import Watch
 from workers.generate import RetryPolicy
@@ -27,6 +30,47 @@ class Runtime:
     policy: RetryPolicy
     worker: str
     watch: Watch  # the one readiness prober of this process (started by the health gate)
+
+
+class LazyEngine:
+    """The engine client, built on first use. A worker started with -c beside a server that
+    is not up yet cannot know its protocol (it is detected from the server's answers), and the
+    health gate lets no prompt through before the server has answered."""
+
+    def __init__(self, s: WorkerSettings, concurrency: int) -> None:
+        self.base_url = s.engine_url
+        self._settings = s
+        self._concurrency = concurrency
+        self._client: engine.Engine | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> engine.Engine:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    s = self._settings
+                    self._client = protocol(s).connect(
+                        s.engine_url, timeout_s=s.request_timeout_s,
+                        concurrency=self._concurrency, api_key=s.engine_api_key)
+        return self._client
+
+    @property
+    def rule(self) -> engine.LengthRule:
+        return self._get().rule
+
+    def generate(self, input_ids: list[int], max_new_tokens: int,
+                 sampling: dict[str, Any], rid: str) -> Generation:
+        return self._get().generate(input_ids, max_new_tokens, sampling, rid)
+
+    def healthy(self) -> bool:
+        try:
+            return self._get().healthy()
+        except EngineError:
+            return False
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
 
 _lock = threading.Lock()
@@ -97,9 +141,7 @@ def get() -> Runtime:
             client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
             _runtime = Runtime(
                 settings=s,
-                engine=protocol(s).connect(
-                    s.engine_url, timeout_s=s.request_timeout_s, concurrency=_concurrency,
-                    api_key=s.engine_api_key),
+                engine=LazyEngine(s, _concurrency),
                 redis=client,
                 sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
                 policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s,

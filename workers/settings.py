@@ -31,6 +31,9 @@ class WorkerSettings:
     # (SGLang keeps its port closed while it loads weights) before exiting with code 4.
     engine_wait_s: float = 600.0
     wait_aof: bool = False
+    # A worker stopped with SIGTERM finishes its prompts for this long, then hands back to the
+    # queue whatever is still running and exits (workers/handback.py).
+    handback_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -38,7 +41,7 @@ class WorkerSettings:
                               f"got {self.engine_url!r}")
         if self.engine_protocol is not None:
             engine.protocol(self.engine_protocol)  # ConfigError naming the known ones
-        for name in ("health_interval_s", "engine_gone_s", "engine_wait_s"):
+        for name in ("health_interval_s", "engine_gone_s", "engine_wait_s", "handback_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"FLEETGEN_{name.upper()} must be > 0, "
                                   f"got {getattr(self, name):g}")
@@ -68,6 +71,7 @@ class WorkerSettings:
             engine_gone_s=_num(env, "FLEETGEN_ENGINE_GONE_S", 10.0),
             engine_wait_s=_num(env, "FLEETGEN_ENGINE_WAIT_S", 600.0),
             wait_aof=env.get("FLEETGEN_WAIT_AOF", "0").lower() in ("1", "true", "yes"),
+            handback_s=_num(env, "FLEETGEN_HANDBACK_S", 30.0),
         )
 
 

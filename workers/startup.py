@@ -99,8 +99,17 @@ def check_usable(limits: ServerLimits, url: str) -> None:
 def pool_size(proto: EngineProtocol, limits: ServerLimits) -> tuple[int | None, str]:
     """The thread count the protocol suggests and the log line that says why."""
     size = proto.pool_size(limits)
+    if limits.servers_behind:
+        total = limits.max_running_requests
+        example = f"-c {total + 1} for the only worker, about {total}/W + 1 each for W" \
+            if total else "the servers' running requests + 1, shared among the workers"
+        raise StartupRefused(
+            f"the engine is an SGLang router in front of {limits.servers_behind} server(s) "
+            f"running {total or 'an unknown number of'} requests at once in all; how many "
+            f"workers share them is not the router's to say: pass -c ({example})",
+            exitcodes.CONFIG)
     if not size:
-        return None, ("engine reports no running-request limit; keeping Celery's default pool "
-                      "(pass -c)")
+        return None, (f"{limits.engine} does not report how many requests it runs at once; "
+                      "keeping Celery's default pool: pass -c (vLLM: its --max-num-seqs + 1)")
     return size, (f"pool sized from the engine: {limits.max_running_requests} running requests "
                   f"in force ({limits.running_requests_from}, dp {limits.dp_size}) -> -c {size}")

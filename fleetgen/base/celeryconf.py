@@ -10,7 +10,8 @@ from fleetgen.base.contract import QUEUE, TASK_NAME
 
 # Default visibility timeout: longer than the worst task (every attempt timing out plus
 # backoff, see WorkerSettings). A SIGKILLed worker's prompts come back after this; a worker
-# stopped with SIGTERM hands them back at once through soft shutdown.
+# stopped with SIGTERM hands back what it still runs after FLEETGEN_HANDBACK_S
+# (workers/handback.py; Celery's warm shutdown alone would wait for every running task).
 DEFAULT_VISIBILITY_TIMEOUT_S = 7200
 
 

@@ -27,6 +27,7 @@ from fleetgen.engine.preflight import (
     refuses_past_total,
     tiny_generation,
 )
+from fleetgen.engine.sglang import servers_behind
 
 # The server contradicts the budget model: a run would get 400s, truncated prompts or no text.
 DISAGREES = 1
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         proto = engine.resolve(args.engine_protocol, args.engine_url[0], api_key)
     except errors.EngineError:  # unreachable: each server's report says so
         proto = engine.protocol(args.engine_protocol or engine.DEFAULT_PROTOCOL)
-    reports = [examine(url, proto, args.timeout_s, api_key) for url in args.engine_url]
+    urls = expand_routers(args.engine_url, api_key)
+    reports = [examine(url, proto, args.timeout_s, api_key) for url in urls]
     known = {r.url: r.limits for r in reports if r.limits is not None}
     fleet_checks = fleet_disagreements(known)
     assumed = combine(list(known.values()), proto.rule_for(next(iter(known.values())))) \
@@ -141,6 +143,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_text(reports, fleet_checks, assumed, code))
     return code
+
+
+def expand_routers(urls: list[str], api_key: str | None) -> list[str]:
+    """An SGLang router passes each request to one of its servers, so a probe through it
+    checks whichever it picked: examine the servers it lists instead, each on its own."""
+    expanded: list[str] = []
+    for url in urls:
+        try:
+            behind = servers_behind(url, api_key=api_key)
+        except errors.EngineError:
+            behind = []  # not a router, or not answering: examine() reports it
+        if behind:
+            print(f"{url} is an SGLang router; examining the {len(behind)} server(s) behind it")
+        expanded += behind or [url]
+    return expanded
 
 
 # -- output -----------------------------------------------------------------------------------

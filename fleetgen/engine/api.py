@@ -30,6 +30,7 @@ class ServerLimits:
     reserved_tokens: int = 0  # counted with the input in the length checks (speculative decoding)
     deterministic: bool | None = None  # whether a sampling seed is honoured; None: not reported
     skip_tokenizer_init: bool = False  # the server sends output ids only, no text
+    servers_behind: int = 0  # 0: the URL is a server; N: an SGLang router in front of N
 
 
 class LengthRule(Protocol):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from fleetgen.base.errors import ConfigError, EngineUnreachable
-from fleetgen.engine.http import auth_headers
+from fleetgen.engine.http import auth_headers, optional_json
 
 
 @dataclass(frozen=True)
@@ -33,16 +32,16 @@ def detect(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -
 
 def _detect(http: httpx.Client, base_url: str) -> Detected:
     for path in ("/server_info", "/get_server_info"):
-        info = _json(http, path)
+        info = optional_json(http, path)
         if isinstance(info, dict) and info.get("router_manager"):
             return Detected("sglang", "sglang-router", f"{path} describes an SGLang router")
         if isinstance(info, dict):  # neither vLLM nor llama.cpp has this endpoint
             return Detected("sglang", "sglang",
                             f"{path} answers (SGLang {info.get('version', 'of unknown version')})")
-    props = _json(http, "/props")
+    props = optional_json(http, "/props")
     if isinstance(props, dict) and "default_generation_settings" in props:
         return Detected("openai", "llama.cpp", "/props answers (llama.cpp's server)")
-    models = _json(http, "/v1/models")
+    models = optional_json(http, "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
     if isinstance(data, list) and data and isinstance(data[0], dict):
         owner = data[0].get("owned_by", "?")
@@ -50,13 +49,3 @@ def _detect(http: httpx.Client, base_url: str) -> Detected:
                                               "no SGLang server info")
     raise ConfigError(f"{base_url} answers neither SGLang's native protocol (/server_info) nor "
                       "the OpenAI protocol (/v1/models); is it an inference server?")
-
-
-def _json(http: httpx.Client, path: str) -> Any:
-    response = http.get(path)
-    if response.status_code != 200:
-        return None
-    try:
-        return response.json()
-    except ValueError:
-        return None

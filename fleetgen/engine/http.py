@@ -42,6 +42,18 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def optional_json(http: httpx.Client, path: str) -> Any:
+    """GET a JSON document, or None for any status but 200 or a body that is not JSON (an
+    endpoint some engines have and others do not). Transport errors propagate."""
+    response = http.get(path)
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
 def get_json(http: httpx.Client, path: str) -> Any:
     """GET a JSON document; EngineError for anything but a 200 with JSON."""
     try:

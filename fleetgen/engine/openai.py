@@ -18,6 +18,7 @@ from fleetgen.engine.http import (
     error_message,
     from_transport,
     get_json,
+    optional_json,
 )
 from fleetgen.engine.sglang import PROBE_TIMEOUT_S
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
@@ -218,14 +219,8 @@ def read_limits(base_url: str, *, api_key: str | None = None,
 
 def _optional_json(http: httpx.Client, path: str) -> Any:
     try:
-        response = http.get(path)
+        return optional_json(http, path)
     except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    try:
-        return response.json()
-    except ValueError:
         return None
 
 

@@ -6,6 +6,7 @@ Read against SGLang's source (python/sglang/srt/...); see ../shared/notes/sglang
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -21,6 +22,7 @@ from fleetgen.engine.http import (
     from_transport,
     get_json,
 )
+from fleetgen.engine.preflight import combine
 
 # A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
 PROBE_TIMEOUT_S = 2.0
@@ -223,6 +225,8 @@ def read_limits(base_url: str, *, api_key: str | None = None,
         entry = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
         context = entry.get("max_model_len")
         info = _server_info(http)
+        if info.get("router_manager"):
+            return router_limits(http, api_key=api_key, timeout_s=timeout_s)
     if context is None:
         context = info.get("context_length")
     if not isinstance(context, int) or context <= 0:
@@ -241,6 +245,39 @@ def read_limits(base_url: str, *, api_key: str | None = None,
                         reserved_tokens=reserved_tokens(info),
                         deterministic=deterministic if isinstance(deterministic, bool) else None,
                         skip_tokenizer_init=info.get("skip_tokenizer_init") is True)
+
+
+def router_limits(http: httpx.Client, *, api_key: str | None, timeout_s: float) -> ServerLimits:
+    """An SGLang router (sglang-router 0.3.2: `/get_server_info` is
+    `{"router_manager": true, ...}`, `/v1/models` has no max_model_len, `/server_info` is
+    404) says nothing of the limits, but `/workers` lists the servers behind it: read each,
+    and keep what holds on all of them (the smallest context wins)."""
+    urls = listed_servers(http)
+    servers = [read_limits(url, api_key=api_key, timeout_s=timeout_s) for url in urls]
+    fleet = combine(servers, RULE)
+    running = [s.max_running_requests for s in servers]
+    return replace(fleet, servers_behind=len(servers), running_requests_from="the servers "
+                   "behind the router", max_running_requests=sum(r for r in running if r)
+                   if all(running) else None)
+
+
+def listed_servers(http: httpx.Client) -> list[str]:
+    """The URLs of the servers an SGLang router lists in `/workers`."""
+    listed = get_json(http, "/workers")
+    urls = [w["url"] for w in (listed.get("workers") or []) if isinstance(w, dict)
+            and isinstance(w.get("url"), str)] if isinstance(listed, dict) else []
+    if not urls:
+        raise errors.PermanentError("the SGLang router lists no servers behind it (/workers)")
+    return urls
+
+
+def servers_behind(base_url: str, *, api_key: str | None = None,
+                   timeout_s: float = 10.0) -> list[str]:
+    """The servers behind `base_url` if it is an SGLang router, else []."""
+    with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
+                      timeout=timeout_s) as http:
+        info = _server_info(http)
+        return listed_servers(http) if info.get("router_manager") else []
 
 
 def running_requests(info: dict[str, Any]) -> int | None:
@@ -322,10 +359,14 @@ class SGLangProtocol:
         return read_limits(base_url, api_key=api_key, timeout_s=timeout_s)
 
     def pool_size(self, limits: ServerLimits) -> int | None:
-        """K + 1 threads for K running slots, so one request always waits in the server's
+        """None behind a router: its servers' slots are shared by every worker that points at
+        it, and how many do is not the router's to say (the worker asks for -c).
+        Else K + 1 threads for K running slots, so one request always waits in the server's
         queue while a thread does its bookkeeping (96 % -> 99.7 % slot utilization for short
         requests, docs/performance.md)."""
         slots = limits.max_running_requests
+        if limits.servers_behind:
+            return None
         return slots + 1 if slots else None
 
 

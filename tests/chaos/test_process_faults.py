@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import redis
 
 from fleetgen.base.contract import RunKeys
@@ -122,19 +121,16 @@ def test_worker_sigterm_finishes_what_it_holds(make_fleet: FleetFactory,
           f"signal and finished the {finished} it held during its warm shutdown")
 
 
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired, reason=(
-    "Celery's SIGTERM is a warm shutdown that waits for running tasks without limit; "
-    "worker_soft_shutdown_timeout only applies to a cold shutdown (SIGQUIT, or SIGTERM with "
-    "REMAP_SIGTERM=SIGQUIT), and even then the threads pool cannot cancel a task "
-    "(NotImplementedError: kill_job), so a worker whose requests outlast 30 s hands nothing "
-    "back until they end (up to FLEETGEN_REQUEST_TIMEOUT_S)"))
 def test_worker_sigterm_hands_back_what_it_cannot_finish(make_fleet: FleetFactory,
                                                          tmp_path: Path) -> None:
     # gpu1's server takes 120 s to its first token: nothing it holds can finish inside the
-    # 30 s soft shutdown, so what it holds must be handed back. A visibility timeout far
-    # longer than the test: only that hand-back can finish the run.
+    # hand-back grace (FLEETGEN_HANDBACK_S, 5 s here), so what it holds must be handed back.
+    # A visibility timeout far longer than the test: only that hand-back can finish the run.
+    # (Celery's SIGTERM alone is a warm shutdown that waits for running tasks without limit,
+    # and its threads pool cannot cancel one: workers/handback.py.)
     fleet = make_fleet(gpu_sim_args={1: ["--ttft-ms", "120000", "--drain-timeout-s", "1"]},
-                       worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "3600"})
+                       worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "3600",
+                                   "FLEETGEN_HANDBACK_S": "5"})
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, N)
     client = redis.Redis.from_url(fleet.redis_url)
@@ -154,7 +150,7 @@ def test_worker_sigterm_hands_back_what_it_cannot_finish(make_fleet: FleetFactor
     assert len(holding) >= slots, f"gpu1 held {len(holding)} prompts, expected {slots}"
     stopped_at = time.monotonic()
     worker.signal(signal.SIGTERM)
-    worker.proc.wait(timeout=45)  # the 30 s soft shutdown, then the hand-back
+    worker.proc.wait(timeout=45)  # the 5 s grace, then the hand-back and exit
     shutdown_s = time.monotonic() - stopped_at
     drain(fleet, "handback", out, timeout_s=90)
     data = assert_exactly_once(out, set(kinds["good"]))
@@ -163,6 +159,7 @@ def test_worker_sigterm_hands_back_what_it_cannot_finish(make_fleet: FleetFactor
     by_line = {r["line"]: r for r in data["results"]}
     assert sim_stats(fleet)[1]["requests_total"].get("200", 0) == 0  # gpu1 finished nothing
     assert all(by_line[line]["worker"] != gpu1 for line in holding)
+    assert "handed back to the queue" in worker.log_path.read_text()
     print(f"\nworker SIGTERM: gpu1 held {len(holding)} prompts, finished 0, exited after "
           f"{shutdown_s:.1f} s and handed all back")
 
