@@ -28,10 +28,8 @@ BLOCK = re.compile(r"(<!-- perf:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /perf
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 Figures = dict[str, dict[str, Any]]
-
-
-class FiguresMissing(Exception):
-    """A table needs a bench whose JSON is not in the figures directory."""
+# The arguments that set a bench's size, named in each table's provenance.
+SIZE_ARGUMENTS = ("rows", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets")
 
 
 def num(value: float, digits: int = 0) -> str:
@@ -55,8 +53,11 @@ def provenance(figs: Figures, names: Sequence[str]) -> str:
     for name in names:
         f = figs[name]
         load = f["machine"].get("loadavg_1_5_15", [0.0])[0]
-        parts.append(f"`{name}`: {f['run']}, {f['at'][:10]}, commit {f['commit'][:12]}, "
-                     f"load {load:.1f} on {f['machine']['cpus']} cores")
+        sizes = ", ".join(f"{k} {v}" for k, v in f["arguments"].items()
+                          if k in SIZE_ARGUMENTS and v is not None)
+        parts.append(f"`{name}`: {f['run']}, {f['at'][:10]}, commit {_short(f['commit'])}, "
+                     f"{sizes or 'default sizes'}, load {load:.1f} on {f['machine']['cpus']} "
+                     "cores")
     return "<sub>From bench/figures/ — " + "; ".join(parts) + ".</sub>"
 
 
@@ -238,8 +239,10 @@ def render_block(name: str, figs: Figures) -> str:
     benches, render = TABLES[name]
     missing = [b for b in benches if b not in figs]
     if missing:
-        raise FiguresMissing(f"perf:{name} needs {', '.join(m + '.json' for m in missing)}: "
-                             "run `make bench` (or `python -m bench NAME`)")
+        # A bench not yet run (or not finished in the time a run had) says so in the docs.
+        return (f"*No figures yet: bench/figures/ has no "
+                f"{', '.join(m + '.json' for m in missing)} "
+                f"(run `python -m bench {missing[0]}`).*\n")
     return render(figs) + "\n\n" + provenance(figs, benches) + "\n"
 
 
@@ -263,7 +266,7 @@ def main(argv: Sequence[str]) -> int:
         text = path.read_text()
         try:
             new = fill(text, figs)
-        except (KeyError, FiguresMissing) as exc:
+        except KeyError as exc:
             print(f"{path}: {exc.args[0]}", file=sys.stderr)
             return EXIT_ERROR
         if new == text:
