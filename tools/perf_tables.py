@@ -163,8 +163,17 @@ def _count(rows: int) -> str:
 
 
 def summary_table(figs: Figures) -> str:
-    return md_table(["figure", "value", "what limits it"], "lll",
-                    fleet_summary(figs) + other_summary(figs))
+    """The fleet's rows and the others' rows, each part only when its benches have run."""
+    rows = fleet_summary(figs) if "fleet" in figs else []
+    others = ("producer", "memory", "drainer", "ceiling")
+    rows += other_summary(figs) if all(b in figs for b in others) else []
+    missing = [b for b in SUMMARY if b not in figs]
+    note = (f"\n\n*No figures yet from {', '.join(missing)}: bench/figures/ lacks "
+            f"{', '.join(m + '.json' for m in missing)}.*") if missing else ""
+    return md_table(["figure", "value", "what limits it"], "lll", rows) + note
+
+
+SUMMARY = ("fleet", "producer", "memory", "drainer", "ceiling")
 
 
 def ordering_table(figs: Figures) -> str:
@@ -218,7 +227,7 @@ def ceiling_table(figs: Figures) -> str:
 
 # block name -> (benches it reads, the function that renders it)
 TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
-    "summary": (("fleet", "producer", "memory", "drainer", "ceiling"), summary_table),
+    "summary": ((), summary_table),  # renders what there is, names what is missing
     "fleet": (("fleet",), fleet_table),
     "ordering": (("ordering",), ordering_table),
     "producer": (("producer",), producer_table),
@@ -243,7 +252,8 @@ def render_block(name: str, figs: Figures) -> str:
         return (f"*No figures yet: bench/figures/ has no "
                 f"{', '.join(m + '.json' for m in missing)} "
                 f"(run `python -m bench {missing[0]}`).*\n")
-    return render(figs) + "\n\n" + provenance(figs, benches) + "\n"
+    present = [b for b in benches or SUMMARY if b in figs]
+    return render(figs) + "\n\n" + provenance(figs, present) + "\n"
 
 
 def fill(text: str, figs: Figures) -> str:
