@@ -104,8 +104,8 @@ def fleet_summary(figs: Figures) -> list[list[str]]:
     return [
         ["fleet, all GPUs equal: makespan / ideal, utilization", f"**{_ratio_util(equal)}** "
          f"({_seeds(runs, 'equal')}; {num(seed_k['context_length_failures'])} seed rows lost "
-         "to HTTP 400)", "heavy-tailed answers: the last long request (a perfect zero-overhead "
-         f"dispatcher in the same order: {replay:.3f})"],
+         "to HTTP 400)", f"heavy-tailed answers up to {replay:.3f} (a perfect zero-overhead "
+         "dispatcher in the same order); above that, fleetgen's dispatch overhead"],
         ["fleet, one GPU at half speed", f"**{_ratio_util(half)}** ({_seeds(runs, 'half-speed')})",
          "same"],
         ["fleet, one server SIGKILLed half-way", f"**{_ratio_util(dies)}**, "
