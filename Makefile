@@ -35,8 +35,10 @@ N ?= 3
 flaky: $(ENGINES)
 	$(BIN)/python tools/flaky.py -n $(N)
 
+# Every bench, its figures into bench/figures/*.json (tracked), then the docs' tables from them.
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python tools/perf_tables.py
 
 clean:
 	rm -rf $(VENV) out bench/results

@@ -1,10 +1,14 @@
-"""`python -m bench [NAME ...]`: run every bench or the named one; tables out, JSON in results/."""
+"""`python -m bench [NAME ...]`: run every bench or the named one; tables out, JSON figures
+in bench/figures/ (tracked; `python tools/perf_tables.py` turns them into the docs' tables)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
+
+from bench.common import RUN_ENV
 
 # name -> module; each module has main(argv) -> int and prints its own table.
 BENCHES = {
@@ -26,6 +30,9 @@ def main(argv: list[str]) -> int:
         names, rest = [argv[0]], argv[1:]
     else:
         names, rest = list(BENCHES), argv
+        # Every file of this run carries the same run id: the docs can say which run a
+        # figure is from.
+        os.environ.setdefault(RUN_ENV, "make bench " + time.strftime("%Y-%m-%dT%H:%M:%S"))
     for name in names:
         started = time.monotonic()
         print(f"== bench {name} ==", flush=True)

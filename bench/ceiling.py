@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
                 [[round(v, 2) for v in r["cpu_ms_per_row"].values()]]))
     save("ceiling", {**r, "gpus": args.gpus, "slots": SLOTS,
                      "assumption": {"gpu_tokens_per_s": GPU_TOKENS_PER_S,
-                                    "tokens_per_row": TOKENS_PER_ROW}})
+                                    "tokens_per_row": TOKENS_PER_ROW}}, vars(args))
     return 0
 
 

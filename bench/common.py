@@ -1,4 +1,4 @@
-"""Shared bench helpers: deterministic prompt files, tables, JSON results, process memory."""
+"""Shared bench helpers: deterministic prompt files, tables, JSON figures, process memory."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import platform
 import random
 import resource
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,9 +14,13 @@ from typing import Any
 
 import orjson
 
-# FLEETGEN_BENCH_RESULTS moves the JSON elsewhere (the smoke test must not overwrite a run).
-RESULTS_DIR = Path(os.environ.get("FLEETGEN_BENCH_RESULTS")
-                   or Path(__file__).resolve().parent / "results")
+# Tracked: docs/performance.md and the README's table are generated from these files
+# (tools/perf_tables.py). FLEETGEN_BENCH_FIGURES moves them elsewhere (the smoke test must
+# not overwrite a real run's figures).
+FIGURES_DIR = Path(os.environ.get("FLEETGEN_BENCH_FIGURES")
+                   or Path(__file__).resolve().parent / "figures")
+# Set by `python -m bench` when it runs every bench, so each file says which run it is from.
+RUN_ENV = "FLEETGEN_BENCH_RUN"
 
 # Words that tokenize to about one Qwen3.6 token each, plus a few multi-token snippets so
 # the text is not all ASCII (the tokenizer's slow paths must be exercised too).
@@ -82,14 +87,35 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def save(name: str, data: dict[str, Any]) -> Path:
-    """Write bench/results/<name>.json with the machine it ran on."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    data = {"bench": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(),
+def save(name: str, data: dict[str, Any],
+         arguments: dict[str, Any] | None = None) -> Path:
+    """Write bench/figures/<name>.json: the figures plus the machine, the date, the sizes
+    (the bench's arguments) and the git commit they were measured at."""
+    FIGURES_DIR.mkdir(parents=True, exist_ok=True)
+    data = {"bench": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "run": os.environ.get(RUN_ENV) or f"python -m bench {name} (alone)",
+            "commit": git_commit(), "machine": machine(),
+            "arguments": {k: str(v) if isinstance(v, Path) else v
+                          for k, v in (arguments or {}).items()},
             **data}
-    path = RESULTS_DIR / f"{name}.json"
+    path = FIGURES_DIR / f"{name}.json"
     path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
     return path
+
+
+def git_commit() -> str:
+    """HEAD's commit, with "+dirty" when tracked files under bench/ or the product differ
+    (figures measured on uncommitted code say so)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!bench/figures", ":!docs", ":!README.md"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def machine() -> dict[str, Any]:

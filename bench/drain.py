@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
     print(table("drainer restart: rebuild what was written from the output files",
                 ["results", "MB", "seconds"],
                 [[restart["rows"], restart["bytes"] / 1e6, restart["seconds"]]]))
-    save("drainer", {"results": results, "restart": restart})
+    save("drainer", {"results": results, "restart": restart}, vars(args))
     return 0
 
 

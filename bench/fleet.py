@@ -182,6 +182,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
     finally:
         local.stop()
     return {"system": "fleetgen", "fleet": fleet.name, "makespan_s": end - t0,
+            "in_flight_per_server": model.slots + model.extra_concurrency,
             "busy_slot_s": busy, "service_s": service, "died_at_s": _rel(died, t0),
             "running_series": _series(poller, t0), "replay": replay,
             "rows": summary["total"], "completed": summary["done"],
@@ -198,39 +199,49 @@ def _produce(producer: Any, errors: list[BaseException]) -> None:
         errors.append(exc)
 
 
-def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]],
-             work: Path) -> list[dict[str, Any]]:
-    """The seed's run; where a server died, also the seed's remedy: a second pass over the
-    rows that failed to connect, sharded over the servers still up."""
-    local = LocalFleet(work / f"bl-{fleet.name}", spec(model, fleet))
+def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]], work: Path,
+             in_flight: int) -> list[dict[str, Any]]:
+    """The seed's run with `in_flight` requests per server; where a server died, also the
+    seed's remedy: a second pass over the rows that failed to connect, sharded over the
+    servers still up."""
+    tag = f"bl{in_flight}-{fleet.name}"
+    local = LocalFleet(work / tag, spec(model, fleet))
     local.start_sims(60.0)
-    out = work / f"bl-{fleet.name}.jsonl"
+    out = work / f"{tag}.jsonl"
+    name = seed_name(model, in_flight)
     try:
         urls = [local.engine_url(g) for g in range(model.gpus)]
         poller = Poller(urls).start()
         died: dict[int, float] = {}
         t0 = time.perf_counter()
         kill_later(fleet, local, t0, died)
-        first = asyncio.run(run_baseline(urls, rows, model.slots, out))
-        results = [_seed_result(model, fleet, "seed baseline", first, [out], rows,
+        first = asyncio.run(run_baseline(urls, rows, in_flight, out))
+        results = [_seed_result(model, fleet, name, first, [out], rows,
                                 poller.busy(_rel_int(died, t0)), _rel(died, t0))]
         lost = {r["id"] for r in _lines(out) if "error" in r and r["status"] is None}
         if lost:
             # /ready: SGLang's /health is a generation probe (>= 1 s), not a liveness check.
             alive = [url for url in urls if probe_url(url).ready]
-            again = work / f"bl-{fleet.name}-rerun.jsonl"
+            again = work / f"{tag}-rerun.jsonl"
             second = asyncio.run(run_baseline(alive, [r for r in rows if r[0] in lost],
-                                              model.slots, again))
+                                              in_flight, again))
             both = _merge(first, second, len(lost))
-            results.append(_seed_result(model, fleet, "seed + rerun of lost rows", both,
+            results.append(_seed_result(model, fleet, name + " + rerun of lost rows", both,
                                         [out, again], rows, poller.busy(_rel_int(died, t0)),
                                         _rel(died, t0)))
         poller.finish({})
         for r in results:
             r["running_series"] = _series(poller, t0)
+            r["in_flight_per_server"] = in_flight
     finally:
         local.stop()
     return results
+
+
+def seed_name(model: Model, in_flight: int) -> str:
+    """"seed, K" or "seed, K+1": the in-flight count against the engine's K slots."""
+    extra = in_flight - model.slots
+    return "seed, K" + (f"{extra:+d}" if extra else "")
 
 
 def _merge(first: BaselineResult, second: BaselineResult, rerun: int) -> BaselineResult:
@@ -359,6 +370,15 @@ def prepare_rows(prompts: Path, tokenizer: Any) -> list[tuple[str, list[int]]]:
     return [(r.id, i) for r, i in zip(rows, ids, strict=True)]
 
 
+def seed_in_flight(model: Model, system: str) -> int:
+    """"seed" -> K in flight per server, "seed+N" -> K + N."""
+    if system == "seed":
+        return model.slots
+    if system.startswith("seed+") and system[5:].isdigit():
+        return model.slots + int(system[5:])
+    raise ValueError(f"unknown system {system!r}: fleetgen, seed or seed+N")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench fleet", description=__doc__)
     parser.add_argument("--rows", type=int, default=5000)
@@ -366,7 +386,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tpot-ms", type=float, default=Model.tpot_ms)
     parser.add_argument("--slots", type=int, default=Model.slots)
     parser.add_argument("--gpus", type=int, default=Model.gpus)
-    parser.add_argument("--systems", default="fleetgen,seed")
+    # seed: K requests in flight per server, as the seed script sends; seed+1: K + 1, what
+    # fleetgen's workers hold (-c = K + extra), so the comparison is like for like.
+    parser.add_argument("--systems", default="fleetgen,seed,seed+1")
     parser.add_argument("--extra-concurrency", type=int, default=Model.extra_concurrency)
     parser.add_argument("--work", type=Path, help="keep logs and outputs here (default: a "
                         "temporary directory, removed)")
@@ -394,7 +416,8 @@ def main(argv: list[str]) -> int:
             fleet = fleets[name]
             for system in args.systems.split(","):
                 runs = ([run_fleetgen(model, fleet, prompts, work, tokenizer)]
-                        if system == "fleetgen" else run_seed(model, fleet, rows, work))
+                        if system == "fleetgen" else run_seed(model, fleet, rows, work,
+                                                              seed_in_flight(model, system)))
                 for r in runs:
                     results.append(score(model, fleet, r))
                     print(f"  {name:<10} {r['system']:<26} makespan {r['makespan_s']:.1f} s",
@@ -402,7 +425,7 @@ def main(argv: list[str]) -> int:
     print(report(model, args.rows, results))
     save("fleet", {"model": model.__dict__, "context_length": CONTEXT,
                    "rows": args.rows, "baseline_max_new_tokens": FIXED_MAX_NEW_TOKENS,
-                   "results": results})
+                   "results": results}, vars(args))
     return 0
 
 

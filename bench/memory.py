@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
                 ["rows written", "seconds", "empty MiB", "median MiB", "peak MiB", "final MiB"],
                 [[vk["written"], vk["seconds"], vk["base_bytes"] * mib, vk["p50_bytes"] * mib,
                   vk["peak_bytes"] * mib, vk["final_bytes"] * mib]]))
-    save("memory", {"producer_rss": rss, "valkey": vk})
+    save("memory", {"producer_rss": rss, "valkey": vk}, vars(args))
     return 0
 
 

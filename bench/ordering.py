@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
                 f"{args.seeds} draws of answer lengths, {model.gpus} GPUs x {model.slots} slots",
                 ["order", "mean", "median", "p90", "worst"], rows))
     save("ordering", {"rows": args.rows, "seeds": args.seeds, "model": model.__dict__,
-                      "ratios": ratios})
+                      "ratios": ratios}, vars(args))
     return 0
 
 

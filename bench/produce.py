@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
                   (r["run_peak_rss"] - r["rss_before_run"]) * mib] for r in results]))
     print(f"fleetgen / naive: {ours['rate'] / naive['rate']:.1f}x")
     save("producer", {"rows": args.rows, "mean_prompt_tokens": tokens, "results": results,
-                      "speedup": ours["rate"] / naive["rate"]})
+                      "speedup": ours["rate"] / naive["rate"]}, vars(args))
     return 0
 
 

@@ -1,0 +1,295 @@
+"""Fill the performance tables in docs/performance.md and the README from bench/figures/*.json.
+
+Each table sits between `<!-- perf:NAME -->` and `<!-- /perf:NAME -->`; what is between the
+markers is replaced, everything else is left as written. `--check` changes nothing and exits
+1 when a file differs from what the figures give (run `python tools/perf_tables.py` to
+update it). Every block ends with the run, date and commit its figures come from.
+
+    python tools/perf_tables.py [--check] [--figures DIR] [FILE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "bench" / "figures"
+DOCS = (ROOT / "docs" / "performance.md", ROOT / "README.md")
+BLOCK = re.compile(r"(<!-- perf:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /perf:(?P=name) -->)",
+                   re.DOTALL)
+
+EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
+
+Figures = dict[str, dict[str, Any]]
+# The arguments that set a bench's size, named in each table's provenance.
+SIZE_ARGUMENTS = ("rows", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets")
+
+
+def num(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f} %"
+
+
+def md_table(header: Sequence[str], align: str, rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table; `align` has one letter per column: l(eft) or r(ight)."""
+    rule = ["---" if a == "l" else "---:" for a in align]
+    lines = [header, rule, *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def provenance(figs: Figures, names: Sequence[str]) -> str:
+    """Which run, date and commit each figure comes from (runs differ when a bench ran alone)."""
+    parts = []
+    for name in names:
+        f = figs[name]
+        load = f["machine"].get("loadavg_1_5_15", [0.0])[0]
+        sizes = ", ".join(f"{k} {v}" for k, v in f["arguments"].items()
+                          if k in SIZE_ARGUMENTS and v is not None)
+        parts.append(f"`{name}`: {f['run']}, {f['at'][:10]}, commit {_short(f['commit'])}, "
+                     f"{sizes or 'default sizes'}, load {load:.1f} on {f['machine']['cpus']} "
+                     "cores")
+    return "<sub>From bench/figures/ — " + "; ".join(parts) + ".</sub>"
+
+
+def _short(commit: str) -> str:
+    head, dirty, _ = commit.partition("+")
+    return head[:12] + (dirty + _)
+
+
+def _fleet(figs: Figures) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["fleet"], r["system"]): r for r in figs["fleet"]["results"]}
+
+
+def fleet_table(figs: Figures) -> str:
+    rows = [[r["fleet"], r["system"], str(r["in_flight_per_server"]), num(r["makespan_s"], 1),
+             num(r["ideal_s"], 1), num(r["ratio_to_ideal"], 3), pct(r["utilization"]),
+             num(r["completed"]), num(r["failed"]), num(r["context_length_failures"]),
+             num(r["truncated"])] for r in figs["fleet"]["results"]]
+    return md_table(["fleet", "system", "in flight / server", "makespan s", "ideal s",
+                     "× ideal", "utilization", "completed", "failed", "ctx-len 400s",
+                     "truncated"], "llrrrrrrrrr", rows)
+
+
+def _ratio_util(r: dict[str, Any]) -> str:
+    return f"{r['ratio_to_ideal']:.3f}, {pct(r['utilization'])}"
+
+
+def _seeds(runs: dict[tuple[str, str], dict[str, Any]], fleet: str) -> str:
+    return "; ".join(f"{system}: {_ratio_util(r)}" for (f, system), r in runs.items()
+                     if f == fleet and system.startswith("seed") and "rerun" not in system)
+
+
+def fleet_summary(figs: Figures) -> list[list[str]]:
+    runs = _fleet(figs)
+    equal, half, dies = (runs[(f, "fleetgen")] for f in ("equal", "half-speed", "dies"))
+    seed_k = runs[("equal", "seed, K")]
+    replay = equal["replay"]["fifo_s"] / equal["ideal_s"]
+    reruns = "; ".join(f"{system}: {r['ratio_to_ideal']:.3f}, {num(r['makespan_s'], 1)} s"
+                       for (f, system), r in runs.items() if f == "dies" and "rerun" in system)
+    lost = "; ".join(f"{system}: {num(r['failed'])} rows failed" for (f, system), r
+                     in runs.items() if f == "dies" and system.startswith("seed")
+                     and "rerun" not in system)
+    ours_400 = sum(runs[(f, "fleetgen")]["context_length_failures"]
+                   for f in ("equal", "half-speed", "dies"))
+    return [
+        ["fleet, all GPUs equal: makespan / ideal, utilization", f"**{_ratio_util(equal)}** "
+         f"({_seeds(runs, 'equal')}; {num(seed_k['context_length_failures'])} seed rows lost "
+         "to HTTP 400)", f"heavy-tailed answers up to {replay:.3f} (a perfect zero-overhead "
+         "dispatcher in the same order); above that, fleetgen's dispatch overhead"],
+        ["fleet, one GPU at half speed", f"**{_ratio_util(half)}** ({_seeds(runs, 'half-speed')})",
+         "same"],
+        ["fleet, one server SIGKILLed half-way", f"**{_ratio_util(dies)}**, "
+         f"{num(dies['completed'])} / {num(dies['rows'])} rows in {num(dies['makespan_s'], 1)} s "
+         f"({lost}; with a rerun of the lost rows {reruns})", "same"],
+        ["context-length failures", f"**{num(ours_400)}** on three fleets (seed: "
+         f"{num(seed_k['context_length_failures'])} of {num(seed_k['rows'])} on each)", "—"],
+    ]
+
+
+def other_summary(figs: Figures) -> list[list[str]]:
+    naive, ours = figs["producer"]["results"]
+    rss = figs["memory"]["producer_rss"]
+    vk = figs["memory"]["valkey"]
+    drained = {r["batch"]: r["lines_per_s"] for r in figs["drainer"]["results"]}
+    batches = sorted(drained, reverse=True)
+    ceil = figs["ceiling"]
+    cpu = ceil["cpu_ms_per_row"]
+    workers = next(v for k, v in cpu.items() if k.startswith("workers"))
+    sizes = " → ".join(_count(r["rows"]) for r in rss)
+    return [
+        [f"producer, ~{figs['producer']['mean_prompt_tokens']:.0f}-token chat rows, Qwen3.6",
+         f"**{num(ours['rate'])} prompts/s**, {figs['producer']['speedup']:.1f} × a naive "
+         f"per-row loop ({num(naive['rate'])}/s)",
+         "tokenization (tiktoken, the largest part), one process"],
+        [f"producer peak RSS, {sizes} rows",
+         "**" + " → ".join(f"{r['run_peak_rss'] / MIB:.0f}" for r in rss) + " MiB** (growth in "
+         "the run " + " → ".join(f"{(r['run_peak_rss'] - r['rss_before_run']) / MIB:.1f}"
+                                 for r in rss) + " MiB)",
+         "the tokenizer (~490 MiB loaded); ids seen: 8 bytes a row"],
+        [f"Valkey `used_memory` through {_count(vk['rows'])} rows",
+         f"**{vk['base_bytes'] / MIB:.2f} MiB empty, {vk['p50_bytes'] / MIB:.2f} median, "
+         f"{vk['peak_bytes'] / MIB:.2f} peak, {vk['final_bytes'] / MIB:.2f} at the end**",
+         "high-water mark × message size, plus the drainer's lag"],
+        ["drainer", f"**{num(drained[batches[0]])} lines/s** (batches of "
+         f"{batches[0]}, fsync per batch)" + "".join(
+             f"; {num(drained[b])} at batches of {b}" for b in batches[1:]),
+         "fsync + orjson, one process"],
+        ["ceiling (zero-latency GPUs, whole pipeline on this machine)",
+         f"**{num(ceil['rows_per_s'])} rows/s** ≈ {num(ceil['gpus_fed'])} GPUs' worth",
+         f"the cores: the Celery workers use {workers:.1f} ms CPU a row of "
+         f"{sum(cpu.values()):.1f}"],
+    ]
+
+
+MIB = float(1 << 20)
+
+
+def _count(rows: int) -> str:
+    """10 K, 1 M: the sizes as the prose says them."""
+    for unit, scale in (("M", 10**6), ("K", 10**3)):
+        if rows >= scale and rows % scale == 0:
+            return f"{rows // scale:,} {unit}"
+    return f"{rows:,}"
+
+
+def summary_table(figs: Figures) -> str:
+    """The fleet's rows and the others' rows, each part only when its benches have run."""
+    rows = fleet_summary(figs) if "fleet" in figs else []
+    others = ("producer", "memory", "drainer", "ceiling")
+    rows += other_summary(figs) if all(b in figs for b in others) else []
+    missing = [b for b in SUMMARY if b not in figs]
+    note = (f"\n\n*No figures yet from {', '.join(missing)}: bench/figures/ lacks "
+            f"{', '.join(m + '.json' for m in missing)}.*") if missing else ""
+    return md_table(["figure", "value", "what limits it"], "lll", rows) + note
+
+
+SUMMARY = ("fleet", "producer", "memory", "drainer", "ceiling")
+
+
+def ordering_table(figs: Figures) -> str:
+    rows = []
+    for name, values in figs["ordering"]["ratios"].items():
+        ranked = sorted(values)
+        rows.append([name, f"{statistics.mean(values):.3f}", f"{statistics.median(values):.3f}",
+                     f"{ranked[int(0.9 * len(ranked))]:.3f}", f"{ranked[-1]:.3f}"])
+    return md_table(["order", "mean × ideal", "median", "p90", "worst"], "lrrrr", rows)
+
+
+def producer_table(figs: Figures) -> str:
+    rows = [[r["mode"], num(r["rate"]), num(r["seconds"], 2), f"{r['run_peak_rss'] / MIB:.0f} MiB"]
+            for r in figs["producer"]["results"]]
+    return md_table(["producer", "prompts/s", "seconds", "peak RSS in the run"], "lrrr", rows)
+
+
+def memory_table(figs: Figures) -> str:
+    rows = [[num(r["rows"]), num(r["rows"] / r["seconds"]),
+             f"{r['rss_before_run'] / MIB:.1f} MiB", f"{r['run_peak_rss'] / MIB:.1f} MiB",
+             f"{(r['run_peak_rss'] - r['rss_before_run']) / MIB:.1f} MiB",
+             f"{(r['seen_ids_bytes'] or 0) / MIB:.1f} MiB"] for r in figs["memory"]["producer_rss"]]
+    return md_table(["rows", "prompts/s", "RSS before run", "peak RSS in run", "growth",
+                     "ids seen"], "rrrrrr", rows)
+
+
+def valkey_table(figs: Figures) -> str:
+    vk = figs["memory"]["valkey"]
+    return md_table(["rows written", "seconds", "empty", "median", "peak", "at the end"],
+                    "rrrrrr", [[num(vk["written"]), num(vk["seconds"], 1),
+                                *(f"{vk[k] / MIB:.2f} MiB" for k in
+                                  ("base_bytes", "p50_bytes", "peak_bytes", "final_bytes"))]])
+
+
+def drainer_table(figs: Figures) -> str:
+    d = figs["drainer"]
+    rows = [[f"drain, batches of {r['batch']}", num(r["rows"]), num(r["lines_per_s"]),
+             num(r["seconds"], 2)] for r in d["results"]]
+    rs = d["restart"]
+    rows.append([f"restart: re-read {rs['bytes'] / 1e6:,.0f} MB of output", num(rs["rows"]),
+                 num(rs["rows"] / rs["seconds"]), num(rs["seconds"], 2)])
+    return md_table(["what", "lines", "lines/s", "seconds"], "lrrr", rows)
+
+
+def ceiling_table(figs: Figures) -> str:
+    c = figs["ceiling"]
+    cpu = "; ".join(f"{k} {v:.2f}" for k, v in c["cpu_ms_per_row"].items())
+    return md_table(["rows", "rows/s", "GPUs fed", "CPU ms a row by part"], "rrrl",
+                    [[num(c["rows"]), num(c["rows_per_s"]), num(c["gpus_fed"]), cpu]])
+
+
+# block name -> (benches it reads, the function that renders it)
+TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
+    "summary": ((), summary_table),  # renders what there is, names what is missing
+    "fleet": (("fleet",), fleet_table),
+    "ordering": (("ordering",), ordering_table),
+    "producer": (("producer",), producer_table),
+    "memory": (("memory",), memory_table),
+    "valkey": (("memory",), valkey_table),
+    "drainer": (("drainer",), drainer_table),
+    "ceiling": (("ceiling",), ceiling_table),
+}
+
+
+def load_figures(directory: Path) -> Figures:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+
+
+def render_block(name: str, figs: Figures) -> str:
+    if name not in TABLES:
+        raise KeyError(f"unknown table <!-- perf:{name} -->; known: {', '.join(TABLES)}")
+    benches, render = TABLES[name]
+    missing = [b for b in benches if b not in figs]
+    if missing:
+        # A bench not yet run (or not finished in the time a run had) says so in the docs.
+        return (f"*No figures yet: bench/figures/ has no "
+                f"{', '.join(m + '.json' for m in missing)} "
+                f"(run `python -m bench {missing[0]}`).*\n")
+    present = [b for b in benches or SUMMARY if b in figs]
+    return render(figs) + "\n\n" + provenance(figs, present) + "\n"
+
+
+def fill(text: str, figs: Figures) -> str:
+    """`text` with every marked block replaced by the table its figures give."""
+    return BLOCK.sub(lambda m: m.group(1) + render_block(m.group("name"), figs) + m.group(4),
+                     text)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tools/perf_tables.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a file differs from the figures")
+    parser.add_argument("--figures", type=Path, default=FIGURES)
+    parser.add_argument("files", nargs="*", type=Path, default=list(DOCS))
+    args = parser.parse_args(argv)
+    figs = load_figures(args.figures)
+    differs = []
+    for path in args.files:
+        text = path.read_text()
+        try:
+            new = fill(text, figs)
+        except KeyError as exc:
+            print(f"{path}: {exc.args[0]}", file=sys.stderr)
+            return EXIT_ERROR
+        if new == text:
+            continue
+        differs.append(path)
+        if not args.check:
+            path.write_text(new)
+    for path in differs:
+        verb = "differs from bench/figures (run python tools/perf_tables.py)" if args.check \
+            else "updated"
+        print(f"{path}: {verb}", file=sys.stderr if args.check else sys.stdout)
+    return EXIT_DIFFERS if args.check and differs else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
