@@ -105,12 +105,13 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
     client = proto.connect(url, timeout_s=timeout_s, concurrency=1, api_key=api_key)
     try:
         checks.append(tiny_generation(client))
-        long_input = refuses_long_input(client, limits, proto.rule_for(limits))
+        rule = proto.rule_for(limits)
+        long_input = refuses_long_input(client, limits, rule)
         checks.append(long_input)
         # A server that truncated the long input would also truncate a too-large budget, and
-        # then generate a whole context: skip that probe, the verdict is in. OpenAI-protocol
-        # engines (vLLM, llama.cpp) clamp a too-large budget by design: nothing to confirm.
-        if long_input.ok and proto.name == "sglang":
+        # then generate a whole context: skip that probe, the verdict is in. An engine whose
+        # rule cuts a too-large budget by design has nothing to confirm there.
+        if long_input.ok and rule.refuses_excess_budget:
             checks.append(refuses_past_total(client, limits))
     finally:
         client.close()

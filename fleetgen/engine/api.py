@@ -44,6 +44,12 @@ class LengthRule(Protocol):
         """The largest max_tokens the engine accepts for this prompt and sends as it is."""
         ...
 
+    @property
+    def refuses_excess_budget(self) -> bool:
+        """Whether a budget past the room is refused (SGLang) rather than cut (vLLM 0.33,
+        llama.cpp): what `doctor` can confirm with a request that must be refused."""
+        ...
+
     def correction(self, error: ContextLengthError, max_tokens: int) -> int | None:
         """The budget the engine's own counts in a context-length 400 allow, or None."""
         ...

@@ -52,6 +52,9 @@ class ContextRule:
     refused; n_ctx - prompt is the budget that is never cut by the context.
     """
 
+    # get_max_tokens clamps (vLLM); process_token stops at the slot's end (llama.cpp).
+    refuses_excess_budget = False
+
     def __init__(self, engine: str) -> None:
         self.name = engine
 

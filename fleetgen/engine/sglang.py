@@ -44,6 +44,7 @@ class SGLangRule:
     (`_validate_one_request`) in both its old (>=) and new (>) forms."""
 
     name = "sglang"
+    refuses_excess_budget = True  # `_validate_one_request`: max_new + input > context -> 400
 
     @staticmethod
     def max_req_len(limits: ServerLimits) -> int:

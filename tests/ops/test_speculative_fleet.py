@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
 
 # SGLang reserves max(topk x steps, draft tokens) = max(2 x 4, 6) = 8 tokens of every request
@@ -29,6 +30,9 @@ def test_a_speculative_fleet_gets_no_request_it_refuses(tmp_path: Path) -> None:
         data = assert_exactly_once(tmp_path / "out", set(kinds["good"]))
         stats = [httpx.get(fleet.engine_url(g) + "/_sim/stats", timeout=5).json()
                  for g in range(2)]
+        # Each answer is the simulator's own for its ids and budget (the reserve counts in
+        # the checks, not in prompt_tokens).
+        assert assert_fleet_content(fleet, tmp_path / "p.jsonl", data) == 40
     finally:
         fleet.stop()
     assert summary["complete"] and len(data["results"]) == 40, summary
