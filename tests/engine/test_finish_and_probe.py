@@ -18,6 +18,7 @@ from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
 from fleetgen.local.procs import wait_for
 from simulator.config import SimConfig
 from simulator.server import run_in_thread
+from tests.simulator.sim_helpers import StartSim
 
 RUNNING_ABORT = {"text": "the model answers", "output_ids": [1, 2, 3], "meta_info": {
     "id": "r", "prompt_tokens": 4, "completion_tokens": 3, "cached_tokens": 0,
@@ -154,3 +155,22 @@ def test_a_server_never_seen_up_is_gone_at_once() -> None:
             assert watch.last.state is State.NOT_READY and watch.gone()
         finally:
             watch.stop()
+
+
+def test_every_sampling_option_the_producer_has_passes_sglangs_closed_schema(
+        start_sim: StartSim) -> None:
+    # api_types `decode_SamplingParams` refuses an unknown key with a 400: a misnamed option
+    # would fail every production request. Every key of the contract's Sampling, with a value of
+    # its type, must be accepted (a new option is covered by this test as soon as it exists).
+    from fleetgen.base.contract import Sampling
+    from fleetgen.engine.sglang import SGLangClient
+
+    values = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+              "repetition_penalty": 1.1, "seed": 7, "stop": ["\n\n"]}
+    assert set(values) == set(Sampling.__annotations__)
+    client = SGLangClient(start_sim().url, timeout_s=10, concurrency=1)
+    try:
+        gen = client.generate([1, 2, 3], 4, values, rid="schema:1:ab")
+    finally:
+        client.close()
+    assert gen.finish_reason in ("stop", "length") and gen.prompt_tokens == 3
