@@ -30,6 +30,14 @@ class Row:
     messages: list[dict[str, Any]] | None
     prompt: str | None
     fields: dict[str, Any] = field(default_factory=dict)  # the row minus `id`, carried through
+    # Per-row options (a `sampling` object, or an OpenAI Batch body); the run's flags are the
+    # defaults. `max_tokens` caps the budget, never raises it.
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    n: int | None = None  # samples of this row; None: the run's --n
+    json_schema: str | None = None  # a JSON Schema document as a JSON string
+    source: str | None = None  # the input file, when the input is several files
+    position: int | None = None  # the row's line (or Parquet row) in `source`
 
 
 @dataclass(frozen=True)

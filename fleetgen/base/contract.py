@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 # Celery routing. Workers must be started with `-Q fleetgen` (celery#10335: never rely on defaults).
 QUEUE: Final = "fleetgen"
@@ -94,3 +94,23 @@ class TaskPayload(TypedDict):
     max_tokens: int
     sampling: Sampling
     row: dict[str, Any]  # the input row's other fields, carried through to the output
+    # With several samples per prompt (--n, or a Batch body's `n`) each sample is a task of its
+    # own. `slot` is the request's bit in the run's bitmaps: requests are numbered 1.. in input
+    # order as the producer reads them, so the same input and settings give the same slots.
+    # Absent: one sample, and the slot is the line.
+    sample: NotRequired[int]  # 0-based sample index
+    slot: NotRequired[int]
+    think: NotRequired[bool]  # the rendered prompt opened a reasoning block: split on </think>
+    logprobs: NotRequired[int]  # top-K log-probabilities of every output token (0: none)
+    json_schema: NotRequired[str]  # a JSON Schema document, as a JSON string
+
+
+def slot_of(item: TaskPayload | dict[str, Any]) -> int:
+    """The bit of a task payload or an outcome record in the run's bitmaps."""
+    return int(item.get("slot", item["line"]))
+
+
+def request_key(item: TaskPayload | dict[str, Any]) -> str:
+    """The key of one request among a run's outcomes: the id, or `id#sample` for a sample."""
+    sample = item.get("sample")
+    return str(item["id"]) if sample is None else f"{item['id']}#{sample}"

@@ -29,6 +29,9 @@ class Generation:
     completion_tokens: int
     cached_tokens: int
     latency_s: float
+    output_ids: list[int] | None = None  # the generated token ids, where the engine gives them
+    # Top-K log-probabilities per output token, compact (see engine clients), when asked.
+    logprobs: dict[str, Any] | None = None
 
 
 def stream_entry(kind: str, record: dict[str, Any]) -> dict[Any, Any]:
