@@ -100,7 +100,11 @@ class TaskPayload(TypedDict):
     # Absent: one sample, and the slot is the line.
     sample: NotRequired[int]  # 0-based sample index
     slot: NotRequired[int]
-    think: NotRequired[bool]  # the rendered prompt opened a reasoning block: split on </think>
+    # Split the answer on </think> into `reasoning` and `completion` (the engine is asked to
+    # keep special tokens in the text); `think_open`: the rendered prompt itself ends inside an
+    # open <think> block, so the answer starts in reasoning even without a <think> of its own.
+    think: NotRequired[bool]
+    think_open: NotRequired[bool]
     logprobs: NotRequired[int]  # top-K log-probabilities of every output token (0: none)
     json_schema: NotRequired[str]  # a JSON Schema document, as a JSON string
 
