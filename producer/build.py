@@ -95,6 +95,7 @@ def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | N
         raise ConfigError(f"input file not found: {settings.input}")
     client = connect(settings.redis_url)
     limits = limits or resolve_limits(settings)
-    tokenizer = tokenizer or load_tokenizer(settings.tokenizer)
+    tokenizer = tokenizer or load_tokenizer(
+        settings.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
     return Producer(settings, tokenizer, client, enqueuer, limits)

@@ -9,7 +9,14 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.contract import KIND_REJECTED, QUEUE, RunKeys, TaskPayload, worker_key
+from fleetgen.base.contract import (
+    KIND_REJECTED,
+    QUEUE,
+    RunKeys,
+    TaskPayload,
+    slot_of,
+    worker_key,
+)
 from fleetgen.base.outcomes import stream_entry
 from fleetgen.base.wire import task_message
 
@@ -36,7 +43,7 @@ class Enqueuer:
             return
         pipe = self.redis.pipeline(transaction=True)
         pipe.lpush(QUEUE, *[task_message(payload) for payload in payloads])
-        set_bits(pipe, self.keys.sent, [payload["line"] for payload in payloads])
+        set_bits(pipe, self.keys.sent, [slot_of(payload) for payload in payloads])
         pipe.execute()
 
     def reject(self, records: Iterable[dict[str, Any]]) -> None:
@@ -44,10 +51,10 @@ class Enqueuer:
         pipe = self.redis.pipeline(transaction=True)
         count = 0
         for record in records:
-            line = int(record["line"])
+            slot = slot_of(record)
             pipe.xadd(self.keys.stream, stream_entry(KIND_REJECTED, record))
-            pipe.setbit(self.keys.done, line, 1)
-            pipe.setbit(self.keys.sent, line, 1)
+            pipe.setbit(self.keys.done, slot, 1)
+            pipe.setbit(self.keys.sent, slot, 1)
             count += 1
         if count:
             pipe.hincrby(self.keys.stats, "rejected", count)

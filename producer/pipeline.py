@@ -16,6 +16,7 @@ from producer.budget import Limits, budget
 from producer.dedup import SeenIds
 from producer.enqueue import Enqueuer
 from producer.manifest import RunManifest
+from producer.options import Request, RequestOptions
 from producer.reconcile import Reconciler
 from producer.rows import BadRow, Row, count_rows, read_rows
 from producer.settings import ProducerSettings
@@ -53,6 +54,8 @@ class Producer:
         self.progress = Progress()
         self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
         self._settings: dict[str, Any] = {}
+        self._next_slot = 1
+        self.options = RequestOptions(settings, tokenizer)
         self.total: int | None = None  # rows in the input, once all of it has been read
 
     # -- the run ---------------------------------------------------------------------------
@@ -63,13 +66,13 @@ class Producer:
         settings = self.s.manifest_settings()
         settings["context_length"] = self.limits.context_length
         self._settings = settings
-        self.run_manifest.open(settings, count_rows(self.s.input))
+        self.run_manifest.open(settings, count_rows(self.s.input) * self.s.n)
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
         self._pass(lambda line: line not in done and line not in in_flight, on_batch,
                    should_stop)
         if not should_stop():
-            self.total = self.progress.read
+            self.total = self._next_slot - 1  # requests: rows x samples
             self.run_manifest.close(self.total)
         return self.progress
 
@@ -82,6 +85,7 @@ class Producer:
               should_stop: Callable[[], bool]) -> None:
         self.progress = Progress()
         self._seen_ids.clear()
+        self._next_slot = 1
         for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
             if should_stop():
                 return
@@ -91,7 +95,7 @@ class Producer:
             self.enqueuer.send(payloads)
             self.progress.enqueued += len(payloads)
             self.progress.rejected += len(rejections)
-            self.run_manifest.record_read(self.progress.read)
+            self.run_manifest.record_read(self._next_slot - 1)
             if on_batch:
                 on_batch(self.progress)
 
@@ -119,48 +123,64 @@ class Producer:
     def _prepare(self, chunk: list[Row | BadRow],
                  wanted: Callable[[int], bool]) -> tuple[list[TaskPayload], list[dict[str, Any]]]:
         rejections: list[dict[str, Any]] = []
-        todo: list[tuple[Row, str]] = []
+        todo: list[tuple[Row, str, list[Request]]] = []
         for item in chunk:
             self.progress.read += 1
             duplicate = self._is_duplicate(item.id)
-            if not wanted(item.line):
-                self.progress.skipped += 1
-            elif duplicate:
-                rejections.append(duplicate_record(item.id, item.line))
+            requests = self._requests(item)
+            pending = [r for r in requests if wanted(r.slot)]
+            self.progress.skipped += len(requests) - len(pending)
+            if not pending:
+                continue
+            if duplicate:
+                rejections += [r.mark(duplicate_record(item.id, item.line)) for r in pending]
             elif isinstance(item, BadRow):
-                rejections.append(rejected_record(item.id, item.line, item.reason))
+                rejections += [r.mark(rejected_record(item.id, item.line, item.reason))
+                               for r in pending]
             else:
-                self._render_or_reject(item, todo, rejections)
+                self._render_or_reject(item, pending, todo, rejections)
         return self._budget(todo, rejections), rejections
 
-    def _render_or_reject(self, row: Row, todo: list[tuple[Row, str]],
+    def _requests(self, item: Row | BadRow) -> list[Request]:
+        """The requests of one row: one per sample, numbered on from the previous row's, so
+        the same input and settings always give every request the same slot."""
+        n = (item.n if isinstance(item, Row) else None) or self.s.n
+        first = self._next_slot
+        self._next_slot += n
+        return [Request(first + k, k if n > 1 else None, item.line) for k in range(n)]
+
+    def _render_or_reject(self, row: Row, requests: list[Request],
+                          todo: list[tuple[Row, str, list[Request]]],
                           rejections: list[dict[str, Any]]) -> None:
         try:
             text = self._render(row)
         except ValueError as exc:
-            rejections.append(rejected_record(row.id, row.line, f"bad_messages: {exc}"))
+            rejections += [r.mark(rejected_record(row.id, row.line, f"bad_messages: {exc}"))
+                           for r in requests]
             return
         # No token is longer than MAX_BYTES_PER_TOKEN bytes (and a character is at least one
         # byte), so a text this long cannot fit: reject it without paying to tokenize it.
         if len(text) > MAX_BYTES_PER_TOKEN * self.limits.max_req_input_len:
-            rejections.append(rejected_record(row.id, row.line, (
-                f"prompt_too_long: {len(text)} characters cannot fit in a "
-                f"{self.limits.context_length}-token context")))
+            reason = (f"prompt_too_long: {len(text)} characters cannot fit in a "
+                      f"{self.limits.context_length}-token context")
+            rejections += [r.mark(rejected_record(row.id, row.line, reason)) for r in requests]
             return
-        todo.append((row, text))
+        todo.append((row, text, requests))
 
-    def _budget(self, todo: list[tuple[Row, str]],
+    def _budget(self, todo: list[tuple[Row, str, list[Request]]],
                 rejections: list[dict[str, Any]]) -> list[TaskPayload]:
         payloads: list[TaskPayload] = []
-        ids_batch = self.tokenizer.encode_batch([text for _, text in todo]) if todo else []
-        for (row, _), input_ids in zip(todo, ids_batch, strict=True):
+        ids_batch = self.tokenizer.encode_batch([text for _, text, _ in todo]) if todo else []
+        for (row, text, requests), input_ids in zip(todo, ids_batch, strict=True):
             b = budget(len(input_ids), self.limits)
             if b.reason is not None:
-                rejections.append(rejected_record(row.id, row.line, b.reason, len(input_ids)))
+                rejections += [r.mark(rejected_record(row.id, row.line, b.reason,
+                                                      len(input_ids))) for r in requests]
                 continue
-            payloads.append(TaskPayload(run=self.s.run, line=row.line, id=row.id,
-                                        input_ids=input_ids, max_tokens=b.max_tokens,
-                                        sampling=self.s.sampling, row=row.fields))
+            max_tokens = b.max_tokens if row.max_tokens is None else \
+                min(b.max_tokens, row.max_tokens)
+            for request in requests:
+                payloads.append(self.options.payload(row, request, input_ids, max_tokens, text))
         return payloads
 
     def _render(self, row: Row) -> str:

@@ -10,6 +10,9 @@ from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact
 
+MAX_SAMPLES = 128  # OpenAI's own limit on `n`
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit; vLLM's default max_logprobs is 20
+
 
 @dataclass(frozen=True)
 class ProducerSettings:
@@ -31,6 +34,11 @@ class ProducerSettings:
     reserved_tokens: int = 0
     max_req_input_len: int | None = None
     sampling: Sampling = field(default_factory=lambda: Sampling())
+    n: int = 1  # samples per prompt, each its own request (a row's own `n` wins)
+    logprobs: int = 0  # top-K log-probabilities of every output token; 0: none
+    json_schema: str | None = None  # a JSON Schema document (compact JSON) for every answer
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning: str = "auto"  # auto | split | off: split answers on </think>
     high_water: int | None = None  # None: derived from the live fleet's concurrency
     batch_size: int = 512
 
@@ -50,6 +58,7 @@ class ProducerSettings:
         if self.context_length is not None and self.context_length < 16:
             raise ConfigError(f"--context-length must be at least 16, got {self.context_length}")
         self._check_length_rule()
+        self._check_request_options()
         if self.high_water is not None and self.high_water < 1:
             raise ConfigError(f"--high-water must be at least 1, got {self.high_water}")
         if not 1 <= self.batch_size <= 100_000:
@@ -65,6 +74,14 @@ class ProducerSettings:
             raise ConfigError(f"--max-req-input-len must be at least 1, "
                               f"got {self.max_req_input_len}")
 
+    def _check_request_options(self) -> None:
+        if not 1 <= self.n <= MAX_SAMPLES:
+            raise ConfigError(f"--n must be in 1..{MAX_SAMPLES}, got {self.n}")
+        if not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ConfigError(f"--logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
+        if self.reasoning not in ("auto", "split", "off"):
+            raise ConfigError(f"--reasoning must be auto, split or off, got {self.reasoning!r}")
+
     def manifest_settings(self) -> dict[str, Any]:
         """What is stored in the run's manifest: never a secret."""
         return {
@@ -79,5 +96,10 @@ class ProducerSettings:
             "reserved_tokens": self.reserved_tokens,
             "max_req_input_len": self.max_req_input_len,
             "sampling": dict(self.sampling),
+            "n": self.n,
+            "logprobs": self.logprobs,
+            "json_schema": self.json_schema,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "reasoning": self.reasoning,
             "redis": redact(self.redis_url),
         }

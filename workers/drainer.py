@@ -20,6 +20,7 @@ from fleetgen.base.contract import (
     KIND_RESULT,
     KINDS,
     RunKeys,
+    slot_of,
 )
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outcomes import read_entry
@@ -66,7 +67,7 @@ class Tally:
         return KINDS[code - 1] if code else None
 
     def add(self, kind: str, record: dict[str, Any]) -> None:
-        line = int(record["line"])
+        line = slot_of(record)  # the request's slot: a line, or one sample of it
         if line >= len(self.kinds):
             self.kinds.extend(bytes(max(line + 1 - len(self.kinds), len(self.kinds))))
         previous = self.kind_of(line)
@@ -346,7 +347,7 @@ class Drainer:
                 continue
             kind, raw = entry  # a worker's orjson: one line, written as it came
             record = orjson.loads(raw)
-            if not self._is_new(kind, int(record["line"])):
+            if not self._is_new(kind, slot_of(record)):
                 continue
             self._files[kind].write(raw + b"\n")
             self.tally.add(kind, record)
@@ -376,7 +377,7 @@ class Drainer:
             return
         with path.open("rb") as f:
             rows = f.readlines()
-        keep = [r for r in rows if self.tally.kind_of(orjson.loads(r)["line"]) == KIND_FAILURE]
+        keep = [r for r in rows if self.tally.kind_of(slot_of(orjson.loads(r))) == KIND_FAILURE]
         if len(keep) == len(rows):
             return
         old = self._files.pop(KIND_FAILURE, None)

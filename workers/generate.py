@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from uuid import uuid4
 
 from fleetgen.base import errors
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
 from fleetgen.base.errors import EngineGone
 from fleetgen.base.outcomes import Generation, failure_record, result_record
 from fleetgen.engine import Engine
@@ -47,8 +47,8 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
                  worker: str, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> str:
     """Returns the outcome kind ('result', 'failure', 'skipped'); raises EngineGone."""
-    run, line = payload["run"], payload["line"]
-    if sink.is_done(run, line):
+    run, slot = payload["run"], slot_of(payload)
+    if sink.is_done(run, slot):
         log.info("id=%s already done, redelivery skipped", payload["id"])
         return "skipped"
     rng = rng or random.Random()
@@ -57,7 +57,7 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         state.attempts += 1
         try:
             gen = engine.generate(payload["input_ids"], state.max_tokens, dict(payload["sampling"]),
-                                  rid=request_id(run, line))
+                                  rid=request_id(run, slot))
         except errors.EngineError as exc:
             if _should_retry(exc, state, policy, engine, payload["id"], sleep):
                 sleep(policy.backoff_s(state.retries, rng))
@@ -68,12 +68,12 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         return KIND_RESULT
 
 
-def request_id(run: str, line: int) -> str:
+def request_id(run: str, slot: int) -> str:
     """A rid of its own for every attempt of every delivery. SGLang refuses a rid still in
     flight (`TokenizerManager._init_req_state`), and a redelivered prompt can reach the server
     while its first delivery runs; aborts match rids by prefix (`Scheduler.abort_request`:
     `rid.startswith`), so the suffix has a fixed length: no rid is a prefix of another."""
-    return f"{run}:{line}:{uuid4().hex}"
+    return f"{run}:{slot}:{uuid4().hex}"
 
 
 def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
@@ -123,7 +123,7 @@ def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Si
         "completion_tokens": gen.completion_tokens,
         "retries": state.retries,
     }
-    sink.emit(payload["run"], KIND_RESULT, payload["line"], record, stats)
+    sink.emit(payload["run"], KIND_RESULT, slot_of(payload), record, stats)
 
 
 def _emit_failure(payload: TaskPayload, exc: errors.EngineError, state: Attempt, sink: Sink,
@@ -133,4 +133,5 @@ def _emit_failure(payload: TaskPayload, exc: errors.EngineError, state: Attempt,
     record = failure_record(payload, exc, max_tokens=state.max_tokens, attempts=state.attempts,
                             worker=worker)
     stats = {"failed": 1, "retries": state.retries}
-    sink.emit(payload["run"], KIND_FAILURE, payload["line"], record, stats, dict(payload))
+    sink.emit(payload["run"], KIND_FAILURE, slot_of(payload), record, stats,
+              dict(payload))

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 import orjson
 import redis
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys, request_key
 from fleetgen.base.outcomes import stream_entry
 
 
@@ -42,9 +42,9 @@ class StreamSink:
             pipe.hincrby(keys.stats, f"{self._worker}|{name}", value)
         if kind == KIND_FAILURE and payload is not None:
             # Kept so `fleetgen retry` can re-enqueue it without the input file.
-            pipe.hset(keys.failed, record["id"], orjson.dumps(payload))
+            pipe.hset(keys.failed, request_key(record), orjson.dumps(payload))
         elif kind == KIND_RESULT:
-            pipe.hdel(keys.failed, record["id"])
+            pipe.hdel(keys.failed, request_key(record))
         pipe.execute()
         if self._wait_aof:
             # The outcome is on disk before the task is acked (Redis >= 7.2 / Valkey 8).

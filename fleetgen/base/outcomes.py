@@ -11,6 +11,9 @@ import orjson
 from fleetgen.base.contract import TaskPayload
 from fleetgen.base.errors import EngineError
 
+# The fields of a task payload that name which request of its row a record answers.
+_REQUEST_FIELDS = ("sample", "slot")
+
 # A stream entry is two fields: the kind, and the record as orjson bytes. The drainer writes
 # those bytes to the file as they came, so a record is serialised exactly once.
 FIELD_KIND = "k"
@@ -64,12 +67,12 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
         worker=worker,
         line=payload["line"],
     )
-    return record
+    return _request_of(payload, record)
 
 
 def failure_record(payload: TaskPayload, error: EngineError, *, max_tokens: int, attempts: int,
                    worker: str) -> dict[str, Any]:
-    return {
+    return _request_of(payload, {
         "id": payload["id"],
         "error": {"type": error.kind, "message": error.message, "status": error.status},
         "attempts": attempts,
@@ -77,7 +80,14 @@ def failure_record(payload: TaskPayload, error: EngineError, *, max_tokens: int,
         "prompt_tokens": len(payload["input_ids"]),
         "worker": worker,
         "line": payload["line"],
-    }
+    })
+
+
+def _request_of(payload: TaskPayload, record: dict[str, Any]) -> dict[str, Any]:
+    for name in _REQUEST_FIELDS:
+        if name in payload:
+            record[name] = payload[name]  # type: ignore[literal-required]
+    return record
 
 
 def rejected_record(row_id: str, line: int, reason: str,

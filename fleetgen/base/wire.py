@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base.contract import QUEUE, TASK_NAME, TaskPayload
+from fleetgen.base.contract import QUEUE, TASK_NAME, TaskPayload, slot_of
 
 # kombu's Redis transport keeps each delivered, not yet acked message in this hash as
 # [message, exchange, routing_key] (kombu/transport/redis.py, QoS.unacked_key).
@@ -35,7 +35,8 @@ def task_message(payload: TaskPayload, queue: str = QUEUE, priority: int = 0) ->
     task_id = str(uuid.uuid4())
     body = orjson.dumps([[payload], {}, _EMBED])
     # argsrepr is what Flower and the worker's log show: the row, not 300 token ids.
-    argsrepr = (f"[{{'run': {payload['run']!r}, 'line': {payload['line']}, "
+    sample = f", 'sample': {payload['sample']}" if "sample" in payload else ""
+    argsrepr = (f"[{{'run': {payload['run']!r}, 'line': {payload['line']}{sample}, "
                 f"'id': {payload['id']!r}, 'prompt_tokens': {len(payload['input_ids'])}, "
                 f"'max_tokens': {payload['max_tokens']}}}]")
     return orjson.dumps({
@@ -72,13 +73,14 @@ def task_payload(message: Any) -> dict[str, Any] | None:
 
 
 def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
-    """Lines of `run` now in the queue or held unacked by a worker. Both are bounded by the
-    high-water mark and the fleet's concurrency, so this scan is small whatever the run's size."""
+    """Slots (requests) of `run` now in the queue or held unacked by a worker. Both are bounded
+    by the high-water mark and the fleet's concurrency, so this scan is small whatever the
+    run's size."""
     lines: set[int] = set()
     messages = [orjson.loads(raw) for raw in client.lrange(QUEUE, 0, -1)]
     messages += [orjson.loads(raw)[0] for raw in client.hvals(KOMBU_UNACKED)]
     for message in messages:
         payload = task_payload(message)
         if payload is not None and payload.get("run") == run:
-            lines.add(int(payload["line"]))
+            lines.add(slot_of(payload))
     return lines

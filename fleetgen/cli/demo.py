@@ -18,7 +18,12 @@ import orjson
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect
-from fleetgen.cli.produce import add_producer_options, produce, sampling_from
+from fleetgen.cli.produce import (
+    add_producer_options,
+    produce,
+    request_options_from,
+    sampling_from,
+)
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import sigterm_flag
 
@@ -144,7 +149,8 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path,
 
     run_name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     settings = ProducerSettings(
-        input=prompts, run=run_name, redis_url=fleet.redis_url, tokenizer=args.tokenizer,
+        **request_options_from(args), input=prompts, run=run_name,
+        redis_url=fleet.redis_url, tokenizer=args.tokenizer,
         context_length=args.context_length, max_output_tokens=args.max_output_tokens,
         min_output_tokens=args.min_output_tokens, margin=args.margin,
         sampling=sampling_from(args), high_water=args.high_water, batch_size=args.batch_size)

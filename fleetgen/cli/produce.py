@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -74,6 +75,20 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    help="sampling seed (SGLang's sampling_seed); honoured only by servers "
                    "started with --enable-deterministic-inference")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
+    p.add_argument("--n", type=int, default=1, metavar="N",
+                   help="samples per prompt, each its own request with its own seed; one "
+                   "output row per (id, sample) (1)")
+    p.add_argument("--logprobs", type=int, default=0, metavar="K",
+                   help="store the top-K log-probabilities of every output token (0..20; 0)")
+    p.add_argument("--json-schema", type=Path, metavar="FILE",
+                   help="a JSON Schema every answer must follow (structured output); the "
+                   "drainer counts answers that do not validate")
+    p.add_argument("--chat-template-kwargs", metavar="JSON", default="{}",
+                   help='options for the chat template, e.g. \'{"enable_thinking": false}\' '
+                   "(the budget counts the template as rendered)")
+    p.add_argument("--reasoning", choices=("auto", "split", "off"), default="auto",
+                   help="split each answer on </think> into `reasoning` and `completion`: "
+                   "auto (when </think> is one token of the tokenizer), split, off")
     p.add_argument("--high-water", type=int, metavar="N",
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
     p.add_argument("--batch-size", type=int, default=512, metavar="N",
@@ -86,10 +101,48 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
     return Sampling(**values)  # type: ignore[typeddict-item]
 
 
+def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The per-request options of the flags: samples, log-probabilities, schema, template."""
+    return {"n": args.n, "logprobs": args.logprobs, "reasoning": args.reasoning,
+            "json_schema": read_json_schema(args.json_schema),
+            "chat_template_kwargs": _json_object(args.chat_template_kwargs,
+                                                 "--chat-template-kwargs")}
+
+
+def read_json_schema(path: Path | None) -> str | None:
+    """The schema file as compact JSON (engines take it as a string); ConfigError if it is not
+    a JSON object or not a valid JSON Schema."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--json-schema: cannot read {path}: {exc.strerror}") from exc
+    schema = _json_object(text, f"--json-schema {path}")
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConfigError(f"--json-schema {path} is not a valid JSON Schema: "
+                          f"{exc.message}") from exc
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
     from producer.settings import ProducerSettings
 
-    return ProducerSettings(
+    return ProducerSettings(**request_options_from(args),
         input=args.input, run=args.run, redis_url=redis_url_value, tokenizer=args.tokenizer,
         context_length=args.context_length, engine_url=tuple(args.engine_url or ()),
         reserved_tokens=args.reserved_tokens, max_req_input_len=args.max_req_input_len,

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from fleetgen.base import exitcodes, runstate
+from fleetgen.base.contract import slot_of
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redis_url
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.OK
     # Mark them as in retry before they can run: the drainer does not call the run complete
     # while the set is non-empty, and a worker removes each line when it records its outcome.
-    runstate.mark_retrying(client, args.run, [p["line"] for p in payloads])
+    runstate.mark_retrying(client, args.run, [slot_of(p) for p in payloads])
     Enqueuer(client, args.run).send(payloads)
     ids = ", ".join(p["id"] for p in payloads[:5])
     more = f" and {len(payloads) - 5} more" if len(payloads) > 5 else ""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.local.fleet import LocalFleet
+from producer.options import sample_seed
 from producer.rows import Row, read_rows
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 from simulator.cli import add_arguments, config_from_args
@@ -88,6 +89,14 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
             "finish_reason": answer.finish_reason["type"], "prompt_tokens": prompt_tokens}
 
 
+def row_sampling(row: Mapping[str, Any], sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling options the producer sent for this result: one sample of several has a
+    seed of its own (producer/options.py `sample_seed`)."""
+    if "sample" not in row:
+        return dict(sampling)
+    return {**sampling, "seed": sample_seed(row["id"], row["sample"], sampling.get("seed"))}
+
+
 def assert_content(results: list[dict[str, Any]], prompts: Path,
                    configs: ConfigFor | SimConfig, *,
                    sampling: Mapping[str, Any] | None = None,
@@ -106,7 +115,7 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
             bad.append(f"{row['id']!r}: no such input row")
             continue
         want = expected(ids_by_id[row["id"]], row["max_tokens"], config_for(row["worker"]),
-                        sampling or {})
+                        row_sampling(row, sampling or {}))
         got = {name: row[name] for name in CHECKED}
         if got != want:
             diff = {k: (got[k], want[k]) for k in CHECKED if got[k] != want[k]}

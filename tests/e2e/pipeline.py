@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.contract import request_key
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.produce import produce as produce_run
 from fleetgen.local.fleet import LocalFleet
@@ -105,10 +106,12 @@ def read_output(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def assert_exactly_once(out: Path, expected_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """Every expected id once across results/failures/rejected, nothing else, no duplicate."""
+    """Every expected request once across results/failures/rejected, nothing else, no
+    duplicate. A request is its id, or `id#sample` for one sample of several."""
     data = read_output(out)
-    seen = Counter(r["id"] for kind in data.values() for r in kind)
-    assert None not in seen, f"{seen[None]} output lines have a null id"
+    assert not [r for kind in data.values() for r in kind if r.get("id") is None], \
+        "output lines with a null id"
+    seen = Counter(request_key(r) for kind in data.values() for r in kind)
     dupes = {i: c for i, c in seen.items() if c > 1}
     assert not dupes, f"ids written more than once: {list(dupes.items())[:10]}"
     ids = set(seen)

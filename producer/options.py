@@ -1,0 +1,99 @@
+"""What one request asks for (pure): which sample of its row it is, and its options — the run's
+flags as defaults, the row's own options over them, a seed per sample, the reasoning split."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fleetgen.base.contract import Sampling, TaskPayload
+from producer.rows import Row
+from producer.settings import ProducerSettings
+from producer.tokenizer import PromptTokenizer
+
+log = logging.getLogger("fleetgen.producer")
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a row: its slot in the run's bitmaps and, when the row is sampled several
+    times, its sample index (None for a row's only request)."""
+
+    slot: int
+    sample: int | None
+    line: int
+
+    def mark(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An outcome record of this request: `sample` when there are several, and `slot`
+        where it is not the line (the drainer and the bitmaps key on it)."""
+        if self.sample is not None:
+            record["sample"] = self.sample
+        if self.slot != self.line:
+            record["slot"] = self.slot
+        return record
+
+
+class RequestOptions:
+    """Builds the task payload of a request from the run's settings and the row."""
+
+    def __init__(self, settings: ProducerSettings, tokenizer: PromptTokenizer) -> None:
+        self.s = settings
+        self.split_reasoning = _wants_split(settings.reasoning, tokenizer)
+        if settings.n > 1 and is_greedy(settings.sampling):
+            log.warning("--n %d with greedy sampling (temperature 0): every sample of a row "
+                        "will be the same answer; pass --temperature > 0", settings.n)
+
+    def payload(self, row: Row, request: Request, input_ids: list[int], max_tokens: int,
+                text: str) -> TaskPayload:
+        payload = TaskPayload(run=self.s.run, line=row.line, id=row.id, input_ids=input_ids,
+                              max_tokens=max_tokens, sampling=self.sampling(row, request),
+                              row=row.fields)
+        if request.sample is not None:
+            payload["sample"] = request.sample
+        if request.slot != row.line:
+            payload["slot"] = request.slot
+        if self.split_reasoning:
+            payload["think"] = True
+            if opens_reasoning(text):
+                payload["think_open"] = True
+        if self.s.logprobs:
+            payload["logprobs"] = self.s.logprobs
+        schema = row.json_schema or self.s.json_schema
+        if schema is not None:
+            payload["json_schema"] = schema
+        return payload
+
+    def sampling(self, row: Row, request: Request) -> Sampling:
+        merged: dict[str, Any] = {**self.s.sampling, **row.sampling}
+        if request.sample is not None:
+            merged["seed"] = sample_seed(row.id, request.sample, merged.get("seed"))
+        return Sampling(**merged)  # type: ignore[typeddict-item]
+
+
+def sample_seed(row_id: str, sample: int, base: int | None) -> int:
+    """A seed of its own for every sample, derived from the row's id, the sample index and the
+    run's (or row's) seed, so samples differ from each other and a rerun repeats them."""
+    digest = hashlib.blake2b(f"{base}\0{row_id}\0{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF  # engines take a signed 32-bit seed
+
+
+def is_greedy(sampling: Sampling) -> bool:
+    return sampling.get("temperature") == 0 or sampling.get("top_k") == 1
+
+
+def opens_reasoning(prompt: str) -> bool:
+    """The rendered prompt ends inside an open <think> block (a template that starts the
+    reasoning itself), so the answer begins in reasoning."""
+    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+
+
+def _wants_split(mode: str, tokenizer: PromptTokenizer) -> bool:
+    """`auto` splits when </think> is one token of the model's vocabulary (a thinking model:
+    Qwen3.x, DeepSeek-R1, ...): the engine is then asked to keep it in the text."""
+    if mode != "auto":
+        return mode == "split"
+    return len(tokenizer.encode_batch([THINK_CLOSE])[0]) == 1
