@@ -8,7 +8,13 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base.contract import STATE_PRODUCED, STATE_PRODUCING, RunKeys, runs_index_key
+from fleetgen.base.contract import (
+    STATE_PRODUCED,
+    STATE_PRODUCING,
+    STATE_STOPPED,
+    RunKeys,
+    runs_index_key,
+)
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import read_hash
 
@@ -36,7 +42,10 @@ class RunManifest:
         old = self.read()
         if old:
             check_same_settings(self.run, orjson.loads(old.get("settings", "{}")), settings)
-            self.redis.hset(self.key, "state", STATE_PRODUCING)
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(self.key, "state", STATE_PRODUCING)
+            pipe.hdel(self.key, "stop_reason")
+            pipe.execute()
             return
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.key, mapping={
@@ -45,6 +54,15 @@ class RunManifest:
         })
         pipe.sadd(runs_index_key(), self.run)
         pipe.execute()
+
+    def stop_reason(self) -> str | None:
+        """Why `--stop-if` stopped the run, if it did and nobody went on with --ignore-stop."""
+        m = self.read()
+        return m.get("stop_reason") if m.get("state") == STATE_STOPPED else None
+
+    def stop(self, reason: str) -> None:
+        self.redis.hset(self.key, mapping={"state": STATE_STOPPED, "stop_reason": reason,
+                                           "stopped_at": time.time()})
 
     def record_read(self, rows: int) -> None:
         self.redis.hset(self.key, "read", rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from fleetgen.base.contract import RunKeys, TaskPayload
 from fleetgen.base.outcomes import duplicate_record, rejected_record
 from producer.budget import Limits, budget
 from producer.dedup import SeenIds
+from producer.earlystop import EarlyStop, parse_rule
 from producer.enqueue import Enqueuer
 from producer.manifest import RunManifest
 from producer.options import Request, RequestOptions
@@ -21,6 +23,8 @@ from producer.reconcile import Reconciler
 from producer.rows import BadRow, Row, count_rows, read_rows
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer
+
+log = logging.getLogger("fleetgen.producer")
 
 # Longer than any token of the vocabularies we know (Qwen3.6's longest is 128 bytes).
 MAX_BYTES_PER_TOKEN = 256
@@ -33,6 +37,7 @@ class Progress:
     rejected: int = 0
     skipped: int = 0  # already done or in flight from an earlier invocation
     requeued: int = 0  # lost rows enqueued again while waiting (see wait_until_generated)
+    stopped: str | None = None  # why --stop-if stopped the run, if it did
     started_s: float = field(default_factory=time.monotonic)
 
     @property
@@ -56,6 +61,8 @@ class Producer:
         self._settings: dict[str, Any] = {}
         self._next_slot = 1
         self.options = RequestOptions(settings, tokenizer)
+        rules = [] if settings.ignore_stop else [parse_rule(r) for r in settings.stop_if]
+        self.early = EarlyStop(client, settings.run, rules, settings.stop_after)
         self.total: int | None = None  # rows in the input, once all of it has been read
 
     # -- the run ---------------------------------------------------------------------------
@@ -66,15 +73,31 @@ class Producer:
         settings = self.s.manifest_settings()
         settings["context_length"] = self.limits.context_length
         self._settings = settings
+        stopped = self.run_manifest.stop_reason()
+        if stopped is not None and not self.s.ignore_stop:
+            self.progress.stopped = stopped  # stopped before: say so, change nothing
+            return self.progress
         self.run_manifest.open(settings, count_rows(self.s.input) * self.s.n)
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
         self._pass(lambda line: line not in done and line not in in_flight, on_batch,
                    should_stop)
-        if not should_stop():
+        if self.early.verdict is not None:
+            self._stop_early(self.early.verdict.reason(), should_stop)
+        elif not should_stop():
             self.total = self._next_slot - 1  # requests: rows x samples
             self.run_manifest.close(self.total)
         return self.progress
+
+    def _stop_early(self, reason: str, should_stop: Callable[[], bool]) -> None:
+        """Enqueue nothing more, let what is queued or in flight finish, then report."""
+        log.warning("stopping the run early: %s", reason)
+        self.run_manifest.stop(reason)
+        self.progress.stopped = reason
+        keys = self.keys
+        while not should_stop() and self.redis.bitcount(keys.done) < self.redis.bitcount(
+                keys.sent):
+            time.sleep(0.2)
 
     def requeue(self, lines: set[int], should_stop: Callable[[], bool] = lambda: False) -> None:
         """Enqueue these lines again (a pass over the input that keeps only them)."""
@@ -86,10 +109,15 @@ class Producer:
         self.progress = Progress()
         self._seen_ids.clear()
         self._next_slot = 1
+        def stop() -> bool:
+            return should_stop() or self.early.triggered()
+
         for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
-            if should_stop():
+            if stop():
                 return
-            self.enqueuer.wait_for_room(should_stop)
+            self.enqueuer.wait_for_room(stop)
+            if stop():
+                return
             payloads, rejections = self._prepare(chunk, wanted)
             self.enqueuer.reject(rejections)
             self.enqueuer.send(payloads)

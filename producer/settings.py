@@ -9,6 +9,7 @@ from typing import Any
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact
+from producer.earlystop import parse_rule
 
 MAX_SAMPLES = 128  # OpenAI's own limit on `n`
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit; vLLM's default max_logprobs is 20
@@ -39,6 +40,11 @@ class ProducerSettings:
     json_schema: str | None = None  # a JSON Schema document (compact JSON) for every answer
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: str = "auto"  # auto | split | off: split answers on </think>
+    # Early warning (producer/earlystop.py): rules like `truncated>0.2`, judged once `stop_after`
+    # answers are back; `ignore_stop` goes on with a run they stopped.
+    stop_if: tuple[str, ...] = ()
+    stop_after: int = 500
+    ignore_stop: bool = False
     high_water: int | None = None  # None: derived from the live fleet's concurrency
     batch_size: int = 512
 
@@ -79,6 +85,10 @@ class ProducerSettings:
             raise ConfigError(f"--n must be in 1..{MAX_SAMPLES}, got {self.n}")
         if not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ConfigError(f"--logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
+        if self.stop_after < 1:
+            raise ConfigError(f"--after must be at least 1, got {self.stop_after}")
+        for rule in self.stop_if:
+            parse_rule(rule)
         if self.reasoning not in ("auto", "split", "off"):
             raise ConfigError(f"--reasoning must be auto, split or off, got {self.reasoning!r}")
 

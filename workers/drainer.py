@@ -25,7 +25,7 @@ from fleetgen.base.contract import (
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outcomes import read_entry
 from fleetgen.base.redisconn import read_hash
-from fleetgen.base.runstate import run_complete
+from fleetgen.base.runstate import run_complete, stopped_and_settled
 
 log = logging.getLogger("fleetgen.drainer")
 
@@ -316,7 +316,7 @@ class Drainer:
         if time.monotonic() >= self._verify_due:
             self.verify()
         self.step(block_ms=self.block_ms)
-        return not follow and self.complete()
+        return not follow and (self.complete() or self.stopped() is not None)
 
     def _drain_pending(self) -> None:
         """After a restart, our own read-but-unacked entries come first (id 0)."""
@@ -400,6 +400,10 @@ class Drainer:
     def complete(self) -> bool:
         return run_complete(self.redis, self.run, self.tally.written)
 
+    def stopped(self) -> str | None:
+        """Why the run was stopped early, once all it sent before the stop is written."""
+        return stopped_and_settled(self.redis, self.run, self.tally.written)
+
     def _publish_counts(self, pipe: Any) -> None:
         pipe.hset(self.keys.written, mapping=self.counts())
 
@@ -424,6 +428,7 @@ class Drainer:
             "total": int(m.get("total", "0") or 0) or self.tally.written,
             **counts,
             "complete": self.complete(),
+            "stopped": self.stopped(),
             "started_at": started or None,
             "finished_at": finished,
             "wall_s": round(wall_s, 3) if wall_s else None,

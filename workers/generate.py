@@ -119,6 +119,7 @@ def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Si
     stats = {
         "done": 1,
         "truncated": int(gen.finish_reason == "length"),
+        "empty": int(not gen.text.strip()),  # an early-warning figure (produce --stop-if)
         "prompt_tokens": gen.prompt_tokens,
         "completion_tokens": gen.completion_tokens,
         "retries": state.retries,

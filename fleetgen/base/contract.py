@@ -23,6 +23,9 @@ DRAINER_GROUP: Final = "drainer"
 # Manifest states: producing -> produced. `retrying` while `fleetgen retry` re-enqueues failures.
 STATE_PRODUCING: Final = "producing"
 STATE_PRODUCED: Final = "produced"
+# `--stop-if` saw the first answers break a rule: nothing more is enqueued (manifest field
+# `stop_reason` says why) until the producer is run again with --ignore-stop.
+STATE_STOPPED: Final = "stopped"
 
 
 class RunKeys:

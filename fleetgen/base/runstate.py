@@ -9,7 +9,13 @@ from typing import cast
 import orjson
 import redis
 
-from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload, runs_index_key
+from fleetgen.base.contract import (
+    STATE_PRODUCED,
+    STATE_STOPPED,
+    RunKeys,
+    TaskPayload,
+    runs_index_key,
+)
 from fleetgen.base.redisconn import read_hash
 
 
@@ -33,6 +39,23 @@ def run_complete(client: redis.Redis, run: str, written: int | None = None) -> b
     pipe.xlen(keys.stream)
     retrying, unread = pipe.execute()
     return retrying == 0 and unread == 0
+
+
+def stopped_and_settled(client: redis.Redis, run: str, written: int) -> str | None:
+    """The reason, if `--stop-if` stopped the run and every request sent before the stop has
+    been written (so a drainer can end with what there is); else None."""
+    keys = RunKeys(run)
+    manifest = read_hash(client, keys.manifest)
+    if manifest.get("state") != STATE_STOPPED:
+        return None
+    pipe = client.pipeline(transaction=False)
+    pipe.bitcount(keys.sent)
+    pipe.scard(keys.retrying)
+    pipe.xlen(keys.stream)
+    sent, retrying, unread = pipe.execute()
+    if written < sent or retrying or unread:
+        return None
+    return manifest.get("stop_reason", "stopped by --stop-if")
 
 
 def exists(client: redis.Redis, run: str) -> bool:

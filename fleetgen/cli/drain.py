@@ -40,5 +40,8 @@ def run(args: argparse.Namespace) -> int:
         drainer.close()
     summary = drainer.write_summary()
     sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    if summary.get("stopped"):
+        print(f"fleetgen drain: run {args.run!r} was stopped early: {summary['stopped']}; "
+              "everything sent before the stop is written", file=sys.stderr)
     return exitcodes.OK if summary["complete"] or args.follow else exitcodes.INCOMPLETE
 

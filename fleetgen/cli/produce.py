@@ -89,6 +89,15 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
     p.add_argument("--reasoning", choices=("auto", "split", "off"), default="auto",
                    help="split each answer on </think> into `reasoning` and `completion`: "
                    "auto (when </think> is one token of the tokenizer), split, off")
+    p.add_argument("--stop-if", action="append", default=[], metavar="RULE",
+                   help="stop feeding the queue once the first --after answers break RULE, "
+                   "e.g. 'truncated>0.2', 'empty>=5%%', 'unfinished>0.1' (reasoning that ran "
+                   "out of budget), 'failed>0.05'; what is queued finishes, then exit 1 with "
+                   "the reason (repeatable)")
+    p.add_argument("--after", type=int, default=500, metavar="N", dest="stop_after",
+                   help="answers to wait for before judging --stop-if (500)")
+    p.add_argument("--ignore-stop", action="store_true",
+                   help="go on with a run that --stop-if stopped")
     p.add_argument("--high-water", type=int, metavar="N",
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
     p.add_argument("--batch-size", type=int, default=512, metavar="N",
@@ -104,6 +113,8 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
 def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
     """The per-request options of the flags: samples, log-probabilities, schema, template."""
     return {"n": args.n, "logprobs": args.logprobs, "reasoning": args.reasoning,
+            "stop_if": tuple(args.stop_if), "stop_after": args.stop_after,
+            "ignore_stop": args.ignore_stop,
             "json_schema": read_json_schema(args.json_schema),
             "chat_template_kwargs": _json_object(args.chat_template_kwargs,
                                                  "--chat-template-kwargs")}
@@ -158,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, url)
     report = produce(settings, show_progress=sys.stderr.isatty(), wait=not args.no_wait,
                      reconcile_interval_s=args.reconcile_interval)
+    if report.stopped is not None:
+        print(f"fleetgen produce: run {settings.run!r} stopped early: {report.stopped}. "
+              f"{report.enqueued} enqueued before the stop have finished. Fix the settings and "
+              f"start a new --run, or run the same command with --ignore-stop to go on.",
+              file=sys.stderr)
+        return exitcodes.INCOMPLETE
     print(f"fleetgen produce: run {settings.run!r} on {redact(url)}: {report.read} rows read, "
           f"{report.enqueued} enqueued, {report.rejected} rejected, {report.skipped} already "
           f"done or in flight, {report.requeued} re-enqueued after loss "
@@ -187,7 +204,7 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     try:
         report = producer.run(on_batch=lambda p: _advance(bar, p.read, None),
                               should_stop=should_stop)
-        if wait and not should_stop():
+        if wait and not should_stop() and report.stopped is None:
             done_bar = _bar(show_progress, "generated")
             report.requeued = producer.wait_until_generated(
                 reconcile_interval_s, should_stop=should_stop,

@@ -54,10 +54,20 @@ class RunStatus:
     recent_rows_per_s: float | None = None
     recent_tokens_per_s: float | None = None
     workers: list[WorkerStatus] = field(default_factory=list)
+    # The early-warning figures (`produce --stop-if`): answers with no text, and answers that
+    # ran out of budget inside their reasoning.
+    empty: int = 0
+    unfinished: int = 0
+    stop_reason: str | None = None
 
     @property
     def truncation_rate(self) -> float:
         return self.truncated / self.done if self.done else 0.0
+
+    def share(self, count: int) -> float:
+        """Of the answers so far (results and failures), as `--stop-if` judges them."""
+        answers = self.done + self.failed
+        return count / answers if answers else 0.0
 
     @property
     def remaining(self) -> int | None:
@@ -68,6 +78,9 @@ class RunStatus:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["truncation_rate"] = round(self.truncation_rate, 4)
+        data["shares"] = {name: round(self.share(count), 4) for name, count in (
+            ("truncated", self.truncated), ("empty", self.empty),
+            ("unfinished", self.unfinished), ("failed", self.failed))}
         return data
 
 
@@ -103,6 +116,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         tokens_per_s=round(n(stats, "completion_tokens") / elapsed, 1),
         eta_s=round(remaining / rate, 1) if rate > 0 and remaining > 0 else None, at=now,
     )
+    status.empty, status.unfinished = n(stats, "empty"), n(stats, "unfinished_reasoning")
+    status.stop_reason = manifest.get("stop_reason")
     status.workers = _workers(client, stats, elapsed)
     return status
 
@@ -181,10 +196,15 @@ def render(s: RunStatus) -> str:
         f"in flight {s.in_flight}  written {s.written}",
         f"  outcome done {s.done}  failed {s.failed}  rejected {s.rejected}  "
         f"truncated {s.truncated} ({s.truncation_rate:.1%})  retries {s.retries}",
+        f"  early   truncated {s.share(s.truncated):.1%}  empty {s.share(s.empty):.1%}  "
+        f"unfinished reasoning {s.share(s.unfinished):.1%}  failed {s.share(s.failed):.1%}"
+        " of answers",
         f"  rate    {rows_s or 0:.1f} rows/s  {tok_s or 0:.0f} tok/s "
         f"({'since last refresh' if windowed else 'average since start'})",
         f"  tokens  prompt {s.prompt_tokens}  completion {s.completion_tokens}",
     ]
+    if s.stop_reason:
+        lines.insert(1, f"  STOPPED EARLY: {s.stop_reason}")
     if s.workers:
         lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'in flight':>9} "
                      f"{'rows/s':>8} {'tok/s':>9}  health")

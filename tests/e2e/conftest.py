@@ -20,6 +20,17 @@ def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     fleet.stop()
 
 
+@pytest.fixture(scope="module")
+def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """Two GPUs with short answers (60 tokens on average), for runs that check options."""
+    fleet = LocalFleet(tmp_path_factory.mktemp("fleet2"),
+                       FleetSpec(gpus=2, context_length=8192, max_running_requests=16,
+                                 ttft_ms=5, tpot_ms=0.05, output_tokens_mean=60))
+    fleet.start()
+    yield fleet
+    fleet.stop()
+
+
 @pytest.fixture()
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"

@@ -5,28 +5,16 @@ requests (rows x n) in its total and its summary."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
 from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once
 from tests.e2e.test_formats import fleetgen, write_jsonl
 
 ROWS, SAMPLES = 10, 3
-
-
-@pytest.fixture(scope="module")
-def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(tmp_path_factory.mktemp("fleet2"),
-                       FleetSpec(gpus=2, context_length=8192, max_running_requests=16,
-                                 ttft_ms=5, tpot_ms=0.05, output_tokens_mean=60))
-    fleet.start()
-    yield fleet
-    fleet.stop()
 
 
 def test_n_samples_each_with_its_own_seed_exactly_once(fleet2: LocalFleet,
