@@ -44,7 +44,7 @@ ALWAYS = ("id", "completion", "finish_reason", "prompt_tokens", "completion_toke
 JSON_ALWAYS = frozenset({"body"})
 CHUNK_ROWS = 2048  # rows per type inference
 GROUP_ROWS = 100_000  # rows per row group at most
-GROUP_BYTES = 64 << 20  # and about this much JSON per row group
+GROUP_BYTES = 16 << 20  # and about this much JSON per row group (memory: a few times it)
 
 
 def table_row(record: dict[str, Any], reasoning: str) -> dict[str, Any]:
