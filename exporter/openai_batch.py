@@ -15,7 +15,8 @@ succeed are in results.jsonl and in the other formats, and `fleetgen retry` can 
 A rejected row (never sent) answers 400 as the server would have; a failure keeps the engine's
 HTTP status, and one that never got an HTTP answer (timeouts, a server gone) has
 `response: null`, as OpenAI writes requests that never ran. `error` is `{code, message}`: the
-rejection's reason code, or the failure's error type.
+rejection's reason code, or the failure's error type. Error lines are in the one file, as vLLM's
+runner writes them (OpenAI puts them in an error file of their own).
 """
 
 from __future__ import annotations
