@@ -58,7 +58,7 @@ def batch_line(group: list[Outcome], ctx: Context) -> dict[str, Any]:
     line: dict[str, Any] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
     errors = [o for o in group if o.kind != KIND_RESULT]
     if errors:
-        status, error = _error(errors, len(group))
+        status, error = _error(errors, len(group) - len(errors))
         line["response"] = None if status is None else {
             "status_code": status, "request_id": f"req_{digest}", "body": None}
         line["error"] = error
@@ -81,7 +81,9 @@ def _custom_id(group: list[Outcome]) -> str:
     return str(group[0].record["id"])
 
 
-def _error(errors: list[Outcome], samples: int) -> tuple[int | None, dict[str, Any]]:
+def _error(errors: list[Outcome], answered: int) -> tuple[int | None, dict[str, Any]]:
+    """The line's status and error, from its first unanswered sample; when other samples were
+    answered, the message says how many were not."""
     kind, record, _ = errors[0]
     if kind == KIND_REJECTED:
         reason = str(record.get("reason", ""))
@@ -92,10 +94,10 @@ def _error(errors: list[Outcome], samples: int) -> tuple[int | None, dict[str, A
         raw_status = info.get("status")
         status = raw_status if isinstance(raw_status, int) else None
         code, message = str(info.get("type") or "failed"), str(info.get("message") or "")
-    if samples > 1:
+    if answered:
         which = record.get("sample")
-        message = (f"{len(errors)} of {samples} samples got no answer; sample {which}: "
-                   f"{message}")
+        message = (f"{len(errors)} of {len(errors) + answered} samples got no answer; sample "
+                   f"{which}: {message}")
     return status, {"code": code, "message": message}
 
 

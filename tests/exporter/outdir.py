@@ -6,7 +6,7 @@ Input lines (1-based) and what became of them:
  2 ShareGPT `conversations` (from/value), a thinking answer -> result with reasoning
  3 `conversations` with role/content -> result cut at its budget (length)
  4 `prompt` -> result
- 5 too long -> rejected
+ 5 too long, asked for twice -> rejected, once per sample
  6 invalid JSON -> rejected under an id derived from its bytes
  7 refused by the engine (HTTP 400) -> failure
  8 timed out on every attempt (no HTTP answer) -> failure
@@ -90,12 +90,12 @@ def records() -> dict[str, list[dict[str, Any]]]:
         result({"conversations": ROLES_3}, "c", 3, "Roses are", finish="length",
                completion_tokens=1000),
         result({"prompt": "The capital of France is"}, "d", 4, " Paris."),
-        *[result({"messages": MESSAGES_9}, "i", 9, f"colour {s}", sample=s, slot=9 + s,
+        *[result({"messages": MESSAGES_9}, "i", 9, f"colour {s}", sample=s, slot=10 + s,
                  reasoning=f"thinking {s}", reasoning_tokens=3 + s,
                  reasoning_unfinished=False, logprobs=LOGPROBS_9[s],
                  completion_tokens=len(LOGPROBS_9[s]["ids"]))
           for s in range(3)],
-        result({"messages": MESSAGES_10}, "j", 10, "42", sample=0, slot=12),
+        result({"messages": MESSAGES_10}, "j", 10, "42", sample=0, slot=13),
         result(BATCH_11, "req-11", 11, "Hello!", prompt_tokens=9, completion_tokens=2),
         result(BATCH_12, "req-12", 12, " there was", prompt_tokens=4, completion_tokens=2,
                logprobs=LOGPROBS_12),
@@ -104,11 +104,12 @@ def records() -> dict[str, list[dict[str, Any]]]:
     failures = [
         failure("g", 7, "permanent", "400: the prompt has an image part", 400),
         failure("h", 8, "retryable", "engine timed out after 900 s", None),
-        failure("j", 10, "retryable", "503: server overloaded", 503, sample=1, slot=13),
+        failure("j", 10, "retryable", "503: server overloaded", 503, sample=1, slot=14),
         failure("n", 14, "retryable", "502: bad gateway", 502),
     ]
     rejections = [
-        rejected("e", 5, "prompt_too_long: 9000 prompt tokens >= 8187", prompt_tokens=9000),
+        *[rejected("e", 5, "prompt_too_long: 9000 prompt tokens >= 8187", prompt_tokens=9000,
+                   sample=s, slot=5 + s) for s in range(2)],
         rejected("row-0123456789abcdef0123", 6,
                  "invalid_json: unexpected character: line 1 column 13 (char 12)"),
         rejected("a#13", 13, "duplicate_id: an earlier row has the same id",
@@ -128,7 +129,7 @@ def write_output_dir(out: Path, *, complete: bool = True, seed: int = 3) -> Path
     for name in by_file:
         lines = [orjson.dumps(r) + b"\n" for n, r in drained if n == name]
         (out / name).write_bytes(b"".join(lines))
-    summary = {"run": RUN, "total": 14, "done": 11, "failed": 3, "rejected": 3,
+    summary = {"run": RUN, "total": 14, "done": 11, "failed": 3, "rejected": 4,
                "truncated": 1, "complete": complete, "started_at": FINISHED_AT - 60,
                "finished_at": FINISHED_AT}
     (out / "summary.json").write_bytes(orjson.dumps(summary))
