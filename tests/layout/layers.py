@@ -1,9 +1,9 @@
 """The floors of the product and the rule between them, read from the source with `ast`.
 
-Bottom to top: the base, the engines, the roles (producer, workers, simulator), the top (the
-CLI, the local fleet, the monitor). A module may import its own floor and the floors below,
-never one above; two roles on the roles floor never import each other; the simulator imports
-no product code at all (it stands in for a server fleetgen did not write). Imports inside
+Bottom to top: the base, the engines, the roles (producer, workers, simulator, exporter), the
+top (the CLI, the local fleet, the monitor). A module may import its own floor and the floors
+below, never one above; two roles on the roles floor never import each other; the simulator
+imports no product code at all (it stands in for a server fleetgen did not write). Imports inside
 functions and under TYPE_CHECKING count like any other.
 """
 
@@ -21,13 +21,14 @@ ROOMS: tuple[tuple[str, int], ...] = (
     ("producer", 3),
     ("workers", 3),
     ("simulator", 3),
+    ("exporter", 3),
     ("fleetgen.cli", 4),
     ("fleetgen.local", 4),
     ("fleetgen.monitor", 4),
     ("fleetgen.__main__", 4),
 )
 ROLES_FLOOR = 3
-PRODUCT = ("fleetgen", "producer", "workers", "simulator")
+PRODUCT = ("fleetgen", "producer", "workers", "simulator", "exporter")
 ABOVE_EVERYTHING = ("bench", "tests")
 
 

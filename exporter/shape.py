@@ -1,0 +1,106 @@
+"""What a result record says about its input row and its answer (pure): which conversation it
+answered, in which turn style, which endpoint it stands for, and the answer with or without
+its reasoning."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+# The fields fleetgen adds to a result line (README "Output"); everything else in a result is
+# the input row's own, carried through.
+RESULT_FIELDS: Final = frozenset({
+    "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+    "max_tokens", "latency_s", "attempts", "worker", "line", "sample", "slot", "reasoning",
+    "reasoning_tokens", "reasoning_unfinished", "logprobs", "json_valid", "json_error", "file",
+    "position"})
+# The transport fields of an OpenAI Batch input line, carried through as row fields; `body`
+# holds the request itself.
+BATCH_FIELDS: Final = frozenset({"custom_id", "method", "url", "body"})
+CONVERSATION_FIELDS: Final = ("messages", "conversations", "prompt")  # the producer's order
+
+# ShareGPT speakers that are the assistant: the producer's SHAREGPT_ROLES entries that map to
+# "assistant" (tests/exporter checks the two agree). A ShareGPT answer is written as "gpt".
+SHAREGPT_ASSISTANT: Final = frozenset({"gpt", "assistant", "chatgpt", "bing"})
+SHAREGPT_ANSWER: Final = "gpt"
+
+CHAT_URL: Final = "/v1/chat/completions"
+COMPLETIONS_URL: Final = "/v1/completions"
+
+# --reasoning: keep it beside the answer (a field of its own), strip it, or inline it before
+# the answer as Qwen3-style chat templates render an assistant turn's reasoning_content.
+REASONING_MODES: Final = ("keep", "strip", "inline")
+THINK_OPEN: Final = "<think>\n"
+THINK_CLOSE: Final = "\n</think>\n\n"
+
+
+def is_batch_row(record: dict[str, Any]) -> bool:
+    """The row was an OpenAI Batch line: `url` and the request `body` carried through."""
+    return isinstance(record.get("body"), dict) and isinstance(record.get("url"), str)
+
+
+def endpoint(record: dict[str, Any]) -> str:
+    """The URL the row stands for: a Batch line's own, else chat for a conversation and
+    completions for a raw `prompt` row."""
+    if is_batch_row(record):
+        url = str(record["url"])
+        return COMPLETIONS_URL if url.rstrip("/").endswith(COMPLETIONS_URL) else CHAT_URL
+    if any(key in record for key in ("messages", "conversations")):
+        return CHAT_URL
+    return COMPLETIONS_URL if "prompt" in record else CHAT_URL
+
+
+def conversation(record: dict[str, Any]) -> tuple[str, list[Any]]:
+    """(the field to write it under, the turns asked about): the input's own turns, less the
+    trailing assistant turns the producer dropped; a prompt becomes one user turn."""
+    source = record["body"] if is_batch_row(record) else record
+    for key in CONVERSATION_FIELDS:
+        if key not in source or source[key] is None:
+            continue
+        value = source[key]
+        if key == "prompt":
+            return "messages", [{"role": "user", "content": _prompt_text(value)}]
+        turns = list(value) if isinstance(value, list) else []
+        while turns and is_assistant(turns[-1]):
+            turns.pop()
+        return ("messages" if source is not record else key), turns
+    return "messages", []
+
+
+def _prompt_text(value: Any) -> Any:
+    # A completions body may hold a one-element list of prompts.
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return value[0]
+    return value
+
+
+def is_assistant(turn: Any) -> bool:
+    if not isinstance(turn, dict):
+        return False
+    if "from" in turn or "value" in turn:
+        return str(turn.get("from", "")).lower() in SHAREGPT_ASSISTANT
+    return turn.get("role") == "assistant"
+
+
+def is_sharegpt(turns: list[Any]) -> bool:
+    return any(isinstance(t, dict) and ("from" in t or "value" in t) for t in turns)
+
+
+def answer(record: dict[str, Any], reasoning: str) -> tuple[str, str | None]:
+    """(the answer's text, its reasoning as a field of its own or None) under a --reasoning
+    mode. Inline, an answer cut off inside its reasoning keeps the block open: no closing tag
+    the model never wrote."""
+    completion = str(record.get("completion") or "")
+    thought = record.get("reasoning")
+    if not isinstance(thought, str) or reasoning == "strip":
+        return completion, None
+    if reasoning == "keep":
+        return completion, thought
+    if record.get("reasoning_unfinished") is True:
+        return THINK_OPEN + thought, None
+    return THINK_OPEN + thought + THINK_CLOSE + completion, None
+
+
+def row_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """The input row's own fields, less its conversation and a Batch line's transport."""
+    skip = RESULT_FIELDS | BATCH_FIELDS | set(CONVERSATION_FIELDS)
+    return {k: v for k, v in record.items() if k not in skip}

@@ -1,0 +1,86 @@
+"""`fleetgen export`: convert a drained output directory for training or batch tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleetgen.base import exitcodes
+
+
+def add_parser(sub: Any) -> None:
+    from exporter import FORMATS
+    from exporter.shape import REASONING_MODES
+
+    p = sub.add_parser(
+        "export", help="convert a drained output directory (conversations, OpenAI Batch, "
+        "Parquet)",
+        description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
+        "exports too) and writes one file, in input order, whole or not at all. "
+        "conversations: each result as its input conversation with the answer as the last "
+        "assistant turn (role/content, or from/value when the input used those), for SFT "
+        "and draft-model trainers. openai-batch: one line per input line as OpenAI's Batch "
+        "API and vLLM's batch runner write them (failures and rejections as error lines). "
+        "parquet: the results table. Exit 0; 1 when the run is not complete (what is "
+        "written so far is exported); 3 when DIR is not a drained output directory.")
+    p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
+                   "--out` wrote")
+    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--out", type=Path, metavar="PATH",
+                   help="output file (default: DIR/export.FORMAT.jsonl, or DIR/export.parquet)")
+    p.add_argument("--reasoning", choices=REASONING_MODES, default="keep",
+                   help="a thinking model's reasoning: keep it as a field of its own "
+                   "(conversations: reasoning_content; openai-batch: message.reasoning; "
+                   "parquet: the reasoning column), inline it before the answer as "
+                   "<think>...</think>, or strip it (default: keep)")
+    p.add_argument("--model", help="openai-batch: the model named in each body (default: the "
+                   "run's summary.json, else each Batch line's own, else 'fleetgen')")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporter.export import Options, export
+
+    bar = _bar() if sys.stderr.isatty() else None
+    try:
+        report = export(args.dir, Options(format=args.format, out=args.out,
+                                          reasoning=args.reasoning, model=args.model),
+                        progress=bar.update if bar is not None else lambda n: None,
+                        on_open=_set_total(bar))
+    finally:
+        if bar is not None:
+            bar.close()
+    unit = "rows" if args.format == "parquet" else "lines"
+    print(f"fleetgen export: {report.written} {unit} of run {report.run!r} -> {report.out}")
+    for name, size in report.torn.items():
+        print(f"fleetgen export: {name} ends in a torn line ({size} bytes) that a drainer is "
+              "writing or was killed writing: not exported; `fleetgen drain` repairs it",
+              file=sys.stderr)
+    if report.superseded:
+        print(f"fleetgen export: {report.superseded} failure(s) superseded by a result of the "
+              "same row (left by a drainer killed mid-repair): exported as results",
+              file=sys.stderr)
+    if not report.complete:
+        why = ("a file ends in a torn line" if report.torn else
+               "summary.json says so" if report.summarized else "it has no summary.json")
+        print(f"fleetgen export: run {report.run!r} is not complete ({why}): exported what "
+              "is written so far; export again when `fleetgen drain` has finished",
+              file=sys.stderr)
+        return exitcodes.INCOMPLETE
+    return exitcodes.OK
+
+
+def _bar() -> Any:
+    from tqdm import tqdm
+
+    return tqdm(desc="export", unit="B", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+
+
+def _set_total(bar: Any) -> Any:
+    def on_open(total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.refresh()
+    return on_open

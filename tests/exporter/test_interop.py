@@ -1,0 +1,88 @@
+"""The exports load as they are with Hugging Face `datasets` (offline) and pandas: the readers
+training pipelines use. `datasets` runs in a child process, so its offline settings and cache
+are this test's own whatever was imported before."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+
+from tests.exporter.conftest import Export
+
+LOAD = """
+import json, sys
+from datasets import load_dataset
+
+kind, path = sys.argv[1], sys.argv[2]
+ds = load_dataset(kind, data_files=path, split="train")
+print(json.dumps({"rows": ds.num_rows, "columns": ds.column_names,
+                  "first": ds[0], "last": ds[-1]}, default=str))
+"""
+
+
+def load_dataset(kind: str, path: Path, cache: Path) -> dict[str, Any]:
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               HF_HOME=str(cache / "hf"), HF_DATASETS_CACHE=str(cache / "datasets"))
+    done = subprocess.run([sys.executable, "-c", LOAD, kind, str(path)], capture_output=True,
+                          text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded: dict[str, Any] = orjson.loads(done.stdout.splitlines()[-1])
+    return loaded
+
+
+def test_conversations_load_with_datasets_and_pandas(export: Export, drained: Path,
+                                                     tmp_path: Path) -> None:
+    assert export(drained, "--format", "conversations").code == 0
+    path = drained / "export.conversations.jsonl"
+    ds = load_dataset("json", path, tmp_path)
+    assert ds["rows"] == 11
+    assert {"id", "messages", "conversations", "finish_reason", "sample"} <= set(ds["columns"])
+    assert ds["first"]["id"] == "a"
+    assert ds["first"]["messages"][-1]["role"] == "assistant"
+    assert ds["first"]["messages"][-1]["content"] == "7."
+    assert ds["last"]["messages"][-1]["content"] == "Done."
+    frame = pd.read_json(path, lines=True)
+    assert len(frame) == 11
+    assert frame["id"].tolist()[:5] == ["a", "b", "c", "d", "i"]
+    assert frame.loc[1, "conversations"][-1] == {
+        "from": "gpt", "value": "It is 4.", "reasoning_content": "2+2 is 4, not 5."}
+
+
+def test_openai_batch_loads_with_datasets_and_pandas(export: Export, drained: Path,
+                                                     tmp_path: Path) -> None:
+    assert export(drained, "--format", "openai-batch").code == 0
+    path = drained / "export.openai-batch.jsonl"
+    ds = load_dataset("json", path, tmp_path)
+    assert ds["rows"] == 14
+    assert set(ds["columns"]) == {"id", "custom_id", "response", "error"}
+    assert ds["first"]["custom_id"] == "a"
+    assert ds["first"]["response"]["status_code"] == 200
+    assert ds["first"]["response"]["body"]["choices"][0]["message"]["content"] == "7."
+    assert ds["last"]["response"]["body"]["usage"]["total_tokens"] == 25
+    frame = pd.read_json(path, lines=True)
+    assert len(frame) == 14
+    statuses = [r["status_code"] if isinstance(r, dict) else None for r in frame["response"]]
+    assert statuses == [200, 200, 200, 200, 400, 400, 400, None, 200, 503, 200, 200, 400, 200]
+    assert frame["error"].notna().sum() == 6
+
+
+def test_parquet_loads_with_datasets_and_pandas(export: Export, drained: Path,
+                                                tmp_path: Path) -> None:
+    assert export(drained, "--format", "parquet").code == 0
+    path = drained / "export.parquet"
+    ds = load_dataset("parquet", path, tmp_path)
+    assert ds["rows"] == 11
+    assert ds["columns"][:3] == ["id", "completion", "finish_reason"]
+    assert ds["first"]["messages"][0] == {"role": "system", "content": "You are terse."}
+    assert ds["last"]["completion"] == "Done."
+    frame = pd.read_parquet(path)
+    assert len(frame) == 11
+    assert frame["completion_tokens"].dtype == "int64"
+    assert frame["sample"].tolist()[4:8] == [0, 1, 2, 0]
+    assert list(frame.loc[4, "logprobs"]["ids"]) == [11, 12]
