@@ -6,24 +6,20 @@ so the record is byte for byte what the drainer writes; the simulator's ids are 
 whole Qwen3 vocabulary (6 digits mostly) and its logprobs look like a confident model's (the
 chosen token near 0, the runners-up a few nats below).
 
-    python tools/logprobs_size.py [--rows N] [--mean-tokens M] [K ...]
+    .venv/bin/python tools/logprobs_size.py [--rows N] [--mean-tokens M] [K ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from fleetgen.base.contract import TaskPayload  # noqa: E402
-from fleetgen.base.outcomes import result_record  # noqa: E402
-from fleetgen.engine import GenerateOptions  # noqa: E402
-from fleetgen.engine.sglang import SGLangClient  # noqa: E402
-from simulator import SimConfig, run_in_thread  # noqa: E402
+from fleetgen.base.contract import TaskPayload
+from fleetgen.base.outcomes import result_record
+from fleetgen.engine import GenerateOptions
+from fleetgen.engine.sglang import SGLangClient
+from simulator import SimConfig, run_in_thread
 
 
 def measure(url: str, rows: int, top: int) -> tuple[float, float, int]:
