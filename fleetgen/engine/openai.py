@@ -195,6 +195,8 @@ def vllm_options(options: GenerateOptions) -> dict[str, Any]:
     own 400. A reasoning parser on the server lets a grammar wait for the reasoning end."""
     extra: dict[str, Any] = {}
     if options.keep_special_tokens:
+        # return_token_ids echoes the prompt's ids too (`prompt_token_ids`): a few bytes per
+        # prompt token of answer, the price of counting the reasoning exactly.
         extra.update(skip_special_tokens=False, return_token_ids=True)
     if options.json_schema is not None:
         extra["structured_outputs"] = {"json": options.json_schema}
@@ -216,7 +218,10 @@ def llama_cpp_options(options: GenerateOptions) -> dict[str, Any]:
     if options.keep_special_tokens:
         extra["preserved_tokens"] = [THINK_START, THINK_END]
     if options.json_schema is not None:
-        extra["json_schema"] = json.loads(options.json_schema)
+        try:
+            extra["json_schema"] = json.loads(options.json_schema)
+        except ValueError as exc:
+            raise errors.PermanentError(f"the JSON schema is not JSON: {exc}") from exc
     if options.logprobs > 0:
         extra["n_probs"] = options.logprobs
     return extra

@@ -98,6 +98,8 @@ def test_llama_cpp_request_and_answer_shapes() -> None:
     assert body["preserved_tokens"] == ["<think>", "</think>"]
     assert body["json_schema"] == SCHEMA and body["n_probs"] == 3
     assert "skip_special_tokens" not in body and "logprobs" not in body
+    with pytest.raises(errors.PermanentError, match="not JSON"):
+        completion_body([1], 8, {}, None, GenerateOptions(json_schema="{no"), "llama.cpp")
     content = [{"id": 7, "token": "a", "bytes": [97], "logprob": -0.51234,
                 "top_logprobs": [{"id": 7, "token": "a", "bytes": [97], "logprob": -0.51234},
                                  {"id": 9, "token": "b", "bytes": [98], "logprob": -1.2}]}]

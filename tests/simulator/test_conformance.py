@@ -332,6 +332,21 @@ def scored(ctx: Ctx) -> Any:
     }
 
 
+def v1_scored(ctx: Ctx) -> Any:
+    """SGLang's /v1 logprobs: tokens by text, no offsets, top dicts only for K > 0."""
+    def choice(top: int) -> Any:
+        return ctx.client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 4, "logprobs": top,
+            "return_token_ids": True}).json()["choices"][0]
+    two, zero = choice(2), choice(0)
+    logprobs = two["logprobs"]
+    return {"offsets": set(logprobs["text_offset"]),
+            "text": "".join(logprobs["tokens"]) == two["text"],
+            "ids": len(two["token_ids"]), "top": [len(row) for row in logprobs["top_logprobs"]],
+            "zero_top": zero["logprobs"]["top_logprobs"],
+            "same": zero["logprobs"]["token_logprobs"] == logprobs["token_logprobs"]}
+
+
 CASES = [
     # -------- contract gate: {"error": "<string>"}
     Case("contract-unknown-sampling-key",
@@ -549,6 +564,10 @@ CASES = [
           "ids_match": True, "text_matches": True, "length": 6, "top_k": [3],
           "chosen_is_best": True, "descending": True, "negative": True, "inputs": [[], []]},
          {"output_tokens_mean": ENDLESS}),
+    Case("v1-logprobs-by-text", "srt/entrypoints/openai/utils.py to_openai_style_logprobs; "
+         "serving_completions.py (return_token_ids)", v1_scored, None,
+         {"offsets": {-1}, "text": True, "ids": 4, "top": [2, 2, 2, 2], "zero_top": [],
+          "same": True}, {"output_tokens_mean": ENDLESS}),
     Case("logprobs-contract", "api/v1/api_types.py decode_Int64OrList",
          lambda ctx: generate(ctx.client, [1], 2, return_logprob=True, top_logprobs_num="2"),
          400, {"error": 'invalid type: string "2", expected a value or an array of values for '
