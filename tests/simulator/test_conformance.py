@@ -341,7 +341,7 @@ def v1_scored(ctx: Ctx) -> Any:
     two, zero = choice(2), choice(0)
     logprobs = two["logprobs"]
     return {"offsets": set(logprobs["text_offset"]),
-            "text": "".join(logprobs["tokens"]) == two["text"],
+            "joined": "".join(logprobs["tokens"]) == two["text"],
             "ids": len(two["token_ids"]), "top": [len(row) for row in logprobs["top_logprobs"]],
             "zero_top": zero["logprobs"]["top_logprobs"],
             "same": zero["logprobs"]["token_logprobs"] == logprobs["token_logprobs"]}
@@ -566,7 +566,7 @@ CASES = [
          {"output_tokens_mean": ENDLESS}),
     Case("v1-logprobs-by-text", "srt/entrypoints/openai/utils.py to_openai_style_logprobs; "
          "serving_completions.py (return_token_ids)", v1_scored, None,
-         {"offsets": {-1}, "text": True, "ids": 4, "top": [2, 2, 2, 2], "zero_top": [],
+         {"offsets": {-1}, "joined": True, "ids": 4, "top": [2, 2, 2, 2], "zero_top": [],
           "same": True}, {"output_tokens_mean": ENDLESS}),
     Case("logprobs-contract", "api/v1/api_types.py decode_Int64OrList",
          lambda ctx: generate(ctx.client, [1], 2, return_logprob=True, top_logprobs_num="2"),
