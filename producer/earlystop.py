@@ -15,7 +15,7 @@ from fleetgen.base.redisconn import read_hash
 
 # The figure a rule names -> the workers' counter it divides by the answers so far
 # (workers/generate.py writes them with every outcome, in the run's stats hash).
-FIGURES = {"truncated": "truncated", "empty": "empty", "unfinished": "unfinished_reasoning",
+FIGURES = {"truncated": "truncated", "empty": "empty", "unfinished": "reasoning_unfinished",
            "failed": "failed"}
 _RULE = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9.]+)\s*(%?)\s*$")
 CHECK_EVERY_S = 1.0

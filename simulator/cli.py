@@ -81,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "honours it)")
     modes.add_argument("--skip-tokenizer-init", action="store_true",
                        help="answer with output_ids only, no text")
+    modes.add_argument("--thinking", action="store_true",
+                       help="model a thinking model served with a reasoning parser: answers "
+                            "begin with <think> ... </think> (ids 248068, 248069) unless the "
+                            "prompt ends with the empty think block, or inside the block the "
+                            "prompt opened")
     modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
                        help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
                             "(/v1/completions with vLLM's length rule, no native endpoints)")
@@ -115,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fraction never answered until the client gives up")
     faults.add_argument("--drop-rate", metavar="RATE", type=float, default=0.0,
                         help="fraction whose connection is closed without an answer")
+    faults.add_argument("--json-invalid-rate", metavar="RATE", type=float, default=0.0,
+                        help="fraction of JSON-schema answers written invalid (deterministic "
+                             "per request)")
     faults.add_argument("--extra-prompt-tokens", metavar="N", type=int, default=0,
                         help="count every prompt as N tokens longer than sent")
     faults.add_argument("--die-after-s", metavar="S", type=float, default=None,
@@ -143,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
         enable_deterministic_inference=args.enable_deterministic_inference,
         skip_tokenizer_init=args.skip_tokenizer_init,
+        thinking=args.thinking,
         allow_auto_truncate=args.allow_auto_truncate,
         flavor=args.flavor,
         health_delay_s=args.health_delay_s,
@@ -159,6 +168,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         queue_full_rate=args.queue_full_rate,
         hang_rate=args.hang_rate,
         drop_rate=args.drop_rate,
+        json_invalid_rate=args.json_invalid_rate,
         extra_prompt_tokens=args.extra_prompt_tokens,
         die_after_s=args.die_after_s,
         down_windows=tuple(args.down_window),

@@ -46,6 +46,9 @@ class SimConfig:
     speculative_num_draft_tokens: int = 4
     enable_deterministic_inference: bool = False
     skip_tokenizer_init: bool = False
+    # Model a thinking model (Qwen3's <think> tokens; simulator/answers.py) served with a
+    # reasoning parser: answers begin with reasoning unless the prompt switched it off.
+    thinking: bool = False
     # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
     allow_auto_truncate: bool = False
     # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
@@ -66,6 +69,9 @@ class SimConfig:
     queue_full_rate: float = 0.0
     hang_rate: float = 0.0
     drop_rate: float = 0.0
+    # Fraction of JSON-schema answers written invalid (deterministic per request), so a run can
+    # show its invalid count.
+    json_invalid_rate: float = 0.0
     extra_prompt_tokens: int = 0
     die_after_s: float | None = None
     down_windows: Sequence[tuple[float, float]] = ()
@@ -151,6 +157,8 @@ class SimConfig:
             )
 
     def _validate_faults(self) -> None:
+        _require(_finite(self.json_invalid_rate) and 0 <= self.json_invalid_rate <= 1,
+                 "json_invalid_rate", "must be in [0, 1]", self.json_invalid_rate)
         for name in FAULT_RATE_FIELDS:
             value = getattr(self, name)
             _require(_finite(value) and 0 <= value <= 1, name, "must be in [0, 1]", value)

@@ -161,10 +161,28 @@ def _token_ids_or_list(value: Any) -> None:
             _int_list(item)
 
 
+def _bool_or_list(value: Any) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _bool(item)
+    elif not isinstance(value, bool):
+        raise _invalid(value, "a value or an array of values for BoolOrList")
+
+
+def _int_or_list(value: Any) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _int(item)
+    elif not isinstance(value, int) or isinstance(value, bool):
+        raise _invalid(value, "a value or an array of values for Int64OrList")
+
+
 # The GenerateRequest fields the simulator reads; its other fields are not checked.
 _GENERATE_FIELDS: dict[str, Check] = {
     "rid": _str_or_list, "text": _str_or_list, "input_ids": _token_ids_or_list,
     "stream": _bool, "sampling_params": _sampling_params_or_list,
+    "return_logprob": _bool_or_list, "top_logprobs_num": _int_or_list,
+    "return_text_in_logprobs": _bool, "require_reasoning": _bool,
 }
 
 

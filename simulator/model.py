@@ -46,15 +46,43 @@ class Completion:
     text: str
     output_ids: list[int]
     finish_reason: dict[str, Any]
+    # Each token's text, special tokens included, where the answer is not plain words joined
+    # by spaces (thinking, JSON; simulator/answers.py); `text` leaves out the special ones when
+    # `skip_special_tokens` (SGLang's and vLLM's default).
+    pieces: tuple[str, ...] | None = None
+    skip_special_tokens: bool = True
 
     @property
     def completion_tokens(self) -> int:
         return len(self.output_ids)
 
+    def token_texts(self) -> list[str]:
+        """The text of each output token (for logprobs that carry it)."""
+        if self.pieces is not None:
+            return list(self.pieces)
+        return [word if index == 0 else f" {word}"
+                for index, word in enumerate(self.text.split(" ") if self.text else [])]
+
     def prefix(self, tokens: int, finish_reason: dict[str, Any]) -> Completion:
         """The first `tokens` tokens, as a request cut short (aborted) would have them."""
+        if self.pieces is not None:
+            return joined(self.pieces[:tokens], self.output_ids[:tokens], finish_reason,
+                          self.skip_special_tokens)
         words = self.text.split(" ")[:tokens] if tokens else []
         return Completion(" ".join(words), self.output_ids[:tokens], finish_reason)
+
+
+# Special tokens the simulated model writes (Qwen3's `<think>` and `</think>`): in `text` only
+# when the request keeps special tokens.
+SPECIAL_IDS = frozenset({248068, 248069})
+
+
+def joined(pieces: Sequence[str], ids: Sequence[int], finish_reason: dict[str, Any],
+           skip_special_tokens: bool) -> Completion:
+    """A completion from its tokens' texts and ids."""
+    text = "".join(piece for piece, token in zip(pieces, ids, strict=True)
+                   if not (skip_special_tokens and token in SPECIAL_IDS))
+    return Completion(text, list(ids), finish_reason, tuple(pieces), skip_special_tokens)
 
 
 def count_text_tokens(text: str) -> int:

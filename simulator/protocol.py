@@ -13,11 +13,15 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
+from simulator import answers
+from simulator.answers import Style
 from simulator.config import SimConfig
 from simulator.contract import generate_contract_error
 from simulator.model import MAX_INPUT_ID, Completion, count_text_tokens, request_key
+from simulator.schema import SchemaRefused, check_sglang, check_vllm
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
 DEFAULT_MAX_NEW_TOKENS = 128  # native /generate: SamplingParams.max_new_tokens
@@ -67,12 +71,25 @@ class Item:
     key: int
     max_new_tokens: int
     sampling: Sampling
+    style: Style = answers.PLAIN
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a request asks for in its answer beyond the text (the same for all its items)."""
+
+    logprobs: int | None = None  # top-K per output token; None: no logprobs
+    logprob_text: bool = False  # SGLang `return_text_in_logprobs`
+    token_ids: bool = False  # OpenAI `return_token_ids`: the choice's `token_ids`
+    tokens_as_ids: bool = False  # vLLM `return_tokens_as_token_ids`: `token_id:N` tokens
+    require_reasoning: bool = False  # SGLang: the grammar waits for `</think>`
 
 
 @dataclass(frozen=True)
 class Job:
     items: list[Item]
     batch: bool  # answer with a list, in item order
+    extras: Extras = Extras()
 
 
 @dataclass(frozen=True)
@@ -308,7 +325,20 @@ def parse_generate(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     batch = batch or n > 1
     rids = _rids(body.get("rid"), len(prompts), n, batch)
     _refuse_duplicates(rids, in_flight)
-    return _build_job(prompts, samplings, rids, batch, config)
+    return _build_job(prompts, samplings, rids, batch, config, _native_extras(body))
+
+
+def _native_extras(body: dict[str, Any]) -> Extras:
+    """`GenerateReqInput`'s `return_logprob`, `top_logprobs_num`, `return_text_in_logprobs`
+    and `require_reasoning` (types checked by the contract gate). `logprob_start_len` is left
+    at -1: only output tokens are scored (`Scheduler.handle_generate_request`)."""
+    wanted, top = body.get("return_logprob"), body.get("top_logprobs_num")
+    if isinstance(wanted, list) or isinstance(top, list):
+        raise bad_request("The simulator takes return_logprob and top_logprobs_num as single "
+                          "values, not per-item lists.")
+    return Extras(logprobs=int(top or 0) if wanted else None,
+                  logprob_text=bool(body.get("return_text_in_logprobs")),
+                  require_reasoning=bool(body.get("require_reasoning")))
 
 
 def _native_prompts(body: dict[str, Any]) -> tuple[list[list[int] | str], bool]:
@@ -377,6 +407,7 @@ def _build_job(
     rids: Sequence[str],
     batch: bool,
     config: SimConfig,
+    extras: Extras = Extras(),
 ) -> Job:
     items: list[Item] = []
     for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
@@ -398,24 +429,49 @@ def _build_job(
             max_new = schedule_limit(prompt_tokens, wanted, config)
         for sample in range(sampling.n):
             rid = rids[index * sampling.n + sample]
+            key = request_key(config.seed, prompt, sample, sampling.sampling_seed)
             items.append(Item(
                 # `_handle_batch_request` gives each parallel sample a fresh uuid rid.
                 rid=uuid.uuid4().hex if sampling.n > 1 else rid,
                 prompt=prompt,
                 prompt_tokens=prompt_tokens,
-                key=request_key(config.seed, prompt, sample, sampling.sampling_seed),
+                key=key,
                 max_new_tokens=max_new,
                 sampling=sampling,
+                style=style_of(sampling, key, config, extras),
             ))
-    return Job(items, batch)
+    return Job(items, batch, extras)
+
+
+def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras) -> Style:
+    """How the item's answer is shaped. The schema is checked after the length rules, as
+    SGLang compiles grammars in the scheduler. vLLM with a reasoning parser applies the
+    grammar after the reasoning by itself; SGLang does when asked (`require_reasoning`)."""
+    raw = sampling.raw
+    schema = raw.get("json_schema")
+    if schema is not None:
+        try:
+            schema = check_vllm(schema) if config.flavor == "vllm" else check_sglang(schema)
+        except SchemaRefused as error:
+            raise bad_request(str(error)) from None
+    skip = raw.get("skip_special_tokens")
+    if skip is not None and not isinstance(skip, bool):
+        raise bad_request(f"skip_special_tokens must be a boolean, got {skip!r}.")
+    return Style(
+        thinking=config.thinking,
+        schema=schema,
+        reasoning_first=extras.require_reasoning or config.flavor == "vllm",
+        skip_special_tokens=True if skip is None else skip,
+        broken_json=schema is not None and answers.breaks_json(key, config.json_invalid_rate),
+    )
 
 
 def render_native(job: Job, outcomes: list[Outcome], config: SimConfig) -> Any:
-    answers = [_native_answer(outcome, config) for outcome in outcomes]
-    return answers if job.batch else answers[0]
+    bodies = [_native_answer(outcome, config, job.extras) for outcome in outcomes]
+    return bodies if job.batch else bodies[0]
 
 
-def _native_answer(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
+def _native_answer(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[str, Any]:
     completion = outcome.completion
     tokens = completion.completion_tokens
     meta: dict[str, Any]
@@ -438,7 +494,9 @@ def _native_answer(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
         "prompt_tokens": outcome.item.prompt_tokens,
         "weight_version": WEIGHT_VERSION,
         "num_retractions": outcome.num_retractions,
-        "reasoning_tokens": 0,
+        **_native_logprobs(outcome, config, extras),
+        "reasoning_tokens": answers.reasoning_tokens(
+            completion.output_ids, config.thinking, extras.require_reasoning),
         "completion_tokens": tokens,
         "cached_tokens": cached,
         "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": tokens}],
@@ -451,6 +509,35 @@ def _native_answer(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
     return answer
 
 
+def _native_logprobs(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[str, Any]:
+    """`TokenizerManager.add_logprob_to_meta_info`: `[logprob, token_id, text-or-null]` per
+    output token (`detokenize_logprob_tokens`; text only with `return_text_in_logprobs` and a
+    tokenizer), the top-K lists when `top_logprobs_num` > 0, and the input's, empty: with
+    `logprob_start_len` -1 no input token is scored."""
+    if extras.logprobs is None:
+        return {}
+    completion = outcome.completion
+    with_text = extras.logprob_text and not config.skip_tokenizer_init
+    texts = completion.token_texts() if with_text else [None] * completion.completion_tokens
+    scored = answers.token_logprobs(outcome.item.key, completion.output_ids, extras.logprobs)
+    fields: dict[str, Any] = {
+        "input_token_logprobs": [],
+        "output_token_logprobs": [[chosen, token, text] for (chosen, _), token, text
+                                  in zip(scored, completion.output_ids, texts, strict=True)],
+        "output_token_logprobs_length": completion.completion_tokens,
+    }
+    if extras.logprobs > 0:
+        # The simulator has no tokenizer: a runner-up that is not a token of the answer is
+        # shown by its id.
+        known = dict(zip(completion.output_ids, texts, strict=True))
+        fields["input_top_logprobs"] = []
+        fields["output_top_logprobs"] = [
+            [[value, token, known.get(token, f"<{token}>") if with_text else None]
+             for value, token in top]
+            for _, top in scored]
+    return fields
+
+
 def _refuse_stream(body: dict[str, Any]) -> None:
     if body.get("stream"):
         raise bad_request("The simulator does not stream; send \"stream\": false.")
@@ -461,7 +548,8 @@ def _refuse_stream(body: dict[str, Any]) -> None:
 _OPENAI_TO_SAMPLING = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
                        "seed": "sampling_seed"}
 _OPENAI_SAMPLING_KEYS = (
-    *(name for name, *_ in _RANGE_RULES), "n", "ignore_eos", *_OPENAI_TO_SAMPLING,
+    *(name for name, *_ in _RANGE_RULES), "n", "ignore_eos", "skip_special_tokens",
+    *_OPENAI_TO_SAMPLING,
 )
 
 
@@ -477,13 +565,86 @@ def parse_completions(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
         if body.get(key) is not None
     }
     raw.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
+    schema = _vllm_schema(body) if config.flavor == "vllm" else body.get("json_schema")
+    if schema is not None:
+        raw["json_schema"] = schema
+    extras = _openai_extras(body, config)
     sampling = parse_sampling(raw)
     rid = body.get("rid")
     base = rid if isinstance(rid, str) else uuid.uuid4().hex
     rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
     rids = [r for r in rids for _ in range(sampling.n)]
     _refuse_duplicates(rids, in_flight)
-    return _build_job(prompts, [sampling] * len(prompts), rids, True, config)
+    return _build_job(prompts, [sampling] * len(prompts), rids, True, config, extras)
+
+
+# vLLM 0.33 `ModelConfig.max_logprobs` default: `SamplingParams._validate_logprobs` refuses more.
+VLLM_MAX_LOGPROBS = 20
+
+
+def _openai_extras(body: dict[str, Any], config: SimConfig) -> Extras:
+    """`logprobs` (K), `return_token_ids`, and vLLM's `return_tokens_as_token_ids`, with
+    vLLM's checks (`CompletionRequest.check_logprobs`, `SamplingParams._validate_logprobs`)."""
+    top = body.get("logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int):
+            raise bad_request("`logprobs` must be an integer.")
+        if top < 0:
+            raise bad_request("`logprobs` must be a positive value or -1." if top != -1 else
+                              "The simulator does not return the whole vocabulary "
+                              "(logprobs -1).")
+        if config.flavor == "vllm" and top > VLLM_MAX_LOGPROBS:
+            raise bad_request(f"Requested sample logprobs of {top}, which is greater than max "
+                              f"allowed: {VLLM_MAX_LOGPROBS}")
+    return Extras(logprobs=top, token_ids=body.get("return_token_ids") is True,
+                  tokens_as_ids=config.flavor == "vllm"
+                  and body.get("return_tokens_as_token_ids") is True)
+
+
+def _vllm_schema(body: dict[str, Any]) -> Any:
+    """vLLM's schema: `structured_outputs.json`, or `response_format` `json_schema.schema`
+    (`structured_outputs_from_response_format`; the latter wins)."""
+    schema = None
+    structured = body.get("structured_outputs")
+    if isinstance(structured, dict):
+        schema = structured.get("json")
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        wrapper = response_format.get("json_schema")
+        if not isinstance(wrapper, dict):
+            raise bad_request("When response_format type is 'json_schema', the 'json_schema' "
+                              "field must be provided.")
+        schema = wrapper.get("schema", {})
+    return schema
+
+
+def _openai_logprobs(outcome: Outcome, config: SimConfig, extras: Extras) -> Any:
+    """The legacy completions `logprobs` object. vLLM (`OpenAIServingCompletion.
+    _create_completion_logprobs`): `text_offset` from the tokens' lengths, the top dict of
+    the first K + 1 candidates (the chosen token is one of the top K here, so K of them, one
+    for K = 0), tokens as `token_id:N` with `return_tokens_as_token_ids`. SGLang
+    (`to_openai_style_logprobs`): tokens by text, `text_offset` -1, no top dicts for K = 0."""
+    top = extras.logprobs
+    if top is None:
+        return None
+    completion = outcome.completion
+    vllm = config.flavor == "vllm"
+    scored = answers.token_logprobs(outcome.item.key, completion.output_ids,
+                                    max(top, 1) if vllm else top)
+    texts = completion.token_texts()
+    known = dict(zip(completion.output_ids, texts, strict=True))
+
+    def name(token: int) -> str:
+        return f"token_id:{token}" if extras.tokens_as_ids else known.get(token, f"<{token}>")
+
+    tokens = [name(token) for token in completion.output_ids]
+    offsets = [-1] * len(tokens)
+    if vllm:
+        offsets = list(accumulate((len(t) for t in tokens[:-1]), initial=0))[:len(tokens)]
+    rows = [{name(token): value for value, token in ranked} for _, ranked in scored] \
+        if vllm or top > 0 else []
+    return {"text_offset": offsets, "token_logprobs": [chosen for chosen, _ in scored],
+            "tokens": tokens, "top_logprobs": rows}
 
 
 def _openai_prompts(prompt: Any) -> list[list[int] | str]:
@@ -504,13 +665,18 @@ def render_completions(job: Job, outcomes: list[Outcome], config: SimConfig) -> 
     choices = []
     for index, outcome in enumerate(outcomes):
         finish = outcome.completion.finish_reason
-        choices.append({
+        choice = {
             "index": index,
             "text": outcome.completion.text,
-            "logprobs": None,
+            "logprobs": _openai_logprobs(outcome, config, job.extras),
             "finish_reason": finish["type"],
             "matched_stop": finish.get("matched"),
-        })
+        }
+        if job.extras.token_ids:
+            choice["token_ids"] = outcome.completion.output_ids
+            prompt = outcome.item.prompt
+            choice["prompt_token_ids"] = prompt if isinstance(prompt, list) else None
+        choices.append(choice)
     # Each prompt counts once in usage, however many samples (n) it produced.
     n = outcomes[0].item.sampling.n if outcomes else 1
     prompt_tokens = sum(o.item.prompt_tokens for o in outcomes[::n])

@@ -15,12 +15,13 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
+from simulator.answers import compose
 from simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
 from simulator.config import SimConfig
 from simulator.faults import HANG_S, Availability, Fault, FaultInjector
 from simulator.info import server_info
 from simulator.metrics import ServerMetrics, render_prometheus
-from simulator.model import Completion, generate, per_token_s, tokens_done, ttft_s
+from simulator.model import Completion, per_token_s, tokens_done, ttft_s
 from simulator.prefix_cache import PrefixCache, prefix_hashes
 from simulator.protocol import (
     QUEUE_FULL_MESSAGE,
@@ -328,9 +329,9 @@ class SimServer:
         )
 
     def _answer(self, item: Item) -> Completion:
-        return generate(
-            item.key, self.config.output_tokens_mean, item.max_new_tokens,
-            item.sampling.min_new_tokens, item.sampling.ignore_eos,
+        return compose(
+            item.key, self.config.output_tokens_mean, item.max_new_tokens, item.prompt,
+            item.style, item.sampling.min_new_tokens, item.sampling.ignore_eos,
         )
 
     async def _serve_in_slot(self, item: Item, ticket: Ticket, completion: Completion) -> None:
@@ -445,7 +446,8 @@ class SimServer:
         return _json({
             "model_path": name, "served_model_name": name, "tokenizer_path": name,
             "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": "default", "load_format": "auto", "reasoning_parser": None,
+            "weight_version": "default", "load_format": "auto",
+            "reasoning_parser": "qwen3" if self.config.thinking else None,
             "tool_call_parser": None, "disaggregation_mode": "null",
             "has_image_understanding": False, "has_audio_understanding": False,
             "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],

@@ -23,7 +23,7 @@ from fleetgen.base.contract import (
     slot_of,
 )
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outcomes import read_entry
+from fleetgen.base.outcomes import QUALITY_COUNTS, quality_counts, read_entry
 from fleetgen.base.redisconn import read_hash
 from fleetgen.base.runstate import run_complete, stopped_and_settled
 
@@ -57,6 +57,8 @@ class Tally:
     truncated: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # empty, reasoning_unfinished, json_invalid: read from each result record.
+    quality: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUALITY_COUNTS, 0))
 
     @property
     def written(self) -> int:
@@ -82,7 +84,8 @@ class Tally:
             self.truncated += record.get("finish_reason") == "length"
             self.prompt_tokens += int(record.get("prompt_tokens", 0))
             self.completion_tokens += int(record.get("completion_tokens", 0))
-
+            for name, n in quality_counts(record).items():
+                self.quality[name] += n
 
     def missing_from(self, done: bytes) -> list[int]:
         """Lines held here whose bit is clear in `done` (a Redis bitmap, bit 0 the most
@@ -415,6 +418,7 @@ class Drainer:
             "truncated": self.tally.truncated,
             "prompt_tokens": self.tally.prompt_tokens,
             "completion_tokens": self.tally.completion_tokens,
+            **self.tally.quality,
         }
 
     def write_summary(self) -> dict[str, Any]:

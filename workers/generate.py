@@ -13,8 +13,8 @@ from uuid import uuid4
 from fleetgen.base import errors
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
 from fleetgen.base.errors import EngineGone
-from fleetgen.base.outcomes import Generation, failure_record, result_record
-from fleetgen.engine import Engine
+from fleetgen.base.outcomes import Generation, failure_record, quality_counts, result_record
+from fleetgen.engine import Engine, GenerateOptions
 from workers.sink import Sink
 
 log = logging.getLogger("fleetgen.worker")
@@ -53,11 +53,12 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         return "skipped"
     rng = rng or random.Random()
     state = Attempt(payload["max_tokens"])
+    options = generate_options(payload)
     while True:
         state.attempts += 1
         try:
             gen = engine.generate(payload["input_ids"], state.max_tokens, dict(payload["sampling"]),
-                                  rid=request_id(run, slot))
+                                  rid=request_id(run, slot), options=options)
         except errors.EngineError as exc:
             if _should_retry(exc, state, policy, engine, payload["id"], sleep):
                 sleep(policy.backoff_s(state.retries, rng))
@@ -66,6 +67,14 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
             return KIND_FAILURE
         _emit_result(payload, gen, state, sink, worker)
         return KIND_RESULT
+
+
+def generate_options(payload: TaskPayload) -> GenerateOptions:
+    """What the payload asks of the engine beyond sampling (fleetgen/base/contract.py)."""
+    think = bool(payload.get("think"))
+    schema = payload.get("json_schema")
+    return GenerateOptions(keep_special_tokens=think, logprobs=int(payload.get("logprobs") or 0),
+                           json_schema=schema, reasoning_first=think and schema is not None)
 
 
 def request_id(run: str, slot: int) -> str:
@@ -119,10 +128,11 @@ def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Si
     stats = {
         "done": 1,
         "truncated": int(gen.finish_reason == "length"),
-        "empty": int(not gen.text.strip()),  # an early-warning figure (produce --stop-if)
         "prompt_tokens": gen.prompt_tokens,
         "completion_tokens": gen.completion_tokens,
         "retries": state.retries,
+        # Only the ones that happened: each is a Redis command pair per result.
+        **{name: n for name, n in quality_counts(record).items() if n},
     }
     sink.emit(payload["run"], KIND_RESULT, slot_of(payload), record, stats)
 

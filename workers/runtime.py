@@ -59,8 +59,9 @@ class LazyEngine:
         return self._get().rule
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
-                 sampling: dict[str, Any], rid: str) -> Generation:
-        return self._get().generate(input_ids, max_new_tokens, sampling, rid)
+                 sampling: dict[str, Any], rid: str,
+                 options: engine.GenerateOptions = engine.PLAIN) -> Generation:
+        return self._get().generate(input_ids, max_new_tokens, sampling, rid, options)
 
     def healthy(self) -> bool:
         try:

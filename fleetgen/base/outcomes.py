@@ -10,6 +10,8 @@ import orjson
 
 from fleetgen.base.contract import TaskPayload
 from fleetgen.base.errors import EngineError
+from fleetgen.base.reasoning import split_reasoning
+from fleetgen.base.structured import json_error
 
 # The fields of a task payload that name which request of its row a record answers.
 _REQUEST_FIELDS = ("sample", "slot")
@@ -33,8 +35,12 @@ class Generation:
     cached_tokens: int
     latency_s: float
     output_ids: list[int] | None = None  # the generated token ids, where the engine gives them
-    # Top-K log-probabilities per output token, compact (see engine clients), when asked.
+    # Top-K log-probabilities per output token, compact (fleetgen/base/logprobs.py), when asked.
     logprobs: dict[str, Any] | None = None
+
+# What a result says about its answer, counted by the worker (stats) and the drainer (summary):
+# both read it from the record alone, so the drainer rebuilds it from its files.
+QUALITY_COUNTS = ("empty", "reasoning_unfinished", "json_invalid")
 
 
 def stream_entry(kind: str, record: dict[str, Any]) -> dict[Any, Any]:
@@ -67,7 +73,32 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
         worker=worker,
         line=payload["line"],
     )
+    if payload.get("think"):
+        # `completion` is the answer alone; the reasoning beside it.
+        split = split_reasoning(gen.text, gen.output_ids,
+                                think_open=bool(payload.get("think_open")))
+        record.update(completion=split.completion, reasoning=split.reasoning,
+                      reasoning_tokens=split.reasoning_tokens,
+                      reasoning_unfinished=split.unfinished)
+    schema = payload.get("json_schema")
+    if schema is not None:
+        error = json_error(record["completion"], schema)
+        record["json_valid"] = error is None
+        if error is not None:
+            record["json_error"] = error
+    if gen.logprobs is not None:
+        record["logprobs"] = gen.logprobs
     return _request_of(payload, record)
+
+
+def quality_counts(record: dict[str, Any]) -> dict[str, int]:
+    """`QUALITY_COUNTS` of one result record: an answer with no non-whitespace completion, one
+    that ran out of budget (or stopped) inside its reasoning, one not valid for its schema."""
+    return {
+        "empty": int(not str(record.get("completion") or "").strip()),
+        "reasoning_unfinished": int(record.get("reasoning_unfinished") is True),
+        "json_invalid": int(record.get("json_valid") is False),
+    }
 
 
 def failure_record(payload: TaskPayload, error: EngineError, *, max_tokens: int, attempts: int,

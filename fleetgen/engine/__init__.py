@@ -6,7 +6,14 @@ from __future__ import annotations
 import logging
 
 from fleetgen.base.errors import ConfigError, EngineError
-from fleetgen.engine.api import Engine, EngineProtocol, LengthRule, ServerLimits
+from fleetgen.engine.api import (
+    PLAIN,
+    Engine,
+    EngineProtocol,
+    GenerateOptions,
+    LengthRule,
+    ServerLimits,
+)
 from fleetgen.engine.detect import detect
 from fleetgen.engine.openai import PROTOCOL as OPENAI
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
@@ -15,8 +22,8 @@ PROTOCOLS: dict[str, EngineProtocol] = {SGLANG.name: SGLANG, OPENAI.name: OPENAI
 DEFAULT_PROTOCOL = SGLANG.name
 ENV_PROTOCOL = "FLEETGEN_ENGINE_PROTOCOL"
 
-__all__ = ["PROTOCOLS", "Engine", "EngineProtocol", "LengthRule", "ServerLimits", "protocol",
-           "resolve"]
+__all__ = ["PLAIN", "PROTOCOLS", "Engine", "EngineProtocol", "GenerateOptions", "LengthRule",
+           "ServerLimits", "protocol", "resolve"]
 
 log = logging.getLogger("fleetgen.engine")
 

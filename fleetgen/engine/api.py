@@ -1,8 +1,8 @@
 """The engine interface: what a server allows, how to ask it for a completion, its length rule.
 
-Every protocol fleetgen speaks (today SGLang's native /generate) implements `EngineProtocol`;
-the producer's budget and the worker's one-shot correction both go through its `LengthRule`,
-so an engine's rule is written once, next to the client that talks to it.
+Every protocol fleetgen speaks (SGLang's native /generate, OpenAI's /v1/completions) implements
+`EngineProtocol`; the producer's budget and the worker's one-shot correction both go through its
+`LengthRule`, so an engine's rule is written once, next to the client that talks to it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,23 @@ class ServerLimits:
     deterministic: bool | None = None  # whether a sampling seed is honoured; None: not reported
     skip_tokenizer_init: bool = False  # the server sends output ids only, no text
     servers_behind: int = 0  # 0: the URL is a server; N: an SGLang router in front of N
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What a request asks of the engine beyond sampling and budget, from the task payload.
+    Each protocol sends them in its engine's own names; one an engine cannot honour is a
+    `PermanentError` naming the engine and the way out (README "Thinking, JSON, logprobs")."""
+
+    keep_special_tokens: bool = False  # `<think>`/`</think>` stay in the text (the split)
+    logprobs: int = 0  # top-K log-probabilities of every output token; 0: none
+    json_schema: str | None = None  # a JSON Schema, as a JSON string
+    # The answer begins with reasoning that the grammar must let through (SGLang:
+    # `require_reasoning`): set with a schema on a thinking model.
+    reasoning_first: bool = False
+
+
+PLAIN = GenerateOptions()
 
 
 class LengthRule(Protocol):
@@ -67,7 +84,8 @@ class Engine(Protocol):
         ...
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
-                 sampling: dict[str, Any], rid: str) -> Generation: ...
+                 sampling: dict[str, Any], rid: str,
+                 options: GenerateOptions = PLAIN) -> Generation: ...
 
     def healthy(self) -> bool:
         """A quick readiness probe (never SGLang's slow /health): True when the server is

@@ -3,14 +3,17 @@ server and SGLang's own `/v1`. The protocol is shared; each engine's length rule
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import httpx
 
 from fleetgen.base import errors
+from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
-from fleetgen.engine.api import Engine, LengthRule, ServerLimits
+from fleetgen.base.reasoning import THINK_END, THINK_START
+from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import READY_PATHS, State, probe
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
@@ -126,13 +129,14 @@ class OpenAIClient:
 
     def __init__(self, base_url: str, *, timeout_s: float, concurrency: int,
                  api_key: str | None = None, model: str | None = None,
-                 rule: LengthRule = RULES[VLLM]) -> None:
+                 rule: LengthRule = RULES[VLLM], engine: str = VLLM) -> None:
         limits = httpx.Limits(max_connections=concurrency + 4,
                               max_keepalive_connections=concurrency + 4)
         timeout = httpx.Timeout(timeout_s, connect=5.0, pool=timeout_s)
         self.base_url = base_url.rstrip("/")
         self.rule = rule
         self.model = model
+        self.engine = engine  # vllm, llama.cpp or sglang: whose extensions the body uses
         self._ready_paths: tuple[str, ...] = READY_PATHS
         self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
                                   limits=limits, timeout=timeout)
@@ -141,8 +145,10 @@ class OpenAIClient:
         self._http.close()
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
-                 sampling: dict[str, Any], rid: str) -> Generation:
-        body = completion_body(input_ids, max_new_tokens, sampling, self.model)
+                 sampling: dict[str, Any], rid: str,
+                 options: GenerateOptions = PLAIN) -> Generation:
+        body = completion_body(input_ids, max_new_tokens, sampling, self.model, options,
+                               self.engine)
         try:
             # vLLM and SGLang take `X-Request-Id` as the request's id in their logs.
             response = self._http.post("/v1/completions", json=body,
@@ -155,7 +161,7 @@ class OpenAIClient:
             data = response.json()
         except ValueError as exc:
             raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
-        return parse_completion(data)
+        return parse_completion(data, options.logprobs)
 
     def healthy(self) -> bool:
         """Ready or slow (never a generation probe): /ready (SGLang), /health (vLLM, llama.cpp
@@ -167,16 +173,82 @@ class OpenAIClient:
 
 
 def completion_body(input_ids: list[int], max_tokens: int, sampling: dict[str, Any],
-                    model: str | None) -> dict[str, Any]:
+                    model: str | None, options: GenerateOptions = PLAIN,
+                    engine: str = VLLM) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": input_ids, "max_tokens": max_tokens, "stream": False}
     if model:
         body["model"] = model
     for key, value in sampling.items():
         body[SAMPLING_NAMES.get(key, key)] = value
+    if options != PLAIN:
+        body.update(EXTENSIONS.get(engine, vllm_options)(options))
     return body
 
 
-def parse_completion(data: Any) -> Generation:
+def vllm_options(options: GenerateOptions) -> dict[str, Any]:
+    """vLLM 0.33 (`entrypoints/openai/completion/protocol.py` `CompletionRequest`):
+    `skip_special_tokens`; `return_token_ids` (the choice's `token_ids`, for the reasoning
+    count); `structured_outputs.json` (`sampling_params.py` `StructuredOutputsParams`: a dict or
+    a JSON string); `logprobs` K with `return_tokens_as_token_ids`, so every token is
+    `token_id:N` (`OpenAIServingCompletion._create_completion_logprobs`) and no id is lost to
+    two tokens that print alike. K above the server's `--max-logprobs` (20 by default) is its
+    own 400. A reasoning parser on the server lets a grammar wait for the reasoning end."""
+    extra: dict[str, Any] = {}
+    if options.keep_special_tokens:
+        # return_token_ids echoes the prompt's ids too (`prompt_token_ids`): a few bytes per
+        # prompt token of answer, the price of counting the reasoning exactly.
+        extra.update(skip_special_tokens=False, return_token_ids=True)
+    if options.json_schema is not None:
+        extra["structured_outputs"] = {"json": options.json_schema}
+    if options.logprobs > 0:
+        extra.update(logprobs=options.logprobs, return_tokens_as_token_ids=True)
+    return extra
+
+
+def llama_cpp_options(options: GenerateOptions) -> dict[str, Any]:
+    """llama.cpp's server (tools/server/server-schema.cpp `make_llama_cmpl_schema`, which
+    `/v1/completions` reaches through `oaicompat_completion_params_parse` copying every field):
+    `json_schema` is an object (`json_value(data, "json_schema", json::object())`); `n_probs`
+    K puts `logprobs.content[*]` (id, logprob, `top_logprobs`) in the answer
+    (server-task.cpp `to_json_oaicompat`); special tokens reach the text only when listed in
+    `preserved_tokens` (server-context.cpp `accept_special_token`). Its OpenAI answer has no
+    token ids: they come from the logprobs when asked. Its grammar applies from the first
+    token: a thinking model with a schema answers without reasoning."""
+    extra: dict[str, Any] = {}
+    if options.keep_special_tokens:
+        extra["preserved_tokens"] = [THINK_START, THINK_END]
+    if options.json_schema is not None:
+        try:
+            extra["json_schema"] = json.loads(options.json_schema)
+        except ValueError as exc:
+            raise errors.PermanentError(f"the JSON schema is not JSON: {exc}") from exc
+    if options.logprobs > 0:
+        extra["n_probs"] = options.logprobs
+    return extra
+
+
+def sglang_options(options: GenerateOptions) -> dict[str, Any]:
+    """SGLang's /v1 (`entrypoints/openai/protocol.py` `CompletionRequest`): `json_schema` (a
+    string), `skip_special_tokens`, `return_token_ids`. Its logprobs are keyed by token text
+    (`to_openai_style_logprobs`), so the top-K ids are lost: refused, use the native
+    protocol, which returns ids."""
+    if options.logprobs > 0:
+        raise errors.PermanentError(
+            "SGLang's /v1/completions returns log-probabilities keyed by token text, not "
+            "token ids; use its native protocol for --logprobs (FLEETGEN_ENGINE_PROTOCOL="
+            "sglang)")
+    extra: dict[str, Any] = {}
+    if options.keep_special_tokens:
+        extra.update(skip_special_tokens=False, return_token_ids=True)
+    if options.json_schema is not None:
+        extra["json_schema"] = options.json_schema
+    return extra
+
+
+EXTENSIONS = {VLLM: vllm_options, LLAMA_CPP: llama_cpp_options, SGLANG: sglang_options}
+
+
+def parse_completion(data: Any, top_k: int = 0) -> Generation:
     """`choices[0]` and `usage`; a finish other than stop/length is not an answer."""
     try:
         choice = data["choices"][0]
@@ -185,6 +257,12 @@ def parse_completion(data: Any) -> Generation:
         if reason not in ANSWERS:
             raise errors.AbortedError(f"engine finished with {reason!r}, not an answer")
         details = usage.get("prompt_tokens_details") or {}
+        logprobs = parse_logprobs(choice.get("logprobs"), top_k)
+        token_ids = choice.get("token_ids")
+        if isinstance(token_ids, list):
+            output_ids: list[int] | None = [int(i) for i in token_ids]
+        else:
+            output_ids = list(logprobs["ids"]) if logprobs else None
         return Generation(
             text=str(choice["text"]),
             finish_reason=reason,
@@ -192,9 +270,47 @@ def parse_completion(data: Any) -> Generation:
             completion_tokens=int(usage["completion_tokens"]),
             cached_tokens=int(details.get("cached_tokens") or 0),
             latency_s=0.0,
+            output_ids=output_ids,
+            logprobs=logprobs,
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
+
+
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+
+
+def parse_logprobs(logprobs: Any, top_k: int) -> dict[str, Any] | None:
+    """The compact logprobs of a choice, from either shape: llama.cpp's `content` list (each
+    token with its `id`, `logprob` and `top_logprobs`), or the legacy completions object
+    (`tokens`, `token_logprobs`, `top_logprobs` as {token: logprob}) with vLLM's
+    `token_id:N` tokens. vLLM's top dict holds the sampled token beside the top K
+    (`completion_top_logprobs_limit`: K + 1): the `top_k` most likely are kept, in order."""
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        pairs = [[(t["id"], t["logprob"]) for t in item.get("top_logprobs") or []]
+                 for item in content]
+        return compact([item["id"] for item in content], [item["logprob"] for item in content],
+                       pairs)
+    tokens = logprobs.get("tokens") or []
+    ids = [_token_id(token) for token in tokens]
+    rows = logprobs.get("top_logprobs")
+    top: list[list[tuple[int, Any]] | None] | None = None
+    if rows is not None and top_k > 0:
+        top = [sorted(((_token_id(t), v) for t, v in row.items()), key=lambda e: -e[1])[:top_k]
+               if row else None for row in rows]
+    return compact(ids, logprobs.get("token_logprobs") or [], top)
+
+
+def _token_id(token: str) -> int:
+    m = _TOKEN_ID.match(token)
+    if m is None:
+        raise errors.PermanentError(
+            f"the engine returned a logprob token as text ({token[:20]!r}), not `token_id:N`: "
+            "ids cannot be recovered (vLLM needs return_tokens_as_token_ids)")
+    return int(m.group(1))
 
 
 # -- limits ---------------------------------------------------------------------------------
@@ -245,7 +361,8 @@ class OpenAIProtocol:
                 api_key: str | None = None) -> Engine:
         limits = read_limits(base_url, api_key=api_key)
         return OpenAIClient(base_url, timeout_s=timeout_s, concurrency=concurrency,
-                            api_key=api_key, model=limits.model, rule=self.rule_for(limits))
+                            api_key=api_key, model=limits.model, rule=self.rule_for(limits),
+                            engine=limits.engine)
 
     def read_limits(self, base_url: str, *, api_key: str | None = None,
                     timeout_s: float = 10.0) -> ServerLimits:

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 
 from fleetgen.base import errors
+from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
-from fleetgen.engine.api import Engine, LengthRule, ServerLimits
+from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import READY_PATHS, State, probe
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
@@ -100,13 +101,9 @@ class SGLangClient:
         self._http.close()
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
-                 sampling: dict[str, Any], rid: str) -> Generation:
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params(sampling, max_new_tokens),
-            "rid": rid,
-            "stream": False,
-        }
+                 sampling: dict[str, Any], rid: str,
+                 options: GenerateOptions = PLAIN) -> Generation:
+        body = generate_body(input_ids, max_new_tokens, sampling, rid, options)
         data = self._post("/generate", body)
         return parse_generation(data)
 
@@ -129,6 +126,28 @@ class SGLangClient:
             return response.json()
         except ValueError as exc:
             raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
+
+
+def generate_body(input_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
+                  rid: str, options: GenerateOptions = PLAIN) -> dict[str, Any]:
+    """A native /generate request. The options in 0.5.23's names (`managers/io_struct.py`
+    `GenerateReqInput`): `return_logprob` and `top_logprobs_num` at the top level, with
+    `logprob_start_len` left at -1 so only output tokens are scored (`Scheduler.
+    handle_generate_request` sets it to the input's length); `require_reasoning` at the top
+    level too, so a grammar waits for `</think>` (`GrammarManager.process_req_with_grammar` ->
+    `ReasonerGrammarObject.maybe_init_reasoning`); the rest are sampling params."""
+    params = sampling_params(sampling, max_new_tokens)
+    if options.keep_special_tokens:
+        params["skip_special_tokens"] = False
+    if options.json_schema is not None:
+        params["json_schema"] = options.json_schema  # a JSON string (`SamplingParams`)
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params, "rid": rid,
+                            "stream": False}
+    if options.logprobs > 0:
+        body.update(return_logprob=True, top_logprobs_num=options.logprobs)
+    if options.reasoning_first:
+        body["require_reasoning"] = True
+    return body
 
 
 def sampling_params(sampling: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
@@ -158,6 +177,7 @@ def parse_generation(data: Any) -> Generation:
     if finish not in FINISHED:
         raise errors.RetryableError(f"engine finished with {finish!r}, not stop or length", 200)
     try:
+        output_ids = data.get("output_ids")
         return Generation(
             text=data["text"],
             finish_reason=str(finish),
@@ -165,9 +185,26 @@ def parse_generation(data: Any) -> Generation:
             completion_tokens=int(meta["completion_tokens"]),
             cached_tokens=int(meta.get("cached_tokens", 0)),
             latency_s=float(meta.get("e2e_latency", 0.0)),
+            output_ids=[int(i) for i in output_ids] if isinstance(output_ids, list) else None,
+            logprobs=parse_logprobs(meta),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
+
+
+def parse_logprobs(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The compact logprobs (fleetgen/base/logprobs.py) of a native answer, or None when not
+    asked. 0.5.23's shape (`TokenizerManager.add_logprob_to_meta_info`,
+    `detokenize_logprob_tokens`): `output_token_logprobs` is a list of `[logprob, token_id,
+    text-or-null]`, `output_top_logprobs` a list (one per output token) of such lists, or null
+    at a position without any (`detokenize_top_logprobs_tokens`)."""
+    scored = meta.get("output_token_logprobs")
+    if scored is None:
+        return None
+    top_rows = meta.get("output_top_logprobs")
+    top = None if top_rows is None else [
+        [(entry[1], entry[0]) for entry in row] if row else None for row in top_rows]
+    return compact([entry[1] for entry in scored], [entry[0] for entry in scored], top)
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         tokens_per_s=round(n(stats, "completion_tokens") / elapsed, 1),
         eta_s=round(remaining / rate, 1) if rate > 0 and remaining > 0 else None, at=now,
     )
-    status.empty, status.unfinished = n(stats, "empty"), n(stats, "unfinished_reasoning")
+    status.empty, status.unfinished = n(stats, "empty"), n(stats, "reasoning_unfinished")
     status.stop_reason = manifest.get("stop_reason")
     status.workers = _workers(client, stats, elapsed)
     return status

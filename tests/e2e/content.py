@@ -7,23 +7,32 @@ simulator's own model what it answers under the row's `max_tokens`, and compare
 `completion`, `completion_tokens`, `finish_reason` and `prompt_tokens`. A row attached to
 the wrong prompt, a completion cut or duplicated, a budget that is not the one sent, or a
 prompt rendered differently from what the producer sent fails here.
+
+With the issue-12 options (`options`: the payload's `think`, `think_open`, `json_schema`,
+`logprobs`) the reasoning split, `reasoning_tokens`, `json_valid` and the compact logprobs are
+recomputed too, from the simulator's own token structure (simulator/answers.py): the
+reasoning is the tokens before `</think>`, not a re-run of fleetgen's split.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import jsonschema
 
 from fleetgen.local.fleet import LocalFleet
 from producer.options import sample_seed
 from producer.rows import Row, read_rows
 from producer.tokenizer import PromptTokenizer, load_tokenizer
+from simulator.answers import THINK_END_ID, Style, breaks_json, compose, reasons, token_logprobs
 from simulator.cli import add_arguments, config_from_args
 from simulator.config import SimConfig
-from simulator.model import generate, request_key
+from simulator.model import Completion, request_key
 from simulator.protocol import schedule_limit, vllm_limit
 
 CHECKED = ("completion", "completion_tokens", "finish_reason", "prompt_tokens")
@@ -77,16 +86,69 @@ def fleet_configs(fleet: LocalFleet) -> ConfigFor:
 
 
 def expected(ids: list[int], max_tokens: int, config: SimConfig,
-             sampling: Mapping[str, Any]) -> dict[str, Any]:
+             sampling: Mapping[str, Any], options: Mapping[str, Any] | None = None,
+             ) -> dict[str, Any]:
     """What the simulator answers for these ids under this budget (simulator/protocol.py
-    `_build_job`, simulator/server.py `_answer`)."""
+    `_build_job` and `style_of`, simulator/server.py `_answer`), as a result record holds it."""
+    options = options or {}
     prompt_tokens = len(ids) + config.extra_prompt_tokens
     max_new = vllm_limit(prompt_tokens, max_tokens, config) if config.flavor == "vllm" \
         else schedule_limit(prompt_tokens, max_tokens, config)
     key = request_key(config.seed, ids, 0, sampling.get("seed"))
-    answer = generate(key, config.output_tokens_mean, max_new)
-    return {"completion": answer.text, "completion_tokens": answer.completion_tokens,
-            "finish_reason": answer.finish_reason["type"], "prompt_tokens": prompt_tokens}
+    style = sim_style(key, config, options)
+    answer = compose(key, config.output_tokens_mean, max_new, ids, style)
+    want: dict[str, Any] = {
+        "completion": answer.text, "completion_tokens": answer.completion_tokens,
+        "finish_reason": answer.finish_reason["type"], "prompt_tokens": prompt_tokens}
+    if options.get("think"):
+        want.update(reasoning_of(answer, reasons(ids, style)))
+    if style.schema is not None:
+        want["json_valid"] = _valid(want["completion"], style.schema)
+    if options.get("logprobs"):
+        scored = token_logprobs(key, answer.output_ids, int(options["logprobs"]))
+        want["logprobs"] = {
+            "ids": answer.output_ids, "lp": [_round(chosen) for chosen, _ in scored],
+            "top_ids": [[token for _, token in top] for _, top in scored],
+            "top_lp": [[_round(value) for value, _ in top] for _, top in scored]}
+    return want
+
+
+def sim_style(key: int, config: SimConfig, options: Mapping[str, Any]) -> Style:
+    """The style fleetgen's request gives the answer: tags kept when thinking, the schema,
+    the grammar after the reasoning (SGLang's require_reasoning; vLLM by itself)."""
+    think = bool(options.get("think"))
+    text = options.get("json_schema")
+    schema = None if text is None else json.loads(text)
+    return Style(thinking=config.thinking, schema=schema,
+                 reasoning_first=(think and schema is not None) or config.flavor == "vllm",
+                 skip_special_tokens=not think,
+                 broken_json=schema is not None and breaks_json(key, config.json_invalid_rate))
+
+
+def reasoning_of(answer: Completion, reasoned: bool) -> dict[str, Any]:
+    """The split of a thinking answer by its tokens: reasoning is every token up to and
+    including `</think>` (all of them when the budget ended first)."""
+    pieces, ids = list(answer.pieces or answer.token_texts()), answer.output_ids
+    if not reasoned:
+        return {"completion": answer.text, "reasoning": None, "reasoning_tokens": 0,
+                "reasoning_unfinished": False}
+    end = ids.index(THINK_END_ID) + 1 if THINK_END_ID in ids else None
+    thought = "".join(pieces[:end - 1] if end else pieces).removeprefix("<think>").strip()
+    rest = "".join(pieces[end:]).lstrip() if end else ""
+    return {"completion": rest, "reasoning": thought,
+            "reasoning_tokens": end if end else len(ids), "reasoning_unfinished": end is None}
+
+
+def _valid(text: str, schema: Any) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def _round(value: float) -> float:
+    return round(value, 3) + 0.0
 
 
 def row_sampling(row: Mapping[str, Any], sampling: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,6 +162,7 @@ def row_sampling(row: Mapping[str, Any], sampling: Mapping[str, Any]) -> dict[st
 def assert_content(results: list[dict[str, Any]], prompts: Path,
                    configs: ConfigFor | SimConfig, *,
                    sampling: Mapping[str, Any] | None = None,
+                   options: Mapping[str, Any] | None = None,
                    tokenizer_name: str = "qwen3.6") -> int:
     """Every result row equals the simulator's answer for its input row; returns the count."""
     config_for: ConfigFor = (configs if callable(configs)
@@ -115,10 +178,10 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
             bad.append(f"{row['id']!r}: no such input row")
             continue
         want = expected(ids_by_id[row["id"]], row["max_tokens"], config_for(row["worker"]),
-                        row_sampling(row, sampling or {}))
-        got = {name: row[name] for name in CHECKED}
+                        row_sampling(row, sampling or {}), options)
+        got = {name: row.get(name) for name in want}
         if got != want:
-            diff = {k: (got[k], want[k]) for k in CHECKED if got[k] != want[k]}
+            diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
             bad.append(f"{row['id']!r} (from {row['worker']}): got/expected "
                        f"{ {k: _short(v) for k, v in diff.items()} }")
     assert not bad, f"{len(bad)} of {len(results)} results differ from the simulator's " \
@@ -127,12 +190,14 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
 
 
 def assert_fleet_content(fleet: LocalFleet, prompts: Path, data: Mapping[str, Any], *,
-                         sampling: Mapping[str, Any] | None = None) -> int:
+                         sampling: Mapping[str, Any] | None = None,
+                         options: Mapping[str, Any] | None = None) -> int:
     """assert_content for a LocalFleet's output (read_output's dict or a results list);
     fails if there is nothing to check."""
     results = data["results"] if isinstance(data, Mapping) else data
     assert results, "no results to check"
-    return assert_content(results, prompts, fleet_configs(fleet), sampling=sampling)
+    return assert_content(results, prompts, fleet_configs(fleet), sampling=sampling,
+                          options=options)
 
 
 def _short(value: Any) -> Any:

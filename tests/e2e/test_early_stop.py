@@ -74,7 +74,7 @@ def test_a_wrong_budget_stops_the_run_early(fleet2: LocalFleet, tmp_path: Path) 
     ("truncated>0.2", {"done": "100", "truncated": "20"}, False),
     ("truncated>=20%", {"done": "100", "truncated": "20"}, True),
     ("empty>0.1", {"done": "90", "failed": "10", "empty": "11"}, True),
-    ("unfinished>0", {"done": "50", "unfinished_reasoning": "1"}, True),
+    ("unfinished>0", {"done": "50", "reasoning_unfinished": "1"}, True),
     ("failed>0.5", {"done": "10", "failed": "40"}, True),
     ("truncated>0.2", {"done": "49", "truncated": "49"}, False),  # fewer than --after 50
 ])

@@ -9,6 +9,7 @@ the deterministic answer text to its length.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.simulator.sim_helpers import ENDLESS, StartSim, generate, stats, wait_until
@@ -269,6 +271,82 @@ def seeds(ctx: Ctx) -> Any:
             "honoured": info["enable_deterministic_inference"]}
 
 
+THINK, END, NL, PARA = 248068, 248069, 198, 271  # Qwen3's <think>, </think>, "\n", "\n\n"
+THINKING = {"thinking": True, "output_tokens_mean": 8, "context_length": 400}
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 18},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1},
+    "ok": {"type": "boolean"}, "kind": {"$ref": "#/$defs/kind"}},
+    "required": ["name", "age"], "$defs": {"kind": {"enum": ["x", "y"]}}}
+
+
+def thought(prompt: list[int], budget: int = 200, **sampling: Any) -> Exchange:
+    """A thinking answer, reduced to where its tags are (the words are tested elsewhere)."""
+    def run(ctx: Ctx) -> Any:
+        body = ctx.client.post("/generate", json={
+            "input_ids": prompt, "sampling_params": {"max_new_tokens": budget, **sampling},
+            "rid": "t"}).json()
+        ids, text = body["output_ids"], body["text"]
+        return {"opens": ids[:2] == [THINK, NL],
+                "ends_reasoning_at": ids.index(END) if END in ids else None,
+                "text_opens": text.startswith("<think>\n"),
+                "tags_in_text": ["<think>" in text, "</think>" in text],
+                "reasoning_tokens": body["meta_info"]["reasoning_tokens"],
+                "finish": body["meta_info"]["finish_reason"]["type"]}
+    return run
+
+
+def structured(schema: Any, thinking: bool = False, **top: Any) -> Exchange:
+    """Whether the answer (after any reasoning) is a document valid for the schema."""
+    def run(ctx: Ctx) -> Any:
+        response = ctx.client.post("/generate", json={
+            "input_ids": [1, 2], "sampling_params": {
+                "max_new_tokens": 90, "json_schema": json.dumps(schema),
+                "skip_special_tokens": False}, **top})
+        body = response.json()
+        answer = body["text"].split("</think>")[-1].strip()
+        jsonschema.validate(json.loads(answer), schema)
+        return {"valid": True, "reasoned": "</think>" in body["text"],
+                "finish": body["meta_info"]["finish_reason"]["type"]}
+    return run
+
+
+def scored(ctx: Ctx) -> Any:
+    """return_logprob + top_logprobs_num: the entries line up with the output ids."""
+    body = ctx.client.post("/generate", json={
+        "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 6}, "return_logprob": True,
+        "top_logprobs_num": 3, "return_text_in_logprobs": True}).json()
+    meta_info, ids = body["meta_info"], body["output_ids"]
+    tokens = meta_info["output_token_logprobs"]
+    tops = meta_info["output_top_logprobs"]
+    return {
+        "keys": [k for k in meta_info if "logprob" in k],
+        "ids_match": [t[1] for t in tokens] == ids,
+        "text_matches": "".join(t[2] for t in tokens) == body["text"],
+        "length": meta_info["output_token_logprobs_length"],
+        "top_k": sorted({len(row) for row in tops}),
+        "chosen_is_best": all(row[0][:2] == t[:2] for row, t in zip(tops, tokens, strict=True)),
+        "descending": all(row[i][0] >= row[i + 1][0] for row in tops for i in range(2)),
+        "negative": all(t[0] < 0 for t in tokens),
+        "inputs": [meta_info["input_token_logprobs"], meta_info["input_top_logprobs"]],
+    }
+
+
+def v1_scored(ctx: Ctx) -> Any:
+    """SGLang's /v1 logprobs: tokens by text, no offsets, top dicts only for K > 0."""
+    def choice(top: int) -> Any:
+        return ctx.client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 4, "logprobs": top,
+            "return_token_ids": True}).json()["choices"][0]
+    two, zero = choice(2), choice(0)
+    logprobs = two["logprobs"]
+    return {"offsets": set(logprobs["text_offset"]),
+            "joined": "".join(logprobs["tokens"]) == two["text"],
+            "ids": len(two["token_ids"]), "top": [len(row) for row in logprobs["top_logprobs"]],
+            "zero_top": zero["logprobs"]["top_logprobs"],
+            "same": zero["logprobs"]["token_logprobs"] == logprobs["token_logprobs"]}
+
+
 CASES = [
     # -------- contract gate: {"error": "<string>"}
     Case("contract-unknown-sampling-key",
@@ -424,6 +502,76 @@ CASES = [
          queue_full, 503, {"object": "error", "message": "The request queue is full.",
                            "type": "503", "param": None, "code": 503},
          {**SLOW, "max_running_requests": 1, "max_queued_requests": 1}),
+    # -------- a thinking model (a reasoning parser on the server)
+    Case("thinking-tags-kept", "srt/managers/detokenizer_manager.py (skip_special_tokens "
+         "false); schedule_batch.py Req.update_self_opened_reasoning_tokens",
+         thought([1, 2], skip_special_tokens=False), None,
+         {"opens": True, "ends_reasoning_at": 18, "text_opens": True,
+          "tags_in_text": [True, True], "reasoning_tokens": 19, "finish": "stop"}, THINKING),
+    Case("thinking-tags-skipped-by-default", "srt/sampling/sampling_params.py "
+         "(skip_special_tokens defaults to true)", thought([1, 2]), None,
+         {"opens": True, "ends_reasoning_at": 18, "text_opens": False,
+          "tags_in_text": [False, False], "reasoning_tokens": 19, "finish": "stop"}, THINKING),
+    Case("thinking-off-by-empty-block", "Qwen3 chat template enable_thinking=false",
+         thought([1, 2, THINK, PARA, END, PARA], skip_special_tokens=False), None,
+         {"opens": False, "ends_reasoning_at": None, "text_opens": False,
+          "tags_in_text": [False, False], "reasoning_tokens": 0, "finish": "stop"}, THINKING),
+    Case("thinking-inside-open-block", "schedule_batch.py Req.update_self_opened_reasoning_"
+         "tokens (no <think> of its own: not counted)",
+         thought([1, 2, THINK, NL], skip_special_tokens=False), None,
+         {"opens": False, "ends_reasoning_at": 11, "text_opens": False,
+          "tags_in_text": [False, True], "reasoning_tokens": 0, "finish": "stop"}, THINKING),
+    Case("thinking-budget-ends-in-reasoning", "scheduler.py (finish length, no </think>)",
+         thought([1, 2], 5, skip_special_tokens=False), None,
+         {"opens": True, "ends_reasoning_at": None, "text_opens": True,
+          "tags_in_text": [True, False], "reasoning_tokens": 5, "finish": "length"}, THINKING),
+    # -------- structured output
+    Case("json-schema-document", "constrained/xgrammar_backend.py dispatch_json",
+         structured(SCHEMA), None, {"valid": True, "reasoned": False, "finish": "stop"}),
+    Case("json-schema-grammar-from-first-token", "constrained/grammar_manager.py "
+         "process_req_with_grammar (require_reasoning false)", structured(SCHEMA), None,
+         {"valid": True, "reasoned": False, "finish": "stop"}, THINKING),
+    Case("json-schema-after-reasoning", "constrained/reasoner_grammar_backend.py "
+         "ReasonerGrammarObject.maybe_init_reasoning (require_reasoning)",
+         structured(SCHEMA, require_reasoning=True), None,
+         {"valid": True, "reasoned": True, "finish": "stop"}, THINKING),
+    Case("json-schema-not-json", "constrained/grammar_manager.py get_ready_grammar_requests; "
+         "tokenizer_manager.py _handle_abort_finish_reason (400: ValueError)",
+         lambda ctx: ctx.sampled({"max_new_tokens": 4, "json_schema": "{nope"}), 400,
+         message("Failed to compile json grammar: Expecting property name enclosed in double "
+                 "quotes: line 1 column 2 (char 1)")),
+    Case("json-schema-ignored-keyword", "constrained/json_schema_validation.py "
+         "validate_xgrammar_json_schema", lambda ctx: ctx.sampled({
+             "max_new_tokens": 4, "json_schema": json.dumps(
+                 {"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}})}),
+         400, message("Failed to compile json grammar: JSON Schema at #/properties/a is not "
+                      "supported by xgrammar: keyword(s) multipleOf would be ignored")),
+    Case("json-schema-string-constraints", "constrained/json_schema_validation.py "
+         "validate_xgrammar_json_schema (string constraint groups)", lambda ctx: ctx.sampled({
+             "max_new_tokens": 4, "json_schema": json.dumps(
+                 {"type": "string", "format": "email", "maxLength": 9})}),
+         400, message("Failed to compile json grammar: JSON Schema at # is not supported by "
+                      "xgrammar: constraints format, minLength/maxLength cannot be enforced "
+                      "together")),
+    Case("json-schema-is-a-string", "api/v1/api_types.py decode_SamplingParams (json_schema: "
+         "str)", lambda ctx: ctx.sampled({"json_schema": {"type": "object"}}), 400,
+         {"error": "invalid type: map, expected a string"}),
+    # -------- log-probabilities
+    Case("logprobs-meta-info", "srt/managers/tokenizer_manager.py add_logprob_to_meta_info, "
+         "detokenize_logprob_tokens, detokenize_top_logprobs_tokens", scored, None,
+         {"keys": ["input_token_logprobs", "output_token_logprobs",
+                   "output_token_logprobs_length", "input_top_logprobs", "output_top_logprobs"],
+          "ids_match": True, "text_matches": True, "length": 6, "top_k": [3],
+          "chosen_is_best": True, "descending": True, "negative": True, "inputs": [[], []]},
+         {"output_tokens_mean": ENDLESS}),
+    Case("v1-logprobs-by-text", "srt/entrypoints/openai/utils.py to_openai_style_logprobs; "
+         "serving_completions.py (return_token_ids)", v1_scored, None,
+         {"offsets": {-1}, "joined": True, "ids": 4, "top": [2, 2, 2, 2], "zero_top": [],
+          "same": True}, {"output_tokens_mean": ENDLESS}),
+    Case("logprobs-contract", "api/v1/api_types.py decode_Int64OrList",
+         lambda ctx: generate(ctx.client, [1], 2, return_logprob=True, top_logprobs_num="2"),
+         400, {"error": 'invalid type: string "2", expected a value or an array of values for '
+                        "Int64OrList"}),
     Case("auth", "srt/entrypoints/http_server.py api key middleware (health/ready exempt)",
          lambda ctx: [ctx.client.post("/generate", json={"input_ids": [1]}).json(),
                       ctx.client.get("/ready").status_code,

@@ -3,7 +3,10 @@ and error body), and the SGLang-only endpoints are not there."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import jsonschema
 import pytest
 
 from tests.simulator.sim_helpers import StartSim
@@ -61,3 +64,60 @@ def test_only_the_openai_endpoints_and_an_instant_health(client: httpx.Client) -
     for path in ("/ready", "/server_info", "/get_server_info"):
         assert client.get(path).status_code == 404, path
     assert client.post("/generate", json={"input_ids": [1]}).status_code in (404, 405)
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
+          "required": ["n"]}
+
+
+def test_structured_outputs_json_string_or_object_and_its_refusal(start_sim: StartSim) -> None:
+    # sampling_params.py StructuredOutputsParams.json (str | dict); `auto` backend:
+    # a string that is not JSON is "Invalid JSON grammar specification."
+    sim = start_sim(flavor="vllm", context_length=256)
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        for schema in (json.dumps(SCHEMA), SCHEMA):
+            body = client.post("/v1/completions", json={
+                "prompt": [1, 2], "max_tokens": 100,
+                "structured_outputs": {"json": schema}}).json()
+            jsonschema.validate(json.loads(body["choices"][0]["text"]), SCHEMA)
+        wrapped = client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 100, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}).json()
+        jsonschema.validate(json.loads(wrapped["choices"][0]["text"]), SCHEMA)
+        bad = client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 4, "structured_outputs": {"json": "{nope"}})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == "Invalid JSON grammar specification."
+
+
+def test_logprobs_as_token_ids_and_vllm_limit(start_sim: StartSim) -> None:
+    # _create_completion_logprobs with return_tokens_as_token_ids; the top dict holds the first
+    # K + 1 candidates (the chosen one among the top K here); max_logprobs 20.
+    sim = start_sim(flavor="vllm", context_length=256, output_tokens_mean=10_000)
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        choice = client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 5, "logprobs": 3, "return_tokens_as_token_ids": True,
+            "return_token_ids": True}).json()["choices"][0]
+        too_many = client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 5, "logprobs": 21})
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [f"token_id:{i}" for i in choice["token_ids"]]
+    assert len(logprobs["token_logprobs"]) == 5 and choice["prompt_token_ids"] == [1, 2]
+    assert [len(row) for row in logprobs["top_logprobs"]] == [3] * 5
+    assert all(row[token] == value for row, token, value in zip(
+        logprobs["top_logprobs"], logprobs["tokens"], logprobs["token_logprobs"], strict=True))
+    assert logprobs["text_offset"][0] == 0
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["message"] == (
+        "Requested sample logprobs of 21, which is greater than max allowed: 20")
+
+
+def test_thinking_keeps_tags_only_when_asked(start_sim: StartSim) -> None:
+    sim = start_sim(flavor="vllm", context_length=256, thinking=True, output_tokens_mean=8)
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        kept, dropped = (client.post("/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 100, "skip_special_tokens": skip,
+            "return_token_ids": True}).json()["choices"][0] for skip in (False, True))
+    assert kept["token_ids"] == dropped["token_ids"] and kept["token_ids"][0] == 248068
+    assert kept["text"].startswith("<think>\n") and "</think>\n\n" in kept["text"]
+    assert "<think>" not in dropped["text"] and "</think>" not in dropped["text"]
