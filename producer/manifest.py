@@ -13,7 +13,7 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import read_hash
 
 # Settings that change what a row becomes; a resumed run must keep them.
-PINNED = ("input", "tokenizer", "context_length", "max_output_tokens", "min_output_tokens",
+PINNED = ("input", "files", "tokenizer", "context_length", "max_output_tokens", "min_output_tokens",
           "margin", "reserved_tokens", "max_req_input_len", "sampling")
 
 
@@ -75,7 +75,26 @@ class RunManifest:
 
 def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:
     for name in PINNED:
+        if name == "files" and name in old and old[name] != new.get(name):
+            raise ConfigError(f"run {run!r} was started with other input files: "
+                              f"{files_difference(old[name], new.get(name) or [])}; resume it "
+                              f"with the same files (a row's number in the run depends on "
+                              f"them), or use a new --run name")
         if name in old and old.get(name) != new.get(name):
             raise ConfigError(
                 f"run {run!r} was started with {name}={old.get(name)!r}, now {new.get(name)!r}; "
                 f"resume it with the same settings, or use a new --run name")
+
+
+def files_difference(old: list[str], new: list[str], shown: int = 3) -> str:
+    """What changed between two file lists, in a few words (a list may hold thousands)."""
+    def some(names: list[str]) -> str:
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        return ", ".join(names[:shown]) + more
+
+    old_set, new_set = set(old), set(new)
+    added = [n for n in new if n not in old_set]
+    removed = [n for n in old if n not in new_set]
+    parts = [f"{len(added)} new ({some(added)})"] if added else []
+    parts += [f"{len(removed)} gone ({some(removed)})"] if removed else []
+    return "; ".join(parts) or "the same files in another order"

@@ -15,6 +15,7 @@ from fleetgen.base.outcomes import duplicate_record, rejected_record
 from producer.budget import Limits, budget
 from producer.dedup import SeenIds
 from producer.enqueue import Enqueuer
+from producer.inputs import resolve_input
 from producer.manifest import RunManifest
 from producer.reconcile import Reconciler
 from producer.rows import BadRow, Row, count_rows, read_rows
@@ -51,6 +52,8 @@ class Producer:
         self.run_manifest = RunManifest(client, settings.run)
         self.reconciler = Reconciler(client, settings.run)
         self.progress = Progress()
+        # Resolved once: every pass of this producer reads the same files, in the same order.
+        self.inputs = resolve_input(settings.input)
         self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
         self._settings: dict[str, Any] = {}
         self.total: int | None = None  # rows in the input, once all of it has been read
@@ -60,10 +63,10 @@ class Producer:
             should_stop: Callable[[], bool] = lambda: False) -> Progress:
         """Enqueue every row that is neither done nor in flight (all of them on a first run;
         what an interrupted run left on a resumed one), then mark the run produced."""
-        settings = self.s.manifest_settings()
+        settings = self.s.manifest_settings(files=self.inputs.names)
         settings["context_length"] = self.limits.context_length
         self._settings = settings
-        self.run_manifest.open(settings, count_rows(self.s.input))
+        self.run_manifest.open(settings, count_rows(self.inputs))
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
         self._pass(lambda line: line not in done and line not in in_flight, on_batch,
@@ -82,7 +85,7 @@ class Producer:
               should_stop: Callable[[], bool]) -> None:
         self.progress = Progress()
         self._seen_ids.clear()
-        for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
+        for chunk in _batched(read_rows(self.inputs), self.s.batch_size):
             if should_stop():
                 return
             self.enqueuer.wait_for_room(should_stop)
@@ -126,9 +129,10 @@ class Producer:
             if not wanted(item.line):
                 self.progress.skipped += 1
             elif duplicate:
-                rejections.append(duplicate_record(item.id, item.line))
+                rejections.append(duplicate_record(item.id, item.line, file=item.source,
+                                                   position=item.position))
             elif isinstance(item, BadRow):
-                rejections.append(rejected_record(item.id, item.line, item.reason))
+                rejections.append(_rejected(item, item.reason))
             else:
                 self._render_or_reject(item, todo, rejections)
         return self._budget(todo, rejections), rejections
@@ -138,12 +142,12 @@ class Producer:
         try:
             text = self._render(row)
         except ValueError as exc:
-            rejections.append(rejected_record(row.id, row.line, f"bad_messages: {exc}"))
+            rejections.append(_rejected(row, f"bad_messages: {exc}"))
             return
         # No token is longer than MAX_BYTES_PER_TOKEN bytes (and a character is at least one
         # byte), so a text this long cannot fit: reject it without paying to tokenize it.
         if len(text) > MAX_BYTES_PER_TOKEN * self.limits.max_req_input_len:
-            rejections.append(rejected_record(row.id, row.line, (
+            rejections.append(_rejected(row, (
                 f"prompt_too_long: {len(text)} characters cannot fit in a "
                 f"{self.limits.context_length}-token context")))
             return
@@ -156,7 +160,7 @@ class Producer:
         for (row, _), input_ids in zip(todo, ids_batch, strict=True):
             b = budget(len(input_ids), self.limits)
             if b.reason is not None:
-                rejections.append(rejected_record(row.id, row.line, b.reason, len(input_ids)))
+                rejections.append(_rejected(row, b.reason, len(input_ids)))
                 continue
             payloads.append(TaskPayload(run=self.s.run, line=row.line, id=row.id,
                                         input_ids=input_ids, max_tokens=b.max_tokens,
@@ -172,6 +176,12 @@ class Producer:
     def _is_duplicate(self, row_id: str) -> bool:
         """First occurrence wins. 64-bit hashes, not the ids themselves."""
         return not self._seen_ids.add(hash(row_id))
+
+
+def _rejected(item: Row | BadRow, reason: str,
+              prompt_tokens: int | None = None) -> dict[str, Any]:
+    return rejected_record(item.id, item.line, reason, prompt_tokens, file=item.source,
+                           position=item.position)
 
 
 def _batched(items: Iterable[Row | BadRow], size: int) -> Iterator[list[Row | BadRow]]:

@@ -65,10 +65,12 @@ class ProducerSettings:
             raise ConfigError(f"--max-req-input-len must be at least 1, "
                               f"got {self.max_req_input_len}")
 
-    def manifest_settings(self) -> dict[str, Any]:
-        """What is stored in the run's manifest: never a secret."""
+    def manifest_settings(self, files: list[str] | None = None) -> dict[str, Any]:
+        """What is stored in the run's manifest: never a secret. `files`: the input's files
+        as the producer resolved them (names relative to INPUT), so a resume reads the same."""
         return {
             "input": str(self.input.resolve()),
+            **({"files": files} if files is not None else {}),
             "tokenizer": self.tokenizer,
             "context_length": self.context_length,
             "engine_url": list(self.engine_url),

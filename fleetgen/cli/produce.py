@@ -10,7 +10,6 @@ from typing import Any
 
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import Sampling
-from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redact, redis_url
 from fleetgen.base.runstate import run_complete
 from fleetgen.local.procs import sigterm_flag
@@ -22,7 +21,10 @@ def add_parser(sub: Any) -> None:
                        "template, tokenize it once, give it an exact max_tokens budget and "
                        "enqueue it; rows that cannot fit are rejected with a reason. Running "
                        "the same command again resumes the run.")
-    p.add_argument("input", type=Path, metavar="INPUT", help="prompts, .jsonl or .parquet")
+    p.add_argument("input", type=Path, metavar="INPUT",
+                   help="prompts: a .jsonl file (or .jsonl.gz, .jsonl.zst), a .parquet file, "
+                   "a directory of them, or a quoted glob ('data/**/*.parquet'); rows may be "
+                   "OpenAI Batch request lines")
     add_producer_options(p)
     p.set_defaults(handler=run)
 
@@ -117,11 +119,11 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     """Build the producer and run it; shared by `produce` and `demo`. With `wait`, stay until
     every row has an outcome, re-enqueueing rows lost on the way."""
     from producer.build import build_producer
+    from producer.inputs import resolve_input
     from producer.pipeline import Progress
     from producer.rows import count_rows
 
-    if not settings.input.exists():
-        raise ConfigError(f"input file not found: {settings.input}")
+    resolve_input(settings.input)  # a missing input or an empty glob: one line, exit 3
     if run_complete(connect(settings.redis_url), settings.run):
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
