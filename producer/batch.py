@@ -10,14 +10,15 @@ from producer.options import Options, body_options
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-ENVELOPE = ("custom_id", "method", "url")
 
 
 def is_batch_line(obj: dict[str, Any]) -> bool:
     """A `body` and any of custom_id, method, url, and no prompt of the row's own (a plain row
     may well carry a field named `body`)."""
-    return ("body" in obj and any(k in obj for k in ENVELOPE)
-            and not any(k in obj for k in ("messages", "conversations", "prompt")))
+    if "body" not in obj:  # nearly every plain row: one lookup
+        return False
+    return (("custom_id" in obj or "url" in obj or "method" in obj)
+            and "messages" not in obj and "conversations" not in obj and "prompt" not in obj)
 
 
 def batch_id(obj: dict[str, Any]) -> tuple[str, str | None]:

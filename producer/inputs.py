@@ -157,6 +157,8 @@ def _count_lines(file: InputFile, _size: int, _mtime_ns: int) -> int:
 
 
 def _damaged(file: InputFile, where: str, exc: BaseException) -> InputError:
+    if isinstance(exc, OSError) and exc.errno is not None:  # the file system said no
+        return InputError(f"cannot read {file.path} {where}: {exc.strerror}")
     what = f"{file.compression} data" if file.compression else "file"
     return InputError(f"cannot read {file.path}: {what} damaged or truncated {where}: "
                       f"{exc or type(exc).__name__}")

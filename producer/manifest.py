@@ -45,6 +45,13 @@ class RunManifest:
         pipe.sadd(runs_index_key(), self.run)
         pipe.execute()
 
+    def check_files(self, files: list[str]) -> None:
+        """ConfigError if the run was started on other input files (a run without a manifest,
+        or from before files were pinned, passes)."""
+        old = orjson.loads(self.read().get("settings", "{}"))
+        if "files" in old:
+            check_same_settings(self.run, {"files": old["files"]}, {"files": files})
+
     def record_read(self, rows: int) -> None:
         self.redis.hset(self.key, "read", rows)
 

@@ -137,14 +137,25 @@ def _read_parquet(file: InputFile, offset: int,
     size. A null column is an absent field."""
     pf, position = _parquet_file(file), 0
     for group in range(pf.num_row_groups):
+        for obj in _parquet_group(file, pf, group, position):
+            position += 1
+            yield parse_row(offset + position, {k: v for k, v in obj.items() if v is not None},
+                            source=source, position=position)
+    return position
+
+
+def _parquet_group(file: InputFile, pf: Any, group: int, before: int) -> Iterator[Any]:
+    """One row group's rows as dicts; a page that cannot be decoded is an InputError naming
+    the file and the row group (the rows after it cannot be found)."""
+    import pyarrow as pa
+
+    try:
         for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group],
                                      use_threads=False):
-            for obj in batch.to_pylist():
-                position += 1
-                yield parse_row(offset + position,
-                                {k: v for k, v in obj.items() if v is not None},
-                                source=source, position=position)
-    return position
+            yield from batch.to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"cannot read Parquet file {file.path}: row group {group} (rows from "
+                         f"{before + 1}) is damaged: {' '.join(str(exc).split())}") from exc
 
 
 def parse_row(line_no: int, obj: Any, *, source: str | None = None,

@@ -120,11 +120,15 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     every row has an outcome, re-enqueueing rows lost on the way."""
     from producer.build import build_producer
     from producer.inputs import resolve_input
+    from producer.manifest import RunManifest
     from producer.pipeline import Progress
     from producer.rows import count_rows
 
-    resolve_input(settings.input)  # a missing input or an empty glob: one line, exit 3
-    if run_complete(connect(settings.redis_url), settings.run):
+    inputs = resolve_input(settings.input)  # a missing input or an empty glob: one line, exit 3
+    client = connect(settings.redis_url)
+    # Before "already complete": a finished run given a new file must say it will not read it.
+    RunManifest(client, settings.run).check_files(inputs.names)
+    if run_complete(client, settings.run):
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
         return Progress()

@@ -284,3 +284,22 @@ def test_parquet_memory_stays_flat_in_the_file_size(tmp_path: Path) -> None:
     assert big[1] < 1.5 * small[1] + 1_000_000, (small, big)
     assert big[1] < big_size / 5, (big, big_size)
     assert big[2] - small[2] < big_size / 3, (small, big, small_size, big_size)
+
+
+def test_a_damaged_parquet_row_group_is_one_input_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "dmg.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(300)],
+                             "prompt": [f"text {i} " * 20 for i in range(300)]}),
+                   path, row_group_size=100)
+    column = pq.ParquetFile(path).metadata.row_group(2).column(1)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start:start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
+    path.write_bytes(bytes(data))
+    read: list[str] = []
+    with pytest.raises(InputError, match=r"dmg\.parquet: row group 2 \(rows from 201\) is "
+                                         r"damaged") as caught:
+        for row in read_rows(path):
+            read.append(row.id)
+    assert "\n" not in str(caught.value)
+    assert read == [f"r{i}" for i in range(200)]  # the groups before it were read whole
