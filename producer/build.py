@@ -17,6 +17,7 @@ from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.preflight import combine
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
+from producer.inputs import resolve_input
 from producer.pipeline import Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
@@ -89,10 +90,9 @@ def warn_ignored_seed(s: ProducerSettings, servers: dict[str, ServerLimits]) -> 
 
 def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,
                    limits: Limits | None = None) -> Producer:
-    """A producer ready to run; ConfigError for a missing input, a bad setting or an engine
+    """A producer ready to run; InputError for a missing input, a bad setting or an engine
     that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in."""
-    if not settings.input.exists():
-        raise ConfigError(f"input file not found: {settings.input}")
+    resolve_input(settings.input)  # InputError, before connecting or loading anything
     client = connect(settings.redis_url)
     limits = limits or resolve_limits(settings)
     tokenizer = tokenizer or load_tokenizer(

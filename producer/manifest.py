@@ -19,9 +19,9 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import read_hash
 
 # Settings that change what a row becomes; a resumed run must keep them.
-PINNED = ("input", "tokenizer", "context_length", "max_output_tokens", "min_output_tokens",
-          "margin", "reserved_tokens", "max_req_input_len", "sampling", "n", "logprobs",
-          "json_schema", "chat_template_kwargs", "reasoning")
+PINNED = ("input", "files", "tokenizer", "context_length", "max_output_tokens",
+          "min_output_tokens", "margin", "reserved_tokens", "max_req_input_len", "sampling", "n",
+          "logprobs", "json_schema", "chat_template_kwargs", "reasoning")
 
 
 class RunManifest:
@@ -64,6 +64,13 @@ class RunManifest:
         self.redis.hset(self.key, mapping={"state": STATE_STOPPED, "stop_reason": reason,
                                            "stopped_at": time.time()})
 
+    def check_files(self, files: list[str]) -> None:
+        """ConfigError if the run was started on other input files (a run without a manifest,
+        or from before files were pinned, passes)."""
+        old = orjson.loads(self.read().get("settings", "{}"))
+        if "files" in old:
+            check_same_settings(self.run, {"files": old["files"]}, {"files": files})
+
     def record_read(self, rows: int) -> None:
         self.redis.hset(self.key, "read", rows)
 
@@ -94,7 +101,26 @@ class RunManifest:
 
 def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:
     for name in PINNED:
+        if name == "files" and name in old and old[name] != new.get(name):
+            raise ConfigError(f"run {run!r} was started with other input files: "
+                              f"{files_difference(old[name], new.get(name) or [])}; resume it "
+                              f"with the same files (a row's number in the run depends on "
+                              f"them), or use a new --run name")
         if name in old and old.get(name) != new.get(name):
             raise ConfigError(
                 f"run {run!r} was started with {name}={old.get(name)!r}, now {new.get(name)!r}; "
                 f"resume it with the same settings, or use a new --run name")
+
+
+def files_difference(old: list[str], new: list[str], shown: int = 3) -> str:
+    """What changed between two file lists, in a few words (a list may hold thousands)."""
+    def some(names: list[str]) -> str:
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        return ", ".join(names[:shown]) + more
+
+    old_set, new_set = set(old), set(new)
+    added = [n for n in new if n not in old_set]
+    removed = [n for n in old if n not in new_set]
+    parts = [f"{len(added)} new ({some(added)})"] if added else []
+    parts += [f"{len(removed)} gone ({some(removed)})"] if removed else []
+    return "; ".join(parts) or "the same files in another order"

@@ -17,6 +17,7 @@ from producer.budget import Limits, budget
 from producer.dedup import SeenIds
 from producer.earlystop import EarlyStop, parse_rule
 from producer.enqueue import Enqueuer
+from producer.inputs import resolve_input
 from producer.manifest import RunManifest
 from producer.options import Request, RequestOptions
 from producer.reconcile import Reconciler
@@ -57,6 +58,8 @@ class Producer:
         self.run_manifest = RunManifest(client, settings.run)
         self.reconciler = Reconciler(client, settings.run)
         self.progress = Progress()
+        # Resolved once: every pass of this producer reads the same files, in the same order.
+        self.inputs = resolve_input(settings.input)
         self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
         self._settings: dict[str, Any] = {}
         self._next_slot = 1
@@ -70,14 +73,14 @@ class Producer:
             should_stop: Callable[[], bool] = lambda: False) -> Progress:
         """Enqueue every row that is neither done nor in flight (all of them on a first run;
         what an interrupted run left on a resumed one), then mark the run produced."""
-        settings = self.s.manifest_settings()
+        settings = self.s.manifest_settings(files=self.inputs.names)
         settings["context_length"] = self.limits.context_length
         self._settings = settings
         stopped = self.run_manifest.stop_reason()
         if stopped is not None and not self.s.ignore_stop:
             self.progress.stopped = stopped  # stopped before: say so, change nothing
             return self.progress
-        self.run_manifest.open(settings, count_rows(self.s.input) * self.s.n)
+        self.run_manifest.open(settings, count_rows(self.inputs) * self.s.n)
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
         self._pass(lambda line: line not in done and line not in in_flight, on_batch,
@@ -109,10 +112,11 @@ class Producer:
         self.progress = Progress()
         self._seen_ids.clear()
         self._next_slot = 1
+
         def stop() -> bool:
             return should_stop() or self.early.triggered()
 
-        for chunk in _batched(read_rows(self.s.input), self.s.batch_size):
+        for chunk in _batched(read_rows(self.inputs), self.s.batch_size):
             if stop():
                 return
             self.enqueuer.wait_for_room(stop)
@@ -161,10 +165,10 @@ class Producer:
             if not pending:
                 continue
             if duplicate:
-                rejections += [r.mark(duplicate_record(item.id, item.line)) for r in pending]
+                rejections += [r.mark(duplicate_record(
+                    item.id, item.line, file=item.source, position=item.position)) for r in pending]
             elif isinstance(item, BadRow):
-                rejections += [r.mark(rejected_record(item.id, item.line, item.reason))
-                               for r in pending]
+                rejections += [r.mark(_rejected(item, item.reason)) for r in pending]
             else:
                 self._render_or_reject(item, pending, todo, rejections)
         return self._budget(todo, rejections), rejections
@@ -183,15 +187,14 @@ class Producer:
         try:
             text = self._render(row)
         except ValueError as exc:
-            rejections += [r.mark(rejected_record(row.id, row.line, f"bad_messages: {exc}"))
-                           for r in requests]
+            rejections += [r.mark(_rejected(row, f"bad_messages: {exc}")) for r in requests]
             return
         # No token is longer than MAX_BYTES_PER_TOKEN bytes (and a character is at least one
         # byte), so a text this long cannot fit: reject it without paying to tokenize it.
         if len(text) > MAX_BYTES_PER_TOKEN * self.limits.max_req_input_len:
             reason = (f"prompt_too_long: {len(text)} characters cannot fit in a "
                       f"{self.limits.context_length}-token context")
-            rejections += [r.mark(rejected_record(row.id, row.line, reason)) for r in requests]
+            rejections += [r.mark(_rejected(row, reason)) for r in requests]
             return
         todo.append((row, text, requests))
 
@@ -202,8 +205,8 @@ class Producer:
         for (row, text, requests), input_ids in zip(todo, ids_batch, strict=True):
             b = budget(len(input_ids), self.limits)
             if b.reason is not None:
-                rejections += [r.mark(rejected_record(row.id, row.line, b.reason,
-                                                      len(input_ids))) for r in requests]
+                rejections += [r.mark(_rejected(row, b.reason, len(input_ids)))
+                               for r in requests]
                 continue
             max_tokens = b.max_tokens if row.max_tokens is None else \
                 min(b.max_tokens, row.max_tokens)
@@ -220,6 +223,12 @@ class Producer:
     def _is_duplicate(self, row_id: str) -> bool:
         """First occurrence wins. 64-bit hashes, not the ids themselves."""
         return not self._seen_ids.add(hash(row_id))
+
+
+def _rejected(item: Row | BadRow, reason: str,
+              prompt_tokens: int | None = None) -> dict[str, Any]:
+    return rejected_record(item.id, item.line, reason, prompt_tokens, file=item.source,
+                           position=item.position)
 
 
 def _batched(items: Iterable[Row | BadRow], size: int) -> Iterator[list[Row | BadRow]]:

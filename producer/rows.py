@@ -1,9 +1,10 @@
-"""Read prompt rows as a stream (JSONL or Parquet) and turn each into a Row or a BadRow."""
+"""Read prompt rows as a stream (JSONL plain, gzip or zstd, or Parquet; one file, a directory
+or a glob) and turn each into a Row or a BadRow; OpenAI Batch lines included."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,16 @@ from typing import Any
 import orjson
 
 from fleetgen.base.errors import InputError
+from producer.batch import batch_id, batch_request, is_batch_line
+from producer.conversation import conversation, kind
+from producer.inputs import InputFile, Inputs, count_lines, iter_lines, resolve_input
+from producer.rowoptions import Options, json_schema, sampling_object
 
 # A line longer than this is rejected unread-as-JSON: it would cost more memory than the
 # prompt could ever fit in a context anyway. 64 MiB leaves room for huge multi-turn rows.
 MAX_LINE_BYTES = 64 * 1024 * 1024
-
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system", "chatgpt": "assistant", "bing": "assistant"}
-ROLES = {"system", "user", "assistant", "tool", "developer"}
+PARQUET_BATCH_ROWS = 1024
+PROMPT_FIELDS = ("messages", "conversations", "prompt")
 
 
 @dataclass(frozen=True)
@@ -48,55 +51,53 @@ class BadRow:
     line: int
     reason: str
     id: str
+    source: str | None = None  # as in Row
+    position: int | None = None
 
 
-def read_rows(path: Path) -> Iterator[Row | BadRow]:
-    """Yield one Row or BadRow per input line (JSONL) or row (Parquet), in order."""
-    if not path.exists():
-        raise InputError(f"input file not found: {path}")
-    if path.is_dir():
-        raise InputError(f"input is a directory, not a file: {path}")
-    if path.suffix in (".parquet", ".pq"):
-        yield from _read_parquet(path)
-    else:
-        yield from _read_jsonl(path)
+def read_rows(spec: Path | str | Inputs) -> Iterator[Row | BadRow]:
+    """One Row or BadRow per line (JSONL) or row (Parquet) of every file of INPUT, in order.
+    `line` runs on across the files (a row's identity in the run); with several files,
+    `source` and `position` say which file and where in it."""
+    inputs = resolve_input(spec)
+    offset = 0
+    for file in inputs.files:
+        source = file.name if inputs.several else None
+        read = _read_parquet if file.format == "parquet" else _read_jsonl
+        offset += yield from read(file, offset, source)
 
 
-def count_rows(path: Path) -> int:
-    """How many rows read_rows will yield, cheaply (newlines, or Parquet's metadata), so
-    progress bars and ETAs have a total from the first second."""
-    if path.suffix in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        return int(pq.ParquetFile(path).metadata.num_rows)
-    count, last = 0, b"\n"
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (last != b"\n")
+def count_rows(spec: Path | str | Inputs) -> int:
+    """How many rows read_rows will yield, without parsing them (newlines, or Parquet's
+    metadata), so progress bars and ETAs have a total from the first second. A file that
+    cannot be read (damaged, or Parquet without a prompt column) fails here, up front."""
+    return sum(int(_parquet_file(f).metadata.num_rows) if f.format == "parquet"
+               else count_lines(f) for f in resolve_input(spec).files)
 
 
-def _read_jsonl(path: Path) -> Iterator[Row | BadRow]:
-    with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            if len(raw) > MAX_LINE_BYTES:
-                yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit "
-                             f"{MAX_LINE_BYTES})", derive_id(raw))
-                continue
-            if not raw.strip():
-                yield BadRow(line_no, "empty_line", f"line-{line_no}")
-                continue
-            yield parse_line(line_no, raw)
+def _read_jsonl(file: InputFile, offset: int,
+                source: str | None) -> Generator[Row | BadRow, None, int]:
+    position = 0
+    for position, raw in enumerate(iter_lines(file), start=1):
+        line_no = offset + position
+        if len(raw) > MAX_LINE_BYTES:
+            yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit {MAX_LINE_BYTES})",
+                         derive_id(raw), source, position)
+        elif not raw.strip():
+            yield BadRow(line_no, "empty_line", f"line-{line_no}", source, position)
+        else:
+            yield parse_line(line_no, raw, source=source, position=position)
+    return position
 
 
-def parse_line(line_no: int, raw: bytes) -> Row | BadRow:
+def parse_line(line_no: int, raw: bytes, *, source: str | None = None,
+               position: int | None = None) -> Row | BadRow:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         cause = "invalid_utf8" if _bad_utf8(raw) else "invalid_json"
-        return BadRow(line_no, f"{cause}: {exc}", derive_id(raw))
-    return parse_row(line_no, obj)
+        return BadRow(line_no, f"{cause}: {exc}", derive_id(raw), source, position)
+    return parse_row(line_no, obj, source=source, position=position)
 
 
 def derive_id(data: bytes) -> str:
@@ -112,40 +113,79 @@ def _bad_utf8(raw: bytes) -> bool:
     return False
 
 
-def _read_parquet(path: Path) -> Iterator[Row | BadRow]:
+def _parquet_file(file: InputFile) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        # pre_buffer (pyarrow's default) reads ahead across row groups: memory grows with the
+        # file (tests/producer/test_inputs.py measures it); off, one row group at a time.
+        pf = pq.ParquetFile(file.path, pre_buffer=False)
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
-        raise InputError(f"cannot read Parquet file {path}: {exc}") from exc
+        raise InputError(f"cannot read Parquet file {file.path}: {exc}") from exc
     names = set(pf.schema_arrow.names)
-    if not names & {"messages", "conversations", "prompt"}:
+    if not names & {*PROMPT_FIELDS, "body"}:
         raise InputError(
-            f"Parquet file {path} has none of the columns messages, conversations, prompt "
-            f"(it has: {', '.join(sorted(names)) or 'none'})"
+            f"Parquet file {file.path} has none of the columns messages, conversations, "
+            f"prompt, body (it has: {', '.join(sorted(names)) or 'none'})"
         )
-    line_no = 0
-    for batch in pf.iter_batches(batch_size=1024):
-        for obj in batch.to_pylist():
-            line_no += 1
-            yield parse_row(line_no, {k: v for k, v in obj.items() if v is not None})
+    return pf
 
 
-def parse_row(line_no: int, obj: Any) -> Row | BadRow:
-    """Validate one decoded row; never raises for bad data."""
-    if not isinstance(obj, dict):
-        return BadRow(line_no, f"not_an_object: a row must be a JSON object, got {_kind(obj)}",
-                      derive_id(orjson.dumps(obj)))
-    row_id, id_error = _row_id(obj)
-    if id_error:
-        return BadRow(line_no, id_error, derive_id(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)))
-    fields = {k: v for k, v in obj.items() if k != "id"}
+def _read_parquet(file: InputFile, offset: int,
+                  source: str | None) -> Generator[Row | BadRow, None, int]:
+    """Row group by row group, in batches: memory is one row group's, whatever the file's
+    size. A null column is an absent field."""
+    pf, position = _parquet_file(file), 0
+    for group in range(pf.num_row_groups):
+        for obj in _parquet_group(file, pf, group, position):
+            position += 1
+            yield parse_row(offset + position, {k: v for k, v in obj.items() if v is not None},
+                            source=source, position=position)
+    return position
+
+
+def _parquet_group(file: InputFile, pf: Any, group: int, before: int) -> Iterator[Any]:
+    """One row group's rows as dicts; a page that cannot be decoded is an InputError naming
+    the file and the row group (the rows after it cannot be found)."""
+    import pyarrow as pa
+
     try:
-        messages, prompt = _conversation(obj)
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group],
+                                     use_threads=False):
+            yield from batch.to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"cannot read Parquet file {file.path}: row group {group} (rows from "
+                         f"{before + 1}) is damaged: {' '.join(str(exc).split())}") from exc
+
+
+def parse_row(line_no: int, obj: Any, *, source: str | None = None,
+              position: int | None = None) -> Row | BadRow:
+    """Validate one decoded row, plain or an OpenAI Batch line; never raises for bad data."""
+    if not isinstance(obj, dict):
+        return BadRow(line_no, f"not_an_object: a row must be a JSON object, got {kind(obj)}",
+                      derive_id(orjson.dumps(obj)), source, position)
+    batch = is_batch_line(obj)
+    row_id, id_error = batch_id(obj) if batch else _row_id(obj)
+    if id_error:
+        return BadRow(line_no, id_error,
+                      derive_id(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)), source, position)
+    try:
+        messages, prompt, options = batch_request(obj) if batch else _plain_request(obj)
+        schema = obj.get("json_schema")
+        schema = json_schema(schema) if schema is not None else None
     except ValueError as exc:
-        return BadRow(line_no, str(exc), row_id)
-    return Row(line_no, row_id, messages, prompt, fields)
+        return BadRow(line_no, str(exc), row_id, source, position)
+    fields = {k: v for k, v in obj.items() if k != "id"}
+    return Row(line_no, row_id, messages, prompt, fields, sampling=options.sampling,
+               max_tokens=options.max_tokens, n=options.n, json_schema=schema,
+               source=source, position=position)
+
+
+def _plain_request(obj: dict[str, Any]
+                   ) -> tuple[list[dict[str, Any]] | None, str | None, Options]:
+    messages, prompt = conversation(obj)
+    sampling = obj.get("sampling")
+    return messages, prompt, sampling_object(sampling) if sampling is not None else Options()
 
 
 def _row_id(obj: dict[str, Any]) -> tuple[str, str | None]:
@@ -153,56 +193,8 @@ def _row_id(obj: dict[str, Any]) -> tuple[str, str | None]:
     if raw is None:
         return derive_id(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)), None
     if isinstance(raw, bool) or not isinstance(raw, str | int):
-        return "", f"bad_id: id must be a string, got {_kind(raw)}"
+        return "", f"bad_id: id must be a string, got {kind(raw)}"
     text = str(raw)
     if not text.strip():
         return "", "bad_id: id is empty"
     return text, None
-
-
-def _conversation(obj: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
-    if "messages" in obj:
-        return _messages(obj["messages"], "messages"), None
-    if "conversations" in obj:
-        return _messages(obj["conversations"], "conversations"), None
-    if "prompt" in obj:
-        prompt = obj["prompt"]
-        if not isinstance(prompt, str):
-            raise ValueError(f"bad_prompt: prompt must be a string, got {_kind(prompt)}")
-        if not prompt.strip():
-            raise ValueError("empty_prompt: prompt is empty")
-        return None, prompt
-    raise ValueError("no_prompt: the row has none of messages, conversations, prompt")
-
-
-def _messages(turns: Any, name: str) -> list[dict[str, Any]]:
-    if not isinstance(turns, list):
-        raise ValueError(f"bad_{name}: {name} must be a list of turns, got {_kind(turns)}")
-    messages = [_turn(t, i, name) for i, t in enumerate(turns)]
-    # A trailing assistant turn is the answer we are about to regenerate.
-    while messages and messages[-1]["role"] == "assistant":
-        messages.pop()
-    if not messages:
-        raise ValueError(f"empty_{name}: no turn left to answer")
-    return messages
-
-
-def _turn(turn: Any, index: int, name: str) -> dict[str, Any]:
-    if not isinstance(turn, dict):
-        raise ValueError(f"bad_{name}: turn {index} must be an object, got {_kind(turn)}")
-    if "from" in turn or "value" in turn:
-        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
-        content = turn.get("value")
-    else:
-        role = turn.get("role") if turn.get("role") in ROLES else None
-        content = turn.get("content")
-    if role is None:
-        got = turn.get("from", turn.get("role"))
-        raise ValueError(f"bad_{name}: turn {index} has unknown role {got!r}")
-    if not isinstance(content, str | list):
-        raise ValueError(f"bad_{name}: turn {index} content must be text, got {_kind(content)}")
-    return {"role": role, "content": content}
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__

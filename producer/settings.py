@@ -92,10 +92,12 @@ class ProducerSettings:
         if self.reasoning not in ("auto", "split", "off"):
             raise ConfigError(f"--reasoning must be auto, split or off, got {self.reasoning!r}")
 
-    def manifest_settings(self) -> dict[str, Any]:
-        """What is stored in the run's manifest: never a secret."""
+    def manifest_settings(self, files: list[str] | None = None) -> dict[str, Any]:
+        """What is stored in the run's manifest: never a secret. `files`: the input's files
+        as the producer resolved them (names relative to INPUT), so a resume reads the same."""
         return {
             "input": str(self.input.resolve()),
+            **({"files": files} if files is not None else {}),
             "tokenizer": self.tokenizer,
             "context_length": self.context_length,
             "engine_url": list(self.engine_url),

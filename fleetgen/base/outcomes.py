@@ -121,18 +121,25 @@ def _request_of(payload: TaskPayload, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def rejected_record(row_id: str, line: int, reason: str,
-                    prompt_tokens: int | None = None) -> dict[str, Any]:
+def rejected_record(row_id: str, line: int, reason: str, prompt_tokens: int | None = None, *,
+                    file: str | None = None, position: int | None = None) -> dict[str, Any]:
+    """`line` is the row's number in the run; with several input files, `file` and
+    `position` (its line, or Parquet row, in that file) say where to find it."""
     record: dict[str, Any] = {"id": row_id, "reason": reason, "line": line}
+    if file is not None:
+        record["file"] = file
+        record["position"] = position
     if prompt_tokens is not None:
         record["prompt_tokens"] = prompt_tokens
     return record
 
 
-def duplicate_record(row_id: str, line: int) -> dict[str, Any]:
+def duplicate_record(row_id: str, line: int, *, file: str | None = None,
+                     position: int | None = None) -> dict[str, Any]:
     """A later row reusing an id is rejected under `<id>#<line>`, so no id is ever written
     twice; `duplicate_of` names the id it repeats."""
     record = rejected_record(f"{row_id}#{line}", line,
-                             "duplicate_id: an earlier row has the same id")
+                             "duplicate_id: an earlier row has the same id", file=file,
+                             position=position)
     record["duplicate_of"] = row_id
     return record

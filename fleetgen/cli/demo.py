@@ -36,7 +36,8 @@ def add_parser(sub: Any) -> None:
                        "N Celery workers, produces the prompts, drains the results to --out, "
                        "prints the summary and stops everything it started.")
     p.add_argument("--prompts", type=Path, metavar="FILE",
-                   help="prompt file (default: the bundled sample)")
+                   help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
+                   "glob (default: the bundled sample)")
     p.add_argument("--out", type=Path, default=Path("out/demo"), metavar="DIR",
                    help="output dir (out/demo)")
     p.add_argument("--gpus", type=int, default=8, metavar="N", help="simulated GPUs (8)")
@@ -75,9 +76,10 @@ def _prepare_out(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from producer.inputs import resolve_input
+
     prompts = args.prompts or sample_prompts()
-    if not prompts.exists():
-        raise ConfigError(f"prompt file not found: {prompts}")
+    resolve_input(prompts)  # InputError (one line) for a missing file or an empty glob
     if args.gpus < 1:
         raise ConfigError(f"--gpus must be at least 1, got {args.gpus}")
     _prepare_out(args.out)

@@ -23,7 +23,10 @@ def add_parser(sub: Any) -> None:
                        "template, tokenize it once, give it an exact max_tokens budget and "
                        "enqueue it; rows that cannot fit are rejected with a reason. Running "
                        "the same command again resumes the run.")
-    p.add_argument("input", type=Path, metavar="INPUT", help="prompts, .jsonl or .parquet")
+    p.add_argument("input", type=Path, metavar="INPUT",
+                   help="prompts: a .jsonl file (or .jsonl.gz, .jsonl.zst), a .parquet file, "
+                   "a directory of them, or a quoted glob ('data/**/*.parquet'); rows may be "
+                   "OpenAI Batch request lines")
     add_producer_options(p)
     p.set_defaults(handler=run)
 
@@ -187,12 +190,16 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     """Build the producer and run it; shared by `produce` and `demo`. With `wait`, stay until
     every row has an outcome, re-enqueueing rows lost on the way."""
     from producer.build import build_producer
+    from producer.inputs import resolve_input
+    from producer.manifest import RunManifest
     from producer.pipeline import Progress
     from producer.rows import count_rows
 
-    if not settings.input.exists():
-        raise ConfigError(f"input file not found: {settings.input}")
-    if run_complete(connect(settings.redis_url), settings.run):
+    inputs = resolve_input(settings.input)  # a missing input or an empty glob: one line, exit 3
+    client = connect(settings.redis_url)
+    # Before "already complete": a finished run given a new file must say it will not read it.
+    RunManifest(client, settings.run).check_files(inputs.names)
+    if run_complete(client, settings.run):
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
         return Progress()

@@ -1,9 +1,11 @@
 """Every input format end to end through the real CLI (`fleetgen produce` + `fleetgen drain`):
 the same conversations written as `messages`, ShareGPT `conversations` (from/value and
-role/content) and Parquet must give byte-identical answers; a `prompt` is sent as is."""
+role/content), Parquet, OpenAI Batch lines, gzip and zstd JSONL must give byte-identical
+answers; a `prompt` is sent as is; a directory of files is one run."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -14,8 +16,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
+from fleetgen.base import exitcodes
 from fleetgen.local.fleet import LocalFleet
+from producer.rows import derive_id
 from tests.e2e.content import assert_fleet_content, tokenizer
 from tests.e2e.pipeline import assert_exactly_once
 
@@ -128,3 +133,83 @@ def test_prompt_rows_are_sent_without_a_chat_template(fleet4: LocalFleet,
         plain = tok.count(text)
         templated = tok.count(tok.render([{"role": "user", "content": text}]))
         assert by_id[f"q{i}"]["prompt_tokens"] == plain < templated
+
+
+CHAT = "/v1/chat/completions"
+
+
+def as_batch(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"custom_id": r["id"], "method": "POST", "url": CHAT,
+             "body": {"model": "gpt-4o-mini", "messages": r["turns"]}} for r in rows]
+
+
+def write_compressed(path: Path, rows: list[dict[str, Any]]) -> Path:
+    data = b"".join(orjson.dumps(r) + b"\n" for r in rows)
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz"
+                     else zstandard.ZstdCompressor().compress(data))
+    return path
+
+
+def test_a_directory_of_gzip_zstd_batch_and_parquet_files_through_the_cli(
+        fleet4: LocalFleet, tmp_path: Path, via_messages: dict[str, dict[str, Any]]) -> None:
+    """Four files of four formats, read in name order as one run: every row answered as its
+    messages form is, numbered across the files, and each bad row rejected naming its file
+    and its position there."""
+    rows = conversations()
+    root = tmp_path / "in"
+    root.mkdir()
+    invalid = b'{"id": "broken", "messages": ['
+    gz_rows = as_messages(rows[0:4])
+    (root / "1-messages.jsonl.gz").write_bytes(gzip.compress(b"".join(
+        line + b"\n" for line in [*(orjson.dumps(r) for r in gz_rows[:2]), invalid,
+                                  *(orjson.dumps(r) for r in gz_rows[2:])])))
+    write_compressed(root / "2-sharegpt.jsonl.zst", as_sharegpt(rows[4:8]))
+    write_jsonl(root / "3-batch.jsonl", [
+        *as_batch(rows[8:10]),
+        {"custom_id": "q0", "url": "/v1/completions", "body": {"prompt": "Plain text 数据"}},
+        {"custom_id": "bad-tools", "method": "POST", "url": CHAT,
+         "body": {"messages": [{"role": "user", "content": "x"}], "tools": []}}])
+    pq.write_table(pa.Table.from_pylist([*as_messages(rows[10:12]),
+                                         {"id": "noprompt", "messages": None, "n": 99}]),
+                   root / "4-rows.parquet")
+    (root / "notes.md").write_text("not an input file")
+
+    out = tmp_path / "out"
+    fleetgen("produce", str(root), "--run", "fmt-dir", "--context-length", "8192",
+             "--max-output-tokens", "512", "--redis", fleet4.redis_url)
+    fleetgen("drain", "--run", "fmt-dir", "--out", str(out), "--redis", fleet4.redis_url)
+    broken = derive_id(invalid + b"\n")
+    data = assert_exactly_once(out, {f"c{i}" for i in range(12)}
+                               | {"q0", "bad-tools", "noprompt", broken})
+    assert assert_fleet_content(fleet4, root, data) == 13
+    by_id = {r["id"]: r for r in data["results"]}
+    for i in range(12):  # the same answer as the same conversation in a plain .jsonl
+        assert {k: by_id[f"c{i}"][k] for k in ANSWER} == {k: via_messages[f"c{i}"][k]
+                                                         for k in ANSWER}, i
+    # Numbered across the files in name order: 5 lines, 4, 4, then the Parquet rows.
+    assert {i: by_id[f"c{i}"]["line"] for i in range(12)} == {
+        0: 1, 1: 2, 2: 4, 3: 5, 4: 6, 5: 7, 6: 8, 7: 9, 8: 10, 9: 11, 10: 14, 11: 15}
+    assert by_id["q0"]["line"] == 12
+    # A Batch line comes back whole: an exporter needs custom_id and url.
+    assert (by_id["c8"]["custom_id"], by_id["c8"]["url"]) == ("c8", CHAT)
+    assert by_id["c8"]["body"]["model"] == "gpt-4o-mini"
+    rejected = {r["id"]: (r["line"], r["file"], r["position"], r["reason"])
+                for r in data["rejected"]}
+    assert rejected[broken][:3] == (3, "1-messages.jsonl.gz", 3)
+    assert rejected[broken][3].startswith("invalid_json")
+    assert rejected["bad-tools"] == (13, "3-batch.jsonl", 4,
+                                     "unsupported_option: body.tools is not supported")
+    assert rejected["noprompt"][:3] == (16, "4-rows.parquet", 3)
+    assert rejected["noprompt"][3].startswith("no_prompt")
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert (summary["total"], summary["done"], summary["rejected"]) == (16, 13, 3)
+
+    # The run is pinned to these four files: a new one is refused, even now it is complete.
+    write_jsonl(root / "0-late.jsonl", as_messages(rows[:1]))
+    again = subprocess.run([sys.executable, "-m", "fleetgen", "produce", str(root), "--run",
+                            "fmt-dir", "--context-length", "8192", "--max-output-tokens", "512",
+                            "--redis", fleet4.redis_url], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == exitcodes.CONFIG, again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1 and "Traceback" not in again.stderr
+    assert "1 new (0-late.jsonl)" in again.stderr

@@ -1,0 +1,214 @@
+"""Which files an INPUT names (one file, a directory, a glob), in a stable order, and how each
+is read as a stream: JSONL plain, gzip or zstd, line by line, or Parquet."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import gzip
+import io
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+from fleetgen.base.errors import InputError
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# Read as JSONL these would give one invalid_json rejection per line: refuse the file instead.
+UNSUPPORTED_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".zip", ".tar", ".tgz", ".7z",
+                            ".br", ".snappy")
+KNOWN = "*.jsonl, *.json, *.ndjson (each also .gz, .zst), *.parquet, *.pq"
+CHUNK_BYTES = 1 << 20
+
+# What a damaged or truncated file raises while it is decompressed or read.
+READ_ERRORS = (OSError, EOFError, zlib.error, zstandard.ZstdError)
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: Path
+    name: str  # relative to the input's directory (or the glob's fixed part): what rows cite
+    format: str  # "jsonl" | "parquet"
+    compression: str | None  # "gzip" | "zstd" | None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files of one INPUT, in reading order. `several`: INPUT is a directory or a glob,
+    so each row names its file (even when it matched only one)."""
+
+    files: tuple[InputFile, ...]
+    several: bool
+
+    @property
+    def names(self) -> list[str]:
+        """What the run's manifest pins: a resume must see the same list."""
+        return [f.name for f in self.files]
+
+
+def resolve_input(spec: Path | str | Inputs) -> Inputs:
+    """The files INPUT names; InputError (one line) when there are none."""
+    if isinstance(spec, Inputs):
+        return spec
+    path = Path(spec)
+    if path.is_file():
+        return Inputs((_input_file(path, path.name),), several=False)
+    if path.is_dir():
+        found = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")]
+        files = _known(found, path)
+        if not files:
+            raise InputError(f"no input files in directory {path} (it reads {KNOWN}; "
+                             f"subdirectories are not read: use a glob such as "
+                             f"'{path}/**/*.jsonl')")
+        return Inputs(files, several=True)
+    if glob.has_magic(str(spec)):
+        matched = [Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file()]
+        files = _known(matched, _glob_base(str(spec)))
+        if not files:
+            also = f"; {len(matched)} files matched, none of them {KNOWN}" if matched else ""
+            raise InputError(f"no input files match {spec}{also}")
+        return Inputs(files, several=True)
+    raise InputError(f"input file not found: {path}")
+
+
+def _known(paths: list[Path], base: Path) -> tuple[InputFile, ...]:
+    """The input files among `paths`, sorted by their name relative to `base` (code-point
+    order, as `LC_ALL=C ls` lists them: part-10 before part-9 unless the numbers are padded)."""
+    named = sorted((Path(os.path.relpath(p, base)).as_posix(), p) for p in paths)
+    return tuple(_input_file(p, name) for name, p in named if _looks_like_input(p))
+
+
+def _glob_base(pattern: str) -> Path:
+    """The directory part of a glob before its first wildcard."""
+    fixed: list[str] = []
+    for part in Path(pattern).parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path(".")
+
+
+def _looks_like_input(path: Path) -> bool:
+    """In a directory or a glob: a JSONL or Parquet name, compressed or not (a compression
+    fleetgen cannot read is then refused, not skipped)."""
+    lower = path.name.lower()
+    for suffix in (*COMPRESSIONS, *UNSUPPORTED_COMPRESSIONS):
+        lower = lower.removesuffix(suffix)
+    return lower.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+
+
+def _input_file(path: Path, name: str) -> InputFile:
+    """How to read `path`, from its suffixes: Parquet, or JSONL (plain, .gz, .zst). One file
+    named on its own is read as JSONL whatever its suffix (prompts.txt)."""
+    lower = path.name.lower()
+    unsupported = next((s for s in UNSUPPORTED_COMPRESSIONS if lower.endswith(s)), None)
+    if unsupported:
+        raise InputError(f"cannot read {path}: {unsupported} is not supported (fleetgen reads "
+                         f"JSONL plain, .gz or .zst, and Parquet)")
+    compression = next((c for s, c in COMPRESSIONS.items() if lower.endswith(s)), None)
+    inner = lower.rsplit(".", 1)[0] if compression else lower
+    if inner.endswith(PARQUET_SUFFIXES):
+        if compression:
+            raise InputError(f"cannot read {path}: Parquet compresses its own pages; give the "
+                             f"Parquet file itself")
+        return InputFile(path, name, "parquet", None)
+    return InputFile(path, name, "jsonl", compression)
+
+
+# -- JSONL streams ----------------------------------------------------------------------------
+def iter_lines(file: InputFile) -> Iterator[bytes]:
+    """The file's lines (with their newline), decompressed as they are read; a damaged or
+    truncated file is an InputError naming the file and the last line read."""
+    line = 0
+    try:
+        with _open(file) as f:
+            for raw in f:
+                line += 1
+                yield raw
+    except READ_ERRORS as exc:
+        raise _damaged(file, f"after line {line}", exc) from exc
+
+
+def count_lines(file: InputFile) -> int:
+    """How many lines iter_lines yields (a last line without a newline counts). A compressed
+    file is decompressed to count them, which also finds a damaged one before the run sends
+    anything; counted once per process (size and mtime are the key)."""
+    stat = file.path.stat()
+    return _count_lines(file, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _count_lines(file: InputFile, _size: int, _mtime_ns: int) -> int:
+    count, last = 0, b"\n"
+    try:
+        with _open(file) as f:
+            while chunk := f.read(CHUNK_BYTES):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+    except READ_ERRORS as exc:
+        raise _damaged(file, "while counting its lines", exc) from exc
+    return count + (last != b"\n")
+
+
+def _damaged(file: InputFile, where: str, exc: BaseException) -> InputError:
+    if isinstance(exc, OSError) and exc.errno is not None:  # the file system said no
+        return InputError(f"cannot read {file.path} {where}: {exc.strerror}")
+    what = f"{file.compression} data" if file.compression else "file"
+    return InputError(f"cannot read {file.path}: {what} damaged or truncated {where}: "
+                      f"{exc or type(exc).__name__}")
+
+
+def _open(file: InputFile) -> io.BufferedIOBase:
+    if file.compression == "gzip":
+        return gzip.GzipFile(file.path, "rb")  # buffered by itself
+    if file.compression == "zstd":
+        return io.BufferedReader(_ZstdReader(file.path), CHUNK_BYTES)
+    return io.BufferedReader(io.FileIO(file.path, "rb"), CHUNK_BYTES)
+
+
+class _ZstdReader(io.RawIOBase):
+    """Frames one after another, like `zstd -d`. zstandard's own stream_reader ends quietly
+    at a truncated frame; this one raises, so a cut file is never taken as a short one."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("rb")
+        self._dctx = zstandard.ZstdDecompressor()
+        self._chunks = self._decompress()
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def _decompress(self) -> Iterator[bytes]:
+        dobj, fed = self._dctx.decompressobj(), False
+        while data := self._file.read(CHUNK_BYTES):
+            while data:
+                fed = True
+                if out := dobj.decompress(data):
+                    yield out
+                data = b""
+                if dobj.eof:  # the frame ended inside this chunk: the rest is the next one
+                    data, dobj, fed = dobj.unused_data, self._dctx.decompressobj(), False
+        if fed and not dobj.eof:
+            raise EOFError("the last zstd frame is incomplete")
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
