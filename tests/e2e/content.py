@@ -43,16 +43,17 @@ ConfigFor = Callable[[str], SimConfig]
 
 
 @functools.lru_cache(maxsize=4)
-def tokenizer(name: str = "qwen3.6") -> PromptTokenizer:
-    return load_tokenizer(name)
+def tokenizer(name: str = "qwen3.6", template_kwargs: str = "{}") -> PromptTokenizer:
+    """`template_kwargs`: the chat template's options as JSON (hashable, for the cache)."""
+    return load_tokenizer(name, chat_template_kwargs=json.loads(template_kwargs))
 
 
-def input_ids(prompts: Path, wanted: set[str],
-              tokenizer_name: str = "qwen3.6") -> dict[str, list[int]]:
+def input_rows(prompts: Path, wanted: set[str], tokenizer_name: str = "qwen3.6",
+               template_kwargs: str = "{}") -> dict[str, tuple[list[int], Row]]:
     """Row id -> the token ids the producer sends for it (render with the chat template
-    unless the row is a plain `prompt`, then tokenize; producer/pipeline.py), for the
-    first row with each wanted id (the first occurrence wins, as in the producer)."""
-    tok = tokenizer(tokenizer_name)
+    unless the row is a plain `prompt`, then tokenize; producer/pipeline.py) and the row, for
+    the first row with each wanted id (the first occurrence wins, as in the producer)."""
+    tok = tokenizer(tokenizer_name, template_kwargs)
     rows: list[Row] = []
     seen: set[str] = set()
     for row in read_rows(prompts):
@@ -62,7 +63,12 @@ def input_ids(prompts: Path, wanted: set[str],
                 rows.append(row)
     texts = [r.prompt if r.prompt is not None else tok.render(r.messages or []) for r in rows]
     ids = tok.encode_batch(texts) if texts else []
-    return {row.id: row_ids for row, row_ids in zip(rows, ids, strict=True)}
+    return {row.id: (row_ids, row) for row, row_ids in zip(rows, ids, strict=True)}
+
+
+def input_ids(prompts: Path, wanted: set[str],
+              tokenizer_name: str = "qwen3.6") -> dict[str, list[int]]:
+    return {key: ids for key, (ids, _) in input_rows(prompts, wanted, tokenizer_name).items()}
 
 
 def sim_config(argv: Iterable[str]) -> SimConfig:
@@ -163,22 +169,30 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
                    configs: ConfigFor | SimConfig, *,
                    sampling: Mapping[str, Any] | None = None,
                    options: Mapping[str, Any] | None = None,
-                   tokenizer_name: str = "qwen3.6") -> int:
-    """Every result row equals the simulator's answer for its input row; returns the count."""
+                   tokenizer_name: str = "qwen3.6",
+                   template_kwargs: Mapping[str, Any] | None = None) -> int:
+    """Every result row equals the simulator's answer for its input row; returns the count.
+    A row's own options (`sampling`, a Batch body's, `json_schema`) go over the run's."""
     config_for: ConfigFor = (configs if callable(configs)
                              else lambda _worker, c=configs: c)  # type: ignore[misc]
-    ids_by_id = input_ids(prompts, {str(r.get("id")) for r in results}, tokenizer_name)
+    by_id = input_rows(prompts, {str(r.get("id")) for r in results}, tokenizer_name,
+                       json.dumps(dict(template_kwargs or {}), sort_keys=True))
     bad: list[str] = []
     for row in results:
         nulls = [name for name in REQUIRED if row.get(name) is None]
         if nulls:
             bad.append(f"{row.get('id')!r}: null or missing {nulls}")
             continue
-        if row["id"] not in ids_by_id:
+        if row["id"] not in by_id:
             bad.append(f"{row['id']!r}: no such input row")
             continue
-        want = expected(ids_by_id[row["id"]], row["max_tokens"], config_for(row["worker"]),
-                        row_sampling(row, sampling or {}), options)
+        ids, source = by_id[row["id"]]
+        row_options = dict(options or {})
+        if source.json_schema is not None and options is not None:
+            row_options["json_schema"] = source.json_schema
+        want = expected(ids, row["max_tokens"], config_for(row["worker"]),
+                        row_sampling(row, {**(sampling or {}), **source.sampling}),
+                        row_options)
         got = {name: row.get(name) for name in want}
         if got != want:
             diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
@@ -191,13 +205,14 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
 
 def assert_fleet_content(fleet: LocalFleet, prompts: Path, data: Mapping[str, Any], *,
                          sampling: Mapping[str, Any] | None = None,
-                         options: Mapping[str, Any] | None = None) -> int:
+                         options: Mapping[str, Any] | None = None,
+                         template_kwargs: Mapping[str, Any] | None = None) -> int:
     """assert_content for a LocalFleet's output (read_output's dict or a results list);
     fails if there is nothing to check."""
     results = data["results"] if isinstance(data, Mapping) else data
     assert results, "no results to check"
     return assert_content(results, prompts, fleet_configs(fleet), sampling=sampling,
-                          options=options)
+                          options=options, template_kwargs=template_kwargs)
 
 
 def _short(value: Any) -> Any:
