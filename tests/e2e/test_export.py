@@ -143,10 +143,13 @@ def _check_openai_batch(out: Path, data: dict[str, list[dict[str, Any]]],
             assert text == record["completion"]
             assert body["object"] == ("text_completion" if "prompt" in record
                                       else "chat.completion")
-            assert body["usage"] == {
-                "prompt_tokens": record["prompt_tokens"],
-                "completion_tokens": record["completion_tokens"],
-                "total_tokens": record["prompt_tokens"] + record["completion_tokens"]}
+            usage = {"prompt_tokens": record["prompt_tokens"],
+                     "completion_tokens": record["completion_tokens"],
+                     "total_tokens": record["prompt_tokens"] + record["completion_tokens"]}
+            if "reasoning_tokens" in record:  # Qwen3.6 splits reasoning by default
+                usage["completion_tokens_details"] = {
+                    "reasoning_tokens": record["reasoning_tokens"]}
+            assert body["usage"] == usage
         elif kind == "failures":
             error = record["error"]
             assert got["error"] == {"code": error["type"], "message": error["message"]}

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from exporter.shape import SHAREGPT_ASSISTANT
-from producer.rows import SHAREGPT_ROLES
+from producer.conversation import SHAREGPT_ROLES
 from tests.exporter.conftest import Export
 from tests.exporter.outdir import MESSAGES_1, SYSTEM, read_jsonl, result
 
