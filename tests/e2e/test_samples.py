@@ -42,3 +42,37 @@ def test_n_samples_each_with_its_own_seed_exactly_once(fleet2: LocalFleet,
     assert "already complete" in again.stdout
     fleetgen("drain", "--run", "samples", "--out", str(out), "--redis", fleet2.redis_url)
     assert_exactly_once(out, {f"r{i}#{k}" for i in range(ROWS) for k in range(SAMPLES)})
+
+
+def test_batch_lines_bring_their_own_options(fleet2: LocalFleet, tmp_path: Path) -> None:
+    """An OpenAI Batch body's max_tokens, seed and n are honoured inside the run's budget, an
+    option fleetgen cannot honour rejects the line by name, and `export --format openai-batch`
+    gives the samples back as the line's choices."""
+    chat = {"messages": [{"role": "user", "content": "Name two colours."}]}
+    lines = [
+        {"custom_id": "b1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {**chat, "max_tokens": 20, "seed": 3, "n": 2, "temperature": 0.9}},
+        {"custom_id": "b2", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "Once upon a time", "max_completion_tokens": 500}},
+        {"custom_id": "b3", "method": "POST", "url": "/v1/chat/completions",
+         "body": {**chat, "tools": [{"type": "function"}]}},
+    ]
+    prompts = write_jsonl(tmp_path / "batch.jsonl", lines)
+    out = tmp_path / "out"
+    fleetgen("produce", str(prompts), "--run", "batch", "--context-length", "8192",
+             "--max-output-tokens", "64", "--redis", fleet2.redis_url)
+    fleetgen("drain", "--run", "batch", "--out", str(out), "--redis", fleet2.redis_url)
+    data = assert_exactly_once(out, {"b1#0", "b1#1", "b2", "b3"})
+    assert assert_fleet_content(fleet2, prompts, data) == 3  # with b1's own seed per sample
+    budgets = {(r["id"], r.get("sample")): r["max_tokens"] for r in data["results"]}
+    assert budgets == {("b1", 0): 20, ("b1", 1): 20, ("b2", None): 64}  # min(row's, run's)
+    (rejected,) = data["rejected"]
+    assert rejected["reason"].startswith("unsupported_option: body.tools")
+    export = tmp_path / "batch-out.jsonl"
+    fleetgen("export", str(out), "--format", "openai-batch", "--out", str(export))
+    exported = {line["custom_id"]: line for line in map(orjson.loads, export.read_bytes()
+                                                        .splitlines())}
+    choices = exported["b1"]["response"]["body"]["choices"]
+    by_sample = {r["sample"]: r["completion"] for r in data["results"] if r["id"] == "b1"}
+    assert [c["message"]["content"] for c in choices] == [by_sample[0], by_sample[1]]
+    assert exported["b3"]["error"]["code"] and exported["b3"]["response"]["status_code"] == 400

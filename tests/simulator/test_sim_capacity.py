@@ -33,7 +33,10 @@ def test_k_plus_one_requests_one_waits(start_sim: StartSim, pool: ThreadPoolExec
         latencies = sorted(f.result().json()["meta_info"]["e2e_latency"] for f in futures)
     assert all(latency >= service_s for latency in latencies)
     assert latencies[1] < 1.8 * service_s
-    assert latencies[2] >= 1.9 * service_s  # waited a whole service time for a slot
+    # The third waited for a slot: one service time of its own plus the rest of another's.
+    # Not 2x: its e2e latency counts from its own arrival, which on a loaded machine lands up
+    # to a few tens of ms after the first two (measured 0.548 s for 2 x 0.3 s under load 6).
+    assert latencies[2] >= 1.5 * service_s
 
 
 def test_waiting_requests_are_served_first_come_first_served(
