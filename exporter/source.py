@@ -21,7 +21,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import InputError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
+from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, whole_lines_end
 
 log = logging.getLogger("fleetgen.exporter")
 
@@ -118,7 +118,7 @@ class OutputDir:
             f = file_path.open("rb")
             self._files[kind] = f
             size = os.fstat(f.fileno()).st_size
-            self._ends[kind] = _whole_lines_end(f, size)
+            self._ends[kind] = whole_lines_end(f, size)
             if self._ends[kind] < size:
                 self.torn[FILES[kind]] = size - self._ends[kind]
         self.info = _run_info(self.path)
@@ -204,21 +204,6 @@ def _parse(raw: bytes, name: str, number: int) -> dict[str, Any]:
         raise InputError(f"{name}: line {number} is not a fleetgen record (no id or line "
                          "number)")
     return record
-
-
-def _whole_lines_end(f: BinaryIO, size: int) -> int:
-    """The end of the last newline at or before `size`: what follows it is a torn line."""
-    chunk = 1 << 16
-    pos = size
-    while pos > 0:
-        start = max(0, pos - chunk)
-        f.seek(start)
-        data = f.read(pos - start)
-        newline = data.rfind(b"\n")
-        if newline >= 0:
-            return start + newline + 1
-        pos = start
-    return 0
 
 
 def _run_info(path: Path) -> RunInfo:

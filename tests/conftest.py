@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,13 @@ import redis
 from fleetgen.local.valkey import EmbeddedValkey
 from simulator import SimConfig, SimThread, run_in_thread
 from tests.simulator.sim_helpers import StartSim
+
+# A suite started in the background (`nohup make flaky &`, a CI step in a background job)
+# inherits SIGINT ignored, and every child it starts would too: the demo then ignores the
+# Ctrl-C that tests/e2e/test_demo.py sends it and the test times out (found by `make flaky`).
+# A handler, unlike SIG_IGN, does not survive exec: children start with SIGINT's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Set by .ci/run, which installs every system package the suite needs: there a missing one is
 # a broken CI image, and a skip would hide it behind a green run.

@@ -24,15 +24,13 @@ from fleetgen.base.contract import (
 )
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outcomes import QUALITY_COUNTS, quality_counts, read_entry
+from fleetgen.base.outdir import FILES, RUN_MARKER, whole_lines_end
 from fleetgen.base.redisconn import read_hash
 from fleetgen.base.runstate import run_complete, stopped_and_settled
 
 log = logging.getLogger("fleetgen.drainer")
 
-FILES = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
-         KIND_REJECTED: "rejected.jsonl"}
 CONSUMER = "drainer"
-RUN_MARKER = ".fleetgen-run"
 SUMMARY_EVERY_S = 10.0
 # How the drainer notices that Redis lost data (restarted from an older copy): every
 # VERIFY_EVERY_S it compares the `written` counts in Redis with its own and Redis's run_id
@@ -106,26 +104,12 @@ def repair_tail(path: Path) -> int:
     if size == 0:
         return 0
     with path.open("rb+") as f:
-        keep = _last_newline_end(f, size)
+        keep = whole_lines_end(f, size)
         if keep < size:
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
     return size - keep
-
-
-def _last_newline_end(f: BinaryIO, size: int) -> int:
-    chunk = 1 << 16
-    pos = size
-    while pos > 0:
-        start = max(0, pos - chunk)
-        f.seek(start)
-        data = f.read(pos - start)
-        idx = data.rfind(b"\n")
-        if idx >= 0:
-            return start + idx + 1
-        pos = start
-    return 0
 
 
 def load_file(path: Path, kind: str, tally: Tally) -> None:

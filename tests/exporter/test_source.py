@@ -1,5 +1,6 @@
-"""Reading an output directory: the drainer's own names, input order, and a snapshot that a
-drainer still writing (or rewriting failures.jsonl) does not disturb."""
+"""Reading an output directory (by the names the drainer shares, fleetgen/base/outdir.py): input
+order, and a snapshot that a drainer still writing (or rewriting failures.jsonl) does not
+disturb."""
 
 from __future__ import annotations
 
@@ -9,15 +10,8 @@ from pathlib import Path
 import orjson
 
 from exporter.source import OutputDir
-from fleetgen.base import outdir
 from fleetgen.base.contract import KINDS
 from tests.exporter.outdir import result
-from workers import drainer
-
-
-def test_the_names_are_the_drainers() -> None:
-    assert outdir.FILES == drainer.FILES
-    assert outdir.RUN_MARKER == drainer.RUN_MARKER
 
 
 def test_lines_written_after_opening_are_not_read(drained: Path) -> None:
