@@ -226,7 +226,7 @@ def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path:
     assert requeued and int(requeued.group(1)) > 0, report  # reconciliation really ran
     print(f"re-enqueued after the restore: {requeued.group(1)}")
     data = assert_exactly_once(out, set(kinds["good"]))
-    assert len(data["results"]) == N
+    assert assert_fleet_content(fleet, prompts, data) == N
 
 
 def test_producer_killed_mid_enqueue_and_rerun(make_fleet: FleetFactory,

@@ -20,6 +20,7 @@ from fleetgen.local.fleet import LocalFleet
 from fleetgen.local.procs import wait_for
 from fleetgen.local.valkey import EmbeddedValkey
 from tests.chaos.conftest import FleetFactory, generated
+from tests.e2e.content import assert_fleet_content
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
 
 N = 300
@@ -135,7 +136,7 @@ def test_restart_from_an_older_copy_converges(make_fleet: FleetFactory, tmp_path
     run.finish()
 
     data = assert_exactly_once(run.out, run.ids)
-    assert len(data["results"]) == N
+    assert assert_fleet_content(fleet, run.prompts, data) == N  # every answer, not only ids
     requeued = figure(r"(\d+) re-enqueued after loss", run.output("produce"))
     restored = figure(r"restored (\d+) done bit", run.output("drain"))
     served_after = generated(fleet) - served_before

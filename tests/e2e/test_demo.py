@@ -11,7 +11,10 @@ import orjson
 import psutil
 
 from fleetgen.cli.demo import sample_prompts
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import wait_for
+from tests.e2e.content import assert_fleet_content
+from tests.e2e.pipeline import read_output
 
 
 def demo_argv(*args: str) -> list[str]:
@@ -41,6 +44,14 @@ def test_demo_runs_the_bundled_sample_and_stops_everything(tmp_path: Path) -> No
     assert summary["done"] + summary["rejected"] == rows and summary["failed"] == 0
     assert summary["rejected"] >= 8  # too-long and malformed rows ship in the sample
     assert "completion tokens/s" in stdout
+    # Every answer is the one the demo's simulators (its defaults: 8192 context, 32 slots,
+    # 200-token mean, seed 0) give for that row: a fleet of the same spec, never started,
+    # names their config.
+    demo_fleet = LocalFleet(tmp_path / "spec", FleetSpec(gpus=2, context_length=8192,
+                                                         max_running_requests=32, tpot_ms=1.0,
+                                                         output_tokens_mean=200))
+    results = read_output(out)["results"]
+    assert assert_fleet_content(demo_fleet, sample_prompts(), results) == summary["done"]
     assert seen and not [p for p in seen if p.is_running() and p.status() != "zombie"]
 
 

@@ -16,6 +16,7 @@ from fleetgen.local.procs import wait_for
 from producer.enqueue import Enqueuer
 from simulator.config import SimConfig
 from simulator.server import run_in_thread
+from tests.e2e.content import expected
 from tests.workers.workerproc import start_worker, stop
 from workers.drainer import Drainer
 
@@ -27,7 +28,8 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
     payload = TaskPayload(run=run, line=1, id="d1", input_ids=[5, 6, 7, 8], max_tokens=16,
                           sampling={}, row={})
     # A first token after 3 s keeps the first delivery running while the second arrives.
-    with run_in_thread(SimConfig(port=0, ttft_ms=3000, tpot_ms=0, health_delay_s=0)) as sim:
+    config = SimConfig(port=0, ttft_ms=3000, tpot_ms=0, health_delay_s=0)
+    with run_in_thread(config) as sim:
         proc = start_worker(redis_url, sim.url, "dup", tmp_path / "w.log", concurrency=2,
                             env={"FLEETGEN_BACKOFF_BASE_S": "0.05"})
         try:
@@ -55,4 +57,9 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
     assert drainer.complete()
     rows = (out / "results.jsonl").read_bytes().splitlines()
     assert [orjson.loads(r)["id"] for r in rows] == ["d1"]
+    # Both deliveries got the whole answer for the prompt; the one written is that answer.
+    want = expected(payload["input_ids"], 16, config, {})
+    written = orjson.loads(rows[0])
+    assert {k: written[k] for k in want} == want
+    assert all({k: r[k] for k in want} == want for r in records)
     assert not (out / "failures.jsonl").exists() or not (out / "failures.jsonl").read_bytes()
