@@ -173,10 +173,10 @@ def run(args: argparse.Namespace) -> int:
     report = produce(settings, show_progress=sys.stderr.isatty(), wait=not args.no_wait,
                      reconcile_interval_s=args.reconcile_interval)
     if report.stopped is not None:
-        print(f"fleetgen produce: run {settings.run!r} stopped early: {report.stopped}. "
-              f"{report.enqueued} enqueued before the stop have finished. Fix the settings and "
-              f"start a new --run, or run the same command with --ignore-stop to go on.",
-              file=sys.stderr)
+        print(f"fleetgen produce: run {settings.run!r} stopped early: {report.stopped}; "
+              f"what was queued before the stop has finished ({report.enqueued} sent by this "
+              f"command). Fix the settings and start a new --run, or run the same command "
+              f"with --ignore-stop to go on.", file=sys.stderr)
         return exitcodes.INCOMPLETE
     print(f"fleetgen produce: run {settings.run!r} on {redact(url)}: {report.read} rows read, "
           f"{report.enqueued} enqueued, {report.rejected} rejected, {report.skipped} already "
