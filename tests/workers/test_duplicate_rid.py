@@ -3,7 +3,6 @@ a rid already in flight (400 `Duplicate request ID`), so every delivery needs it
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -11,14 +10,12 @@ import orjson
 import redis
 
 from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
-from fleetgen.base.redisconn import connect
 from fleetgen.local.procs import wait_for
 from producer.enqueue import Enqueuer
 from simulator.config import SimConfig
 from simulator.server import run_in_thread
 from tests.e2e.content import expected
-from tests.workers.workerproc import start_worker, stop
-from workers.drainer import Drainer
+from tests.workers.workerproc import drain_until_complete, start_worker, stop
 
 
 def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path: Path) -> None:
@@ -47,13 +44,7 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
 
     client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": 1})
     out = tmp_path / "out"
-    drainer = Drainer(connect(redis_url), run, out, block_ms=100)
-    drainer.recover()
-    deadline = time.monotonic() + 30
-    try:
-        drainer.run_until_complete(should_stop=lambda: time.monotonic() > deadline)
-    finally:
-        drainer.close()
+    drainer = drain_until_complete(redis_url, run, out, timeout_s=30)
     assert drainer.complete()
     rows = (out / "results.jsonl").read_bytes().splitlines()
     assert [orjson.loads(r)["id"] for r in rows] == ["d1"]

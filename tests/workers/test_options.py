@@ -6,7 +6,6 @@ the records, the workers' stats, and a restarted drainer's rebuild from the file
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from producer.enqueue import Enqueuer
 from simulator.config import SimConfig
 from simulator.server import run_in_thread
 from tests.e2e.content import expected
-from tests.workers.workerproc import start_worker, stop
+from tests.workers.workerproc import drain_until_complete, start_worker, stop
 from workers.drainer import Drainer
 
 THINK, END, NL, PARA = 248068, 248069, 198, 271
@@ -78,13 +77,7 @@ def test_reasoning_json_and_logprobs_through_a_worker(redis_url: str, tmp_path: 
         finally:
             stop(proc)
     out = tmp_path / "out"
-    drainer = Drainer(connect(redis_url), RUN, out, block_ms=100)
-    drainer.recover()
-    deadline = time.monotonic() + 60
-    try:
-        drainer.run_until_complete(should_stop=lambda: time.monotonic() > deadline)
-    finally:
-        drainer.close()
+    drainer = drain_until_complete(redis_url, RUN, out, timeout_s=60)
     assert drainer.complete()
 
     records = {r["id"]: r for r in map(orjson.loads,
