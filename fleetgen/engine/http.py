@@ -68,3 +68,10 @@ def get_json(http: httpx.Client, path: str) -> Any:
         return response.json()
     except ValueError as exc:
         raise errors.RetryableError(f"{path} sent invalid JSON: {exc}", 200) from exc
+
+
+def positive_int(value: Any) -> int | None:
+    """A server's figure (a JSON value) if it is a positive integer, else None: servers report
+    0, null or a boolean where they have no limit to give."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None

@@ -22,6 +22,7 @@ from fleetgen.engine.http import (
     from_transport,
     get_json,
     optional_json,
+    positive_int,
 )
 from fleetgen.engine.sglang import PROBE_TIMEOUT_S
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
@@ -326,7 +327,7 @@ def read_limits(base_url: str, *, api_key: str | None = None,
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     if isinstance(settings, dict) and isinstance(settings.get("n_ctx"), int):
         return ServerLimits(context_length=settings["n_ctx"], engine=LLAMA_CPP,
-                            max_running_requests=_positive(props.get("total_slots")),
+                            max_running_requests=positive_int(props.get("total_slots")),
                             model=entry.get("id"))
     context = entry.get("max_model_len")
     if not isinstance(context, int) or context <= 0:
@@ -342,10 +343,6 @@ def _optional_json(http: httpx.Client, path: str) -> Any:
     except httpx.HTTPError:
         return None
 
-
-def _positive(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
-        else None
 
 
 class OpenAIProtocol:

@@ -22,6 +22,7 @@ from fleetgen.engine.http import (
     error_message,
     from_transport,
     get_json,
+    positive_int,
 )
 from fleetgen.engine.preflight import combine
 
@@ -274,12 +275,12 @@ def read_limits(base_url: str, *, api_key: str | None = None,
         context = info["context_length"]
     deterministic = info.get("enable_deterministic_inference")
     return ServerLimits(context_length=context,
-                        max_total_tokens=_int_or_none(info.get("max_total_num_tokens")),
+                        max_total_tokens=positive_int(info.get("max_total_num_tokens")),
                         max_running_requests=running_requests(info),
                         running_requests_from=running_requests_source(info),
-                        dp_size=_int_or_none(info.get("dp_size")) or 1,
+                        dp_size=positive_int(info.get("dp_size")) or 1,
                         model=entry.get("id"),
-                        max_req_input_len=_int_or_none(info.get("max_req_input_len")),
+                        max_req_input_len=positive_int(info.get("max_req_input_len")),
                         reserved_tokens=reserved_tokens(info),
                         deterministic=deterministic if isinstance(deterministic, bool) else None,
                         skip_tokenizer_init=info.get("skip_tokenizer_init") is True)
@@ -324,11 +325,11 @@ def running_requests(info: dict[str, Any]) -> int | None:
     (scheduler_components/internal_state.py: `effective_max_running_requests_per_dp`)."""
     per_rank = _per_rank(info)
     if per_rank:
-        dp_size = _int_or_none(info.get("dp_size")) or 1
+        dp_size = positive_int(info.get("dp_size")) or 1
         # One entry per DP rank; a server that lists one for all ranks multiplies.
         ranks = dp_size if len(per_rank) == 1 else 1
         return sum(per_rank) * ranks
-    return _int_or_none(info.get("max_running_requests"))
+    return positive_int(info.get("max_running_requests"))
 
 
 def running_requests_source(info: dict[str, Any]) -> str | None:
@@ -336,7 +337,7 @@ def running_requests_source(info: dict[str, Any]) -> str | None:
     None (neither says)."""
     if _per_rank(info):
         return "internal_states"
-    return "max_running_requests" if _int_or_none(info.get("max_running_requests")) else None
+    return "max_running_requests" if positive_int(info.get("max_running_requests")) else None
 
 
 def _per_rank(info: dict[str, Any]) -> list[int]:
@@ -344,7 +345,7 @@ def _per_rank(info: dict[str, Any]) -> list[int]:
     states = info.get("internal_states")
     if not isinstance(states, list):
         return []
-    per_rank = [_int_or_none(s.get("effective_max_running_requests_per_dp"))
+    per_rank = [positive_int(s.get("effective_max_running_requests_per_dp"))
                 for s in states if isinstance(s, dict)]
     return [v for v in per_rank if v] if per_rank and all(per_rank) else []
 
@@ -354,9 +355,9 @@ def reserved_tokens(info: dict[str, Any]) -> int:
     algorithm = str(info.get("speculative_algorithm") or "").upper()
     if algorithm not in EAGLE_FAMILY:
         return 0
-    topk = _int_or_none(info.get("speculative_eagle_topk")) or 0
-    steps = _int_or_none(info.get("speculative_num_steps")) or 0
-    drafts = _int_or_none(info.get("speculative_num_draft_tokens")) or 0
+    topk = positive_int(info.get("speculative_eagle_topk")) or 0
+    steps = positive_int(info.get("speculative_num_steps")) or 0
+    drafts = positive_int(info.get("speculative_num_draft_tokens")) or 0
     return max(topk * steps, drafts)
 
 
@@ -372,10 +373,6 @@ def _server_info(http: httpx.Client) -> dict[str, Any]:
             return body if isinstance(body, dict) else {}
     return {}
 
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
-        else None
 
 
 class SGLangProtocol:
