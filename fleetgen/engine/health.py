@@ -38,6 +38,11 @@ class Probe:
     def ready(self) -> bool:
         return self.state is State.READY
 
+    @property
+    def up(self) -> bool:
+        """Ready, or slow but connected: busy, not gone."""
+        return self.state in (State.READY, State.SLOW)
+
 
 def probe(http: httpx.Client, timeout_s: float = 2.0, paths: tuple[str, ...] = READY_PATHS,
           ) -> tuple[Probe, str | None]:
@@ -58,6 +63,22 @@ def probe(http: httpx.Client, timeout_s: float = 2.0, paths: tuple[str, ...] = R
             return Probe(State.READY, f"{path} 200"), path
         return Probe(State.NOT_READY, f"{path} answered {response.status_code}"), path
     return Probe(State.NOT_READY, "no readiness endpoint"), None
+
+
+class Prober:
+    """Probes one server again and again, remembering the path it answers (SGLang `/ready`,
+    a router `/readiness`, others `/health`), so later probes ask that path alone."""
+
+    def __init__(self, http: httpx.Client, timeout_s: float = 2.0) -> None:
+        self._http = http
+        self.timeout_s = timeout_s
+        self._paths: tuple[str, ...] = READY_PATHS
+
+    def __call__(self) -> Probe:
+        result, path = probe(self._http, self.timeout_s, self._paths)
+        if path is not None:
+            self._paths = (path,)
+        return result
 
 
 def probe_url(base_url: str, timeout_s: float = 2.0, api_key: str | None = None) -> Probe:
@@ -85,7 +106,7 @@ class Watch:
         self._gone_after_s = gone_after_s
         self._timeout_s = timeout_s
         self._clock = clock
-        self._paths: tuple[str, ...] = READY_PATHS
+        self._probe = Prober(self._http, timeout_s)
         self._last = Probe(State.NOT_READY, "not probed yet")
         self._up_until: float | None = None  # when it was last seen up; None: not yet
         self._stop = threading.Event()
@@ -97,7 +118,7 @@ class Watch:
 
     def up(self) -> bool:
         """Ready, or slow but connected."""
-        return self._last.state in (State.READY, State.SLOW)
+        return self._last.up
 
     def gone(self) -> bool:
         if self.up():
@@ -114,10 +135,8 @@ class Watch:
 
     def check(self) -> Probe:
         """One probe now (the thread calls this; so may a caller that must not wait)."""
-        result, path = probe(self._http, self._timeout_s, self._paths)
-        if path is not None:
-            self._paths = (path,)
-        if result.state in (State.READY, State.SLOW):
+        result = self._probe()
+        if result.up:
             self._up_until = self._clock()
         self._last = result
         return result

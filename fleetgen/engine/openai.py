@@ -14,7 +14,7 @@ from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.base.reasoning import THINK_END, THINK_START
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
-from fleetgen.engine.health import READY_PATHS, State, probe
+from fleetgen.engine.health import Prober
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
     auth_headers,
@@ -138,9 +138,9 @@ class OpenAIClient:
         self.rule = rule
         self.model = model
         self.engine = engine  # vllm, llama.cpp or sglang: whose extensions the body uses
-        self._ready_paths: tuple[str, ...] = READY_PATHS
         self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
                                   limits=limits, timeout=timeout)
+        self._probe = Prober(self._http, PROBE_TIMEOUT_S)
 
     def close(self) -> None:
         self._http.close()
@@ -167,10 +167,7 @@ class OpenAIClient:
     def healthy(self) -> bool:
         """Ready or slow (never a generation probe): /ready (SGLang), /health (vLLM, llama.cpp
         answer it at once)."""
-        result, path = probe(self._http, PROBE_TIMEOUT_S, self._ready_paths)
-        if path is not None:
-            self._ready_paths = (path,)
-        return result.state in (State.READY, State.SLOW)
+        return self._probe().up
 
 
 def completion_body(input_ids: list[int], max_tokens: int, sampling: dict[str, Any],

@@ -15,7 +15,7 @@ from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
-from fleetgen.engine.health import READY_PATHS, State, probe
+from fleetgen.engine.health import Prober
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
     auth_headers,
@@ -96,7 +96,7 @@ class SGLangClient:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
                                   limits=limits, timeout=timeout)
-        self._ready_paths: tuple[str, ...] = READY_PATHS
+        self._probe = Prober(self._http, PROBE_TIMEOUT_S)
 
     def close(self) -> None:
         self._http.close()
@@ -111,10 +111,7 @@ class SGLangClient:
     def healthy(self) -> bool:
         # /ready, not /health: 0.5.23's /health (http_server.py `health_generate`) submits a
         # generation and polls it once a second, so it takes >= 1 s and up to 20 s when busy.
-        result, path = probe(self._http, PROBE_TIMEOUT_S, self._ready_paths)
-        if path is not None:
-            self._ready_paths = (path,)  # the path this server answers; ask it alone next time
-        return result.state in (State.READY, State.SLOW)
+        return self._probe().up
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
