@@ -196,10 +196,13 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     from producer.rows import count_rows
 
     inputs = resolve_input(settings.input)  # a missing input or an empty glob: one line, exit 3
-    client = connect(settings.redis_url)
-    # Before "already complete": a finished run given a new file must say it will not read it.
-    RunManifest(client, settings.run).check_files(inputs.names)
-    if run_complete(client, settings.run):
+    # Closed at once: an idle connection held for the whole run would keep a dead Redis's
+    # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
+    with connect(settings.redis_url) as client:
+        # Before "already complete": a finished run given a new file must say so.
+        RunManifest(client, settings.run).check_files(inputs.names)
+        complete = run_complete(client, settings.run)
+    if complete:
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
         return Progress()

@@ -78,8 +78,11 @@ def test_a_duplicate_rid_is_retryable_over_http() -> None:
             httpx.Client(base_url=sim.url, timeout=30) as http:
         first = threading.Thread(target=lambda: http.post("/generate", json=body))
         first.start()
-        wait_for(lambda: http.get("/_sim/stats").json()["in_flight"] == 1, 30,
-                 "the first request to be in flight")
+        # Running, not merely in flight: `in_flight` counts a request from its first byte,
+        # before its rid is registered (a loaded run sent the second one in that gap, and it
+        # was served as a new request).
+        wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] == 1, 30,
+                 "the first request to be running")
         second = http.post("/generate", json=body)
         http.post("/abort_request", json={"abort_all": True})
         first.join(30)
