@@ -16,6 +16,7 @@ from fleetgen.base.contract import RunKeys
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.local.procs import wait_for
+from producer.pipeline import Progress
 from tests.chaos import held
 from tests.chaos.conftest import FleetFactory, generated, sim_stats
 from tests.chaos.held import worker_name
@@ -55,9 +56,15 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
     client = redis.Redis.from_url(fleet.redis_url)
     gpu1, worker = worker_name(1), fleet.workers[1]
     # Answers of <= 200 tokens (<= 0.25 s): the survivors' prompts leave `unacked` long
-    # before the dead worker's come back (15 s), which tells the two apart.
-    threading.Thread(target=produce, args=(fleet, prompts, "kill9"),
-                     kwargs={"max_output_tokens": 200}, daemon=True).start()
+    # before the dead worker's come back (15 s), which tells the two apart. The producer waits
+    # for the run and reconciles, as `fleetgen produce` does by default: kombu moves a message
+    # into `unacked` after its BRPOP, not with it, so a worker killed in between loses that one
+    # message, and only the producer's reconciliation brings it back (a run here lost 1 of 600
+    # and never completed with a producer that had exited).
+    report: list[Progress] = []
+    threading.Thread(target=lambda: report.append(produce(
+        fleet, prompts, "kill9", max_output_tokens=200, wait=True, reconcile_interval_s=2.0)),
+        daemon=True).start()
 
     def busy() -> bool:  # a quarter done, gpu1 has written results and holds requests now
         return (held.done_count(client, "kill9") >= rows // 8
@@ -88,9 +95,11 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
     assert all(by_line[line]["worker"] != gpu1 for line in stuck)
     # A row gpu1 wrote but had not acked comes back too, and is skipped as done.
     wait_for(lambda: client.hlen("unacked") == 0, 30, "every redelivery to be acked")
+    wait_for(lambda: bool(report), 30, "the producer to see the run generated")
     print(f"\nworker SIGKILL: gpu1 wrote {before} results before the kill, 0 after; it held "
           f"{len(stuck)} unacked prompts, redelivered after the visibility timeout and written "
-          f"by {sorted({by_line[line]['worker'].split('@')[0] for line in stuck})}")
+          f"by {sorted({by_line[line]['worker'].split('@')[0] for line in stuck})}; "
+          f"{report[0].requeued} lost between a BRPOP and its unacked entry, re-enqueued")
 
 
 def test_worker_sigterm_finishes_what_it_holds(make_fleet: FleetFactory,

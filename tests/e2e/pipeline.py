@@ -47,13 +47,16 @@ def make_prompts(path: Path, n: int, *, too_long: int = 0, malformed: int = 0,
     return kinds
 
 
-def produce(fleet: LocalFleet, prompts: Path, run: str, **options: Any) -> Progress:
-    """The product's own producer path (`fleetgen produce --no-wait`), in this process."""
+def produce(fleet: LocalFleet, prompts: Path, run: str, *, wait: bool = False,
+            reconcile_interval_s: float = 30.0, **options: Any) -> Progress:
+    """The product's own producer path, in this process: `fleetgen produce --no-wait`, or
+    with `wait` the default `fleetgen produce`, which stays and re-enqueues lost rows."""
     settings = ProducerSettings(input=prompts, run=run, redis_url=fleet.redis_url,
                                 context_length=options.pop("context_length",
                                                            fleet.spec.context_length),
                                 **options)
-    report: Progress = produce_run(settings)
+    report: Progress = produce_run(settings, wait=wait,
+                                   reconcile_interval_s=reconcile_interval_s)
     return report
 
 
