@@ -4,31 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 
 
-@pytest.fixture(scope="module")
-def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(tmp_path_factory.mktemp("fleet4"),
-                       FleetSpec(gpus=4, context_length=8192, max_running_requests=16,
-                                 ttft_ms=5, tpot_ms=0.05, output_tokens_mean=300))
+def started_fleet(work_dir: Path, **spec: Any) -> Iterator[LocalFleet]:
+    """A module fixture's fleet: fast simulated GPUs (8192 context, 16 slots) unless `spec`
+    says otherwise, started, and stopped when the module is done."""
+    fleet = LocalFleet(work_dir, FleetSpec(**{"context_length": 8192,
+                                              "max_running_requests": 16, "ttft_ms": 5,
+                                              "tpot_ms": 0.05, **spec}))
     fleet.start()
     yield fleet
     fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    yield from started_fleet(tmp_path_factory.mktemp("fleet4"), gpus=4, output_tokens_mean=300)
 
 
 @pytest.fixture(scope="module")
 def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Two GPUs with short answers (60 tokens on average), for runs that check options."""
-    fleet = LocalFleet(tmp_path_factory.mktemp("fleet2"),
-                       FleetSpec(gpus=2, context_length=8192, max_running_requests=16,
-                                 ttft_ms=5, tpot_ms=0.05, output_tokens_mean=60))
-    fleet.start()
-    yield fleet
-    fleet.stop()
+    yield from started_fleet(tmp_path_factory.mktemp("fleet2"), gpus=2, output_tokens_mean=60)
 
 
 @pytest.fixture()

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
+from tests.e2e.conftest import started_fleet
 from tests.e2e.content import assert_fleet_content, tokenizer
 from tests.e2e.pipeline import assert_exactly_once
 from tests.e2e.test_early_stop import cli
@@ -28,13 +29,9 @@ ROW_SCHEMA = {"type": "array", "items": {"type": "boolean"}, "minItems": 1}
 
 @pytest.fixture(scope="module")
 def thinking_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(tmp_path_factory.mktemp("thinking"),
-                       FleetSpec(gpus=2, context_length=8192, max_running_requests=16,
-                                 ttft_ms=5, tpot_ms=0.05, output_tokens_mean=80,
-                                 sim_args=["--thinking", "--json-invalid-rate", "0.3"]))
-    fleet.start()
-    yield fleet
-    fleet.stop()
+    yield from started_fleet(tmp_path_factory.mktemp("thinking"), gpus=2,
+                             output_tokens_mean=80,
+                             sim_args=["--thinking", "--json-invalid-rate", "0.3"])
 
 
 def prompts(path: Path) -> Path:
