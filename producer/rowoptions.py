@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ class Options:
     sampling: dict[str, Any] = field(default_factory=dict)  # fleetgen's names (Sampling)
     max_tokens: int | None = None
     n: int | None = None
+    json_schema: str | None = None  # compact JSON; from a Batch body's response_format
 
 
 class OptionError(ValueError):
@@ -78,6 +79,13 @@ BODY_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", 
                 "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "n": "n"}
 # Accepted and not used: the servers' own model answers.
 BODY_IGNORED = ("model",)
+# Read by `response_format` below, not a sampling option.
+BODY_STRUCTURED = "response_format"
+# SGLang's own reading of response_format (srt/entrypoints/openai/serving_completions.py
+# `OpenAIServingCompletion._build_sampling_params`): json_schema -> its `schema`, json_object ->
+# the schema '{"type": "object"}', text -> nothing. fleetgen sends the same schema natively.
+JSON_OBJECT_SCHEMA = '{"type":"object"}'
+
 # An option at OpenAI's default asks for nothing, so it is no reason to refuse a row (null is
 # the default of every option).
 BODY_DEFAULTS: dict[str, Any] = {"stream": False, "logprobs": False, "frequency_penalty": 0,
@@ -102,14 +110,39 @@ def body_options(body: Mapping[str, Any], consumed: tuple[str, ...]) -> Options:
     """An OpenAI Batch body's options (`consumed`: its messages or prompt, read elsewhere)."""
     unsupported = [k for k, v in body.items()
                    if v is not None and k not in BODY_OPTIONS and k not in BODY_IGNORED
-                   and k not in consumed and not _is_default(k, v)]
+                   and k != BODY_STRUCTURED and k not in consumed and not _is_default(k, v)]
     if unsupported:
         hints = "; ".join(dict.fromkeys(BODY_HINTS[k] for k in unsupported if k in BODY_HINTS))
         raise OptionError(f"unsupported_option: {_names('body', unsupported)} not supported"
                           + (f" ({hints})" if hints else ""))
     given = {k: (BODY_OPTIONS[k], v) for k, v in body.items()
              if k in BODY_OPTIONS and v is not None}
-    return _options(given, "body")
+    options = _options(given, "body")
+    schema = response_format(body.get(BODY_STRUCTURED))
+    return options if schema is None else replace(options, json_schema=schema)
+
+
+def response_format(value: Any) -> str | None:
+    """A Batch body's `response_format` as the JSON Schema fleetgen sends (None: no constraint),
+    read as SGLang reads it (JSON_OBJECT_SCHEMA above)."""
+    if value is None:
+        return None
+    where = f"body.{BODY_STRUCTURED}"
+    if not isinstance(value, dict):
+        raise OptionError(f"bad_option: {where} must be an object, got {_kind(value)}")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_SCHEMA
+    if kind != "json_schema":
+        raise OptionError(f"unsupported_option: {where}.type {_short(kind)} is not supported "
+                          f"(fleetgen takes text, json_object and json_schema)")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or spec.get("schema") is None:
+        raise OptionError(f"bad_option: {where}.json_schema.schema is required for type "
+                          f"json_schema")
+    return json_schema(spec["schema"], f"{where}.json_schema.schema")
 
 
 def _options(given: dict[str, tuple[str, Any]], where: str) -> Options:
@@ -130,7 +163,7 @@ def _options(given: dict[str, tuple[str, Any]], where: str) -> Options:
     return Options(values, max_tokens, n)
 
 
-def json_schema(value: Any) -> str:
+def json_schema(value: Any, where: str = "json_schema") -> str:
     """A row's `json_schema`, an object or a JSON string holding one, as compact JSON (its
     keys in their order: a schema's property order is the order the model writes them in)."""
     schema = value
@@ -138,9 +171,9 @@ def json_schema(value: Any) -> str:
         try:
             schema = orjson.loads(value)
         except orjson.JSONDecodeError as exc:
-            raise OptionError(f"bad_json_schema: json_schema is not valid JSON: {exc}") from None
+            raise OptionError(f"bad_json_schema: {where} is not valid JSON: {exc}") from None
     if not isinstance(schema, dict):
-        raise OptionError(f"bad_json_schema: json_schema must be a JSON object (or a string "
+        raise OptionError(f"bad_json_schema: {where} must be a JSON object (or a string "
                           f"holding one), got {_kind(schema)}")
     return orjson.dumps(schema).decode()
 

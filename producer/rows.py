@@ -15,7 +15,7 @@ from fleetgen.base.errors import InputError
 from producer.batch import batch_id, batch_request, is_batch_line
 from producer.conversation import conversation, kind
 from producer.inputs import InputFile, Inputs, count_lines, iter_lines, resolve_input
-from producer.rowoptions import Options, json_schema, sampling_object
+from producer.rowoptions import OptionError, Options, json_schema, sampling_object
 
 # A line longer than this is rejected unread-as-JSON: it would cost more memory than the
 # prompt could ever fit in a context anyway. 64 MiB leaves room for huge multi-turn rows.
@@ -171,14 +171,22 @@ def parse_row(line_no: int, obj: Any, *, source: str | None = None,
                       derive_id(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)), source, position)
     try:
         messages, prompt, options = batch_request(obj) if batch else _plain_request(obj)
-        schema = obj.get("json_schema")
-        schema = json_schema(schema) if schema is not None else None
+        schema = _row_schema(obj, options)
     except ValueError as exc:
         return BadRow(line_no, str(exc), row_id, source, position)
     fields = {k: v for k, v in obj.items() if k != "id"}
     return Row(line_no, row_id, messages, prompt, fields, sampling=options.sampling,
                max_tokens=options.max_tokens, n=options.n, json_schema=schema,
                source=source, position=position)
+
+
+def _row_schema(obj: dict[str, Any], options: Options) -> str | None:
+    """The row's `json_schema`, or its Batch body's `response_format`; both is ambiguous."""
+    given = obj.get("json_schema")
+    if given is not None and options.json_schema is not None:
+        raise OptionError("bad_option: json_schema and body.response_format both ask for a "
+                          "schema; give one")
+    return json_schema(given) if given is not None else options.json_schema
 
 
 def _plain_request(obj: dict[str, Any]

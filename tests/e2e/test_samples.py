@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import jsonschema
 import orjson
 
 from fleetgen.local.fleet import LocalFleet
@@ -15,6 +16,9 @@ from tests.e2e.pipeline import assert_exactly_once
 from tests.e2e.test_formats import fleetgen, write_jsonl
 
 ROWS, SAMPLES = 10, 3
+COLOURS = {"type": "object", "properties": {"colours": {"type": "array",
+                                                        "items": {"type": "string"}}},
+           "required": ["colours"]}
 
 
 def test_n_samples_each_with_its_own_seed_exactly_once(fleet2: LocalFleet,
@@ -56,16 +60,23 @@ def test_batch_lines_bring_their_own_options(fleet2: LocalFleet, tmp_path: Path)
          "body": {"prompt": "Once upon a time", "max_completion_tokens": 500}},
         {"custom_id": "b3", "method": "POST", "url": "/v1/chat/completions",
          "body": {**chat, "tools": [{"type": "function"}]}},
+        {"custom_id": "b4", "method": "POST", "url": "/v1/chat/completions",
+         "body": {**chat, "response_format": {"type": "json_schema", "json_schema": {
+             "name": "colours", "schema": COLOURS}}}},
     ]
     prompts = write_jsonl(tmp_path / "batch.jsonl", lines)
     out = tmp_path / "out"
     fleetgen("produce", str(prompts), "--run", "batch", "--context-length", "8192",
              "--max-output-tokens", "64", "--redis", fleet2.redis_url)
     fleetgen("drain", "--run", "batch", "--out", str(out), "--redis", fleet2.redis_url)
-    data = assert_exactly_once(out, {"b1#0", "b1#1", "b2", "b3"})
-    assert assert_fleet_content(fleet2, prompts, data) == 3  # with b1's own seed per sample
+    data = assert_exactly_once(out, {"b1#0", "b1#1", "b2", "b3", "b4"})
+    # b1 with its own seed per sample, b4 under its response_format's schema
+    assert assert_fleet_content(fleet2, prompts, data, options={}) == 4
     budgets = {(r["id"], r.get("sample")): r["max_tokens"] for r in data["results"]}
-    assert budgets == {("b1", 0): 20, ("b1", 1): 20, ("b2", None): 64}  # min(row's, run's)
+    assert budgets == {("b1", 0): 20, ("b1", 1): 20, ("b2", None): 64, ("b4", None): 64}
+    (b4,) = (r for r in data["results"] if r["id"] == "b4")
+    assert b4["json_valid"] is True
+    jsonschema.validate(orjson.loads(b4["completion"]), COLOURS)
     (rejected,) = data["rejected"]
     assert rejected["reason"].startswith("unsupported_option: body.tools")
     export = tmp_path / "batch-out.jsonl"

@@ -111,8 +111,19 @@ def test_options_that_ask_for_nothing_are_no_reason_to_refuse_a_row() -> None:
     (batch({"messages": USER, "logprobs": True, "top_logprobs": 5}),
      "unsupported_option: body.logprobs, body.top_logprobs are not supported (log-probabilities "
      "are asked for the whole run, with fleetgen produce --logprobs)"),
-    (batch({"messages": USER, "response_format": {"type": "json_object"}}),
-     "unsupported_option: body.response_format"),
+    (batch({"messages": USER, "response_format": {"type": "structural_tag"}}),
+     "unsupported_option: body.response_format.type 'structural_tag' is not supported"),
+    (batch({"messages": USER, "response_format": "json"}),
+     "bad_option: body.response_format must be an object, got str"),
+    (batch({"messages": USER, "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "x"}}}),
+     "bad_option: body.response_format.json_schema.schema is required for type json_schema"),
+    (batch({"messages": USER, "response_format": {"type": "json_schema",
+                                                  "json_schema": {"schema": [1]}}}),
+     "bad_json_schema: body.response_format.json_schema.schema must be a JSON object"),
+    ({**batch({"messages": USER, "response_format": {"type": "json_object"}}),
+      "json_schema": {"type": "object"}},
+     "bad_option: json_schema and body.response_format both ask for a schema"),
     (batch({"messages": USER, "presence_penalty": 0.5}),
      "unsupported_option: body.presence_penalty"),
     (batch({"messages": USER, "top_k": 5}), "unsupported_option: body.top_k"),
@@ -136,6 +147,21 @@ def test_what_cannot_be_sent_is_rejected_with_a_reason_naming_it(line: dict[str,
                                                                  reason: str) -> None:
     bad = rejected(line)
     assert bad.reason.startswith(reason), bad.reason
+
+
+@pytest.mark.parametrize(("response_format", "schema"), [
+    # SGLang's reading (serving_completions.py `_build_sampling_params`), sent natively
+    ({"type": "json_object"}, '{"type":"object"}'),
+    ({"type": "json_schema", "json_schema": {"name": "colour", "strict": True, "schema": {
+        "type": "object", "properties": {"name": {"type": "string"}}}}},
+     '{"type":"object","properties":{"name":{"type":"string"}}}'),
+    ({"type": "text"}, None),
+    (None, None),
+])
+def test_response_format_becomes_the_rows_schema(response_format: Any,
+                                                 schema: str | None) -> None:
+    row = parsed(batch({"messages": USER, "response_format": response_format, "n": 2}))
+    assert (row.json_schema, row.n) == (schema, 2)
 
 
 def test_a_rejected_batch_line_keeps_its_custom_id_when_it_has_one() -> None:
