@@ -303,7 +303,7 @@ class Drainer:
         if time.monotonic() >= self._verify_due:
             self.verify()
         self.step(block_ms=self.block_ms)
-        return not follow and (self.complete() or self.stopped() is not None)
+        return not follow and self.ended()
 
     def _drain_pending(self) -> None:
         """After a restart, our own read-but-unacked entries come first (id 0)."""
@@ -384,12 +384,17 @@ class Drainer:
     def manifest(self) -> dict[str, str]:
         return read_hash(self.redis, self.keys.manifest)
 
-    def complete(self) -> bool:
-        return run_complete(self.redis, self.run, self.tally.written)
+    def complete(self, manifest: dict[str, str] | None = None) -> bool:
+        return run_complete(self.redis, self.run, self.tally.written, manifest)
 
-    def stopped(self) -> str | None:
+    def stopped(self, manifest: dict[str, str] | None = None) -> str | None:
         """Why the run was stopped early, once all it sent before the stop is written."""
-        return stopped_and_settled(self.redis, self.run, self.tally.written)
+        return stopped_and_settled(self.redis, self.run, self.tally.written, manifest)
+
+    def ended(self) -> bool:
+        """Complete, or stopped early and settled: one read of the manifest for both."""
+        manifest = self.manifest()
+        return self.complete(manifest) or self.stopped(manifest) is not None
 
     def _publish_counts(self, pipe: Any) -> None:
         pipe.hset(self.keys.written, mapping=self.counts())

@@ -19,12 +19,14 @@ from fleetgen.base.contract import (
 from fleetgen.base.redisconn import read_hash
 
 
-def run_complete(client: redis.Redis, run: str, written: int | None = None) -> bool:
+def run_complete(client: redis.Redis, run: str, written: int | None = None,
+                 manifest: dict[str, str] | None = None) -> bool:
     """The one definition of a finished run: the producer has read the whole input, every
     row is written, no row is back in retry, and the stream holds nothing unwritten.
-    `written` is the drainer's own count when it asks; others read the count it publishes."""
+    `written` is the drainer's own count when it asks; others read the count it publishes.
+    `manifest`: the run's manifest if the caller has just read it (one read per tick)."""
     keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest)
+    manifest = read_hash(client, keys.manifest) if manifest is None else manifest
     if manifest.get("state") != STATE_PRODUCED or "total" not in manifest:
         return False
     if written is None:
@@ -41,11 +43,12 @@ def run_complete(client: redis.Redis, run: str, written: int | None = None) -> b
     return retrying == 0 and unread == 0
 
 
-def stopped_and_settled(client: redis.Redis, run: str, written: int) -> str | None:
+def stopped_and_settled(client: redis.Redis, run: str, written: int,
+                        manifest: dict[str, str] | None = None) -> str | None:
     """The reason, if `--stop-if` stopped the run and every request sent before the stop has
     been written (so a drainer can end with what there is); else None."""
     keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest)
+    manifest = read_hash(client, keys.manifest) if manifest is None else manifest
     if manifest.get("state") != STATE_STOPPED:
         return None
     pipe = client.pipeline(transaction=False)

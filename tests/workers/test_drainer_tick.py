@@ -1,0 +1,34 @@
+"""What one drainer tick asks of Redis while a run is not finished: it runs about twice a
+second for the whole run, so it reads the run's manifest once, for both ways a run ends
+(complete, or stopped early and settled). Counted by Valkey itself (INFO commandstats)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetgen.base.contract import STATE_PRODUCED, STATE_STOPPED, RunKeys
+from fleetgen.base.redisconn import connect
+from workers.drainer import Drainer
+
+
+def _hgetall_calls(client: object) -> int:
+    stats = client.info("commandstats")  # type: ignore[attr-defined]
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("state", [STATE_PRODUCED, STATE_STOPPED])
+def test_an_unfinished_tick_reads_the_manifest_once(redis_url: str, tmp_path: Path,
+                                                    state: str) -> None:
+    client = connect(redis_url)
+    client.hset(RunKeys("tick").manifest, mapping={"state": state, "total": 5})
+    client.setbit(RunKeys("tick").sent, 0, 1)  # one request sent, none written
+    drainer = Drainer(connect(redis_url), "tick", tmp_path / "out", block_ms=1,
+                      verify_s=3600)
+    drainer.recover()
+    assert drainer._tick(follow=False) is False  # the first tick also verifies
+    client.config_resetstat()
+    assert drainer._tick(follow=False) is False
+    assert _hgetall_calls(client) == 1
+    drainer.close()
