@@ -25,8 +25,10 @@ from fleetgen.engine.http import (
     positive_int,
 )
 from fleetgen.engine.sglang import PROBE_TIMEOUT_S
+from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
 from fleetgen.engine.sglang import parse_context_error as sglang_context_error
+from fleetgen.engine.sglang import read_limits as sglang_limits
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
@@ -315,7 +317,8 @@ def _token_id(token: str) -> int:
 def read_limits(base_url: str, *, api_key: str | None = None,
                 timeout_s: float = 10.0) -> ServerLimits:
     """llama.cpp: `/props` (`default_generation_settings.n_ctx` is the per-slot context,
-    `total_slots` the parallel slots). vLLM and SGLang: `/v1/models` `max_model_len`."""
+    `total_slots` the parallel slots). vLLM: `/v1/models` `max_model_len`. SGLang: as its own
+    protocol reads them."""
     with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
                       timeout=timeout_s) as http:
         models = get_json(http, "/v1/models")
@@ -326,12 +329,16 @@ def read_limits(base_url: str, *, api_key: str | None = None,
         return ServerLimits(context_length=settings["n_ctx"], engine=LLAMA_CPP,
                             max_running_requests=positive_int(props.get("total_slots")),
                             model=entry.get("id"))
+    if entry.get("owned_by") == "sglang":
+        # SGLang's own /v1 checks lengths as /generate does (the tokenizer manager's
+        # `_validate_one_request`), speculative reserve and input limit included: read them
+        # where the native protocol does (/server_info).
+        return sglang_limits(base_url, api_key=api_key, timeout_s=timeout_s)
     context = entry.get("max_model_len")
     if not isinstance(context, int) or context <= 0:
         raise errors.PermanentError(f"{base_url} reports no context length (/v1/models has "
                                     "no max_model_len, no /props); pass --context-length")
-    engine = SGLANG if entry.get("owned_by") == "sglang" else VLLM
-    return ServerLimits(context_length=context, engine=engine, model=entry.get("id"))
+    return ServerLimits(context_length=context, engine=VLLM, model=entry.get("id"))
 
 
 def _optional_json(http: httpx.Client, path: str) -> Any:
@@ -363,9 +370,9 @@ class OpenAIProtocol:
         return read_limits(base_url, api_key=api_key, timeout_s=timeout_s)
 
     def pool_size(self, limits: ServerLimits) -> int | None:
-        """llama.cpp says its slots (K + 1 threads, as for SGLang); vLLM does not say."""
-        slots = limits.max_running_requests
-        return slots + 1 if slots else None
+        """llama.cpp and SGLang say their slots (K + 1 threads, as the native SGLang protocol
+        sizes them; none behind a router); vLLM does not say."""
+        return SGLANG_PROTOCOL.pool_size(limits)
 
 
 PROTOCOL = OpenAIProtocol()

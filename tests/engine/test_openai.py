@@ -107,3 +107,25 @@ def test_the_client_generates_with_token_ids_and_a_budget_the_rule_allows(
         assert client.healthy()
     finally:
         client.close()
+
+
+def test_sglangs_own_v1_is_budgeted_with_its_speculative_reserve(start_sim: StartSim) -> None:
+    """The OpenAI protocol on SGLang's /v1 reads /server_info as the native one does: EAGLE
+    with topk 2 x 4 steps, 6 drafts reserves 8 tokens (`compute_num_reserved_tokens`), and
+    SGLang's /v1 checks them (`_validate_one_request`), so a budget without them is a 400."""
+    sim = start_sim(context_length=4096, max_running_requests=6, speculative_algorithm="EAGLE",
+                    speculative_num_steps=4, speculative_eagle_topk=2,
+                    speculative_num_draft_tokens=6)
+    limits = openai.PROTOCOL.read_limits(sim.url)
+    assert (limits.engine, limits.reserved_tokens, limits.context_length) == ("sglang", 8, 4096)
+    assert openai.PROTOCOL.pool_size(limits) == 7  # K + 1, as the native protocol sizes it
+    client = openai.PROTOCOL.connect(sim.url, timeout_s=30, concurrency=1)
+    try:
+        room = client.rule.room(100, limits)
+        assert room == 4096 - 8 - 100 - 1
+        gen = client.generate(list(range(1, 101)), room, {}, rid="spec:1:ab")
+        assert gen.prompt_tokens == 100
+        with pytest.raises(errors.ContextLengthError):  # what the old limits (no reserve) gave
+            client.generate(list(range(1, 101)), 4096 - 100 - 2, {}, rid="spec:2:ab")
+    finally:
+        client.close()
