@@ -51,6 +51,11 @@ class Inputs:
         """What the run's manifest pins: a resume must see the same list."""
         return [f.name for f in self.files]
 
+    def size_bytes(self) -> int:
+        """The files' sizes on disk, summed: a finished run whose input grew (rows appended to
+        a file) is read again rather than called complete."""
+        return sum(f.path.stat().st_size for f in self.files)
+
 
 def resolve_input(spec: Path | str | Inputs) -> Inputs:
     """The files INPUT names; InputError (one line) when there are none."""

@@ -74,11 +74,18 @@ class RunManifest:
     def record_read(self, rows: int) -> None:
         self.redis.hset(self.key, "read", rows)
 
-    def close(self, total: int) -> None:
-        """Every row has been read: the run's total is known."""
-        self.redis.hset(self.key, mapping={
-            "state": STATE_PRODUCED, "total": total, "read": total, "produced_at": time.time(),
-        })
+    def close(self, total: int, input_bytes: int | None = None) -> None:
+        """Every row has been read: the run's total is known (and the input's size then)."""
+        mapping: dict[Any, Any] = {"state": STATE_PRODUCED, "total": total, "read": total,
+                                   "produced_at": time.time()}
+        if input_bytes is not None:
+            mapping["input_bytes"] = input_bytes
+        self.redis.hset(self.key, mapping=mapping)
+
+    def input_grew(self, input_bytes: int) -> int | None:
+        """The input's size when the run was produced, if it is not `input_bytes` now."""
+        then = self.read().get("input_bytes")
+        return int(then) if then is not None and int(then) != input_bytes else None
 
     def reassert(self, settings: dict[str, Any], total: int) -> bool:
         """Write the total and the state again if Redis forgot them (restarted from a copy

@@ -89,7 +89,7 @@ class Producer:
             self._stop_early(self.early.verdict.reason(), should_stop)
         elif not should_stop():
             self.total = self._next_slot - 1  # requests: rows x samples
-            self.run_manifest.close(self.total)
+            self.run_manifest.close(self.total, self.inputs.size_bytes())
         return self.progress
 
     def _stop_early(self, reason: str, should_stop: Callable[[], bool]) -> None:

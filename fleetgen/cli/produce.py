@@ -200,9 +200,17 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
     # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
     with connect(settings.redis_url) as client:
         # Before "already complete": a finished run given a new file must say so.
-        RunManifest(client, settings.run).check_files(inputs.names)
+        manifest = RunManifest(client, settings.run)
+        manifest.check_files(inputs.names)
         complete = run_complete(client, settings.run)
-    if complete:
+        then = manifest.input_grew(inputs.size_bytes()) if complete else None
+    if then is not None:
+        # Rows appended to a finished run's file are rows to generate, not "nothing to do":
+        # the pass below skips every row already done and sends the rest.
+        print(f"fleetgen produce: run {settings.run!r} is complete, but its input has changed "
+              f"since ({then:,} bytes then, {inputs.size_bytes():,} now): reading it again; "
+              f"rows already done are skipped")
+    elif complete:
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")
         return Progress()

@@ -213,3 +213,30 @@ def test_a_directory_of_gzip_zstd_batch_and_parquet_files_through_the_cli(
     assert again.returncode == exitcodes.CONFIG, again.stderr
     assert len(again.stderr.strip().splitlines()) == 1 and "Traceback" not in again.stderr
     assert "1 new (0-late.jsonl)" in again.stderr
+
+
+def test_rows_appended_to_a_finished_runs_file_are_generated(fleet4: LocalFleet,
+                                                             tmp_path: Path) -> None:
+    """A finished run whose input grew is read again, not called complete: the new rows are
+    generated and written once, the old ones are neither sent nor written again."""
+    rows = as_messages(conversations())
+    prompts = write_jsonl(tmp_path / "grow.jsonl", rows[:8])
+    out = tmp_path / "out"
+    produce = ("produce", str(prompts), "--run", "fmt-grow", "--context-length", "8192",
+               "--max-output-tokens", "512", "--redis", fleet4.redis_url)
+    drain = ("drain", "--run", "fmt-grow", "--out", str(out), "--redis", fleet4.redis_url)
+    fleetgen(*produce)
+    fleetgen(*drain)
+    assert_exactly_once(out, {f"c{i}" for i in range(8)})
+    assert "already complete" in fleetgen(*produce).stdout  # unchanged: nothing to do
+    with prompts.open("ab") as f:
+        f.writelines(orjson.dumps(r) + b"\n" for r in rows[8:])
+    again = fleetgen(*produce).stdout
+    assert "input has changed since" in again and "4 enqueued" in again, again
+    assert "8 already done" in again, again
+    fleetgen(*drain)
+    data = assert_exactly_once(out, {f"c{i}" for i in range(12)})
+    assert assert_fleet_content(fleet4, prompts, data) == 12
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert (summary["total"], summary["done"], summary["complete"]) == (12, 12, True)
+    assert "already complete" in fleetgen(*produce).stdout
