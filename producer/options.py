@@ -56,6 +56,8 @@ class RequestOptions:
             payload["sample"] = request.sample
         if request.slot != row.line:
             payload["slot"] = request.slot
+        if row.source is not None and row.position is not None:
+            payload["file"], payload["position"] = row.source, row.position
         if self.split_reasoning:
             payload["think"] = True
             if opens_reasoning(text):

@@ -110,6 +110,10 @@ class TaskPayload(TypedDict):
     think_open: NotRequired[bool]
     logprobs: NotRequired[int]  # top-K log-probabilities of every output token (0: none)
     json_schema: NotRequired[str]  # a JSON Schema document, as a JSON string
+    # With several input files (a directory or a glob): the row's file and its position there
+    # (line, or Parquet row), copied into its outcome as into a rejection.
+    file: NotRequired[str]
+    position: NotRequired[int]
 
 
 def slot_of(item: TaskPayload | dict[str, Any]) -> int:

@@ -13,8 +13,9 @@ from fleetgen.base.errors import EngineError
 from fleetgen.base.reasoning import split_reasoning
 from fleetgen.base.structured import json_error
 
-# The fields of a task payload that name which request of its row a record answers.
-_REQUEST_FIELDS = ("sample", "slot")
+# The fields of a task payload that name which request of its row a record answers, and
+# where the row is in a run of several input files.
+_REQUEST_FIELDS = ("sample", "slot", "file", "position")
 
 # A stream entry is two fields: the kind, and the record as orjson bytes. The drainer writes
 # those bytes to the file as they came, so a record is serialised exactly once.

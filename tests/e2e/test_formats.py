@@ -190,6 +190,10 @@ def test_a_directory_of_gzip_zstd_batch_and_parquet_files_through_the_cli(
     assert {i: by_id[f"c{i}"]["line"] for i in range(12)} == {
         0: 1, 1: 2, 2: 4, 3: 5, 4: 6, 5: 7, 6: 8, 7: 9, 8: 10, 9: 11, 10: 14, 11: 15}
     assert by_id["q0"]["line"] == 12
+    # ... and each result names its file and its position there, as a rejection does.
+    assert [(by_id[f"c{i}"]["file"], by_id[f"c{i}"]["position"]) for i in (0, 2, 4, 8, 11)] == [
+        ("1-messages.jsonl.gz", 1), ("1-messages.jsonl.gz", 4), ("2-sharegpt.jsonl.zst", 1),
+        ("3-batch.jsonl", 1), ("4-rows.parquet", 2)]
     # A Batch line comes back whole: an exporter needs custom_id and url.
     assert (by_id["c8"]["custom_id"], by_id["c8"]["url"]) == ("c8", CHAT)
     assert by_id["c8"]["body"]["model"] == "gpt-4o-mini"
@@ -237,6 +241,7 @@ def test_rows_appended_to_a_finished_runs_file_are_generated(fleet4: LocalFleet,
     fleetgen(*drain)
     data = assert_exactly_once(out, {f"c{i}" for i in range(12)})
     assert assert_fleet_content(fleet4, prompts, data) == 12
+    assert not any("file" in r or "position" in r for r in data["results"])  # one file
     summary = orjson.loads((out / "summary.json").read_bytes())
     assert (summary["total"], summary["done"], summary["complete"]) == (12, 12, True)
     assert "already complete" in fleetgen(*produce).stdout
