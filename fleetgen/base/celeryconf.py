@@ -30,6 +30,12 @@ def celery_config(
         # timeout means a quick redelivery: every min(10 s, timeout / 10), no throttling.
         "unacked_restore_interval": max(1, min(10, int(visibility_timeout_s // 10))),
         "unacked_restore_throttle": 1,
+        # Every sweep runs under a Redis lock that expires after `unacked_mutex_expire` (kombu
+        # 5.7 transport/redis.py `QoS.restore_visible` -> `Mutex`, default 300 s). A worker
+        # SIGKILLed inside a sweep leaves the lock held, and no worker restores anything until
+        # it expires; the lock is not what makes a restore safe (`QoS.restore_by_tag` is a
+        # WATCH transaction on the unacked hash, so two sweeps never restore a message twice).
+        "unacked_mutex_expire": mutex_expire_s(visibility_timeout_s),
     }
     return {
         "broker_url": redis_url,
@@ -65,6 +71,12 @@ def celery_config(
         "worker_hijack_root_logger": False,
         "broker_channel_error_retry": True,
     }
+
+
+def mutex_expire_s(visibility_timeout_s: float) -> int:
+    """Half the visibility timeout, within [5 s, kombu's 300 s]: a dead sweeper then delays a
+    redelivery by at most half of what the timeout itself already waits."""
+    return int(max(5, min(300, visibility_timeout_s // 2)))
 
 
 def make_app(redis_url: str, *, visibility_timeout_s: float, max_connections: int = 64) -> Celery:
