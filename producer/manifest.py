@@ -82,8 +82,9 @@ class RunManifest:
             mapping["input_bytes"] = input_bytes
         self.redis.hset(self.key, mapping=mapping)
 
-    def input_grew(self, input_bytes: int) -> int | None:
-        """The input's size when the run was produced, if it is not `input_bytes` now."""
+    def input_changed(self, input_bytes: int) -> int | None:
+        """The input's size when the run was produced, if it is not `input_bytes` now (None
+        also for a run produced before sizes were recorded)."""
         then = self.read().get("input_bytes")
         return int(then) if then is not None and int(then) != input_bytes else None
 

@@ -80,6 +80,9 @@ class Producer:
         if stopped is not None and not self.s.ignore_stop:
             self.progress.stopped = stopped  # stopped before: say so, change nothing
             return self.progress
+        # The size before reading, not after: a row appended while this pass reads may be
+        # missed by it, and must then count as a change the next `produce` reads again.
+        input_bytes = self.inputs.size_bytes()
         self.run_manifest.open(settings, count_rows(self.inputs) * self.s.n)
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
@@ -89,7 +92,7 @@ class Producer:
             self._stop_early(self.early.verdict.reason(), should_stop)
         elif not should_stop():
             self.total = self._next_slot - 1  # requests: rows x samples
-            self.run_manifest.close(self.total, self.inputs.size_bytes())
+            self.run_manifest.close(self.total, input_bytes)
         return self.progress
 
     def _stop_early(self, reason: str, should_stop: Callable[[], bool]) -> None:

@@ -203,13 +203,14 @@ def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
         manifest = RunManifest(client, settings.run)
         manifest.check_files(inputs.names)
         complete = run_complete(client, settings.run)
-        then = manifest.input_grew(inputs.size_bytes()) if complete else None
+        size = inputs.size_bytes()
+        then = manifest.input_changed(size) if complete else None
     if then is not None:
         # Rows appended to a finished run's file are rows to generate, not "nothing to do":
         # the pass below skips every row already done and sends the rest.
         print(f"fleetgen produce: run {settings.run!r} is complete, but its input has changed "
-              f"since ({then:,} bytes then, {inputs.size_bytes():,} now): reading it again; "
-              f"rows already done are skipped")
+              f"since ({then:,} bytes then, {size:,} now): reading it again; rows already "
+              f"done are skipped")
     elif complete:
         print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
               "(use a new --run name to generate again)")

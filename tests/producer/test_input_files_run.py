@@ -126,3 +126,26 @@ def test_the_difference_of_long_lists_stays_one_short_line() -> None:
     assert files_difference(old, new) == (
         "5 new (extra-0.jsonl, extra-1.jsonl, extra-2.jsonl and 2 more); "
         "2 gone (part-00000.jsonl, part-00001.jsonl)")
+
+
+def test_the_recorded_size_is_the_inputs_before_the_pass_reads_it(redis_url: str,
+                                                                  tmp_path: Path) -> None:
+    """A row appended while the producer reads may be missed by that pass: the size the run
+    records is the one before reading, so the next `produce` sees a change and reads again."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "row {i}"}}\n' for i in range(8)))
+    before = prompts.stat().st_size
+    producer = build_producer(ProducerSettings(input=prompts, run="grow", redis_url=redis_url,
+                                               context_length=256, high_water=1000,
+                                               batch_size=2), tokenizer=CharTokenizer())
+
+    def append_once(_: object) -> None:
+        if prompts.stat().st_size == before:
+            with prompts.open("a") as f:
+                f.write('{"id": "late", "prompt": "appended while reading"}\n')
+
+    producer.run(on_batch=append_once)
+    manifest = producer.run_manifest
+    assert prompts.stat().st_size > before
+    assert manifest.input_changed(prompts.stat().st_size) == before
+    assert manifest.input_changed(before) is None
