@@ -50,7 +50,7 @@ def test_the_shipped_file_is_the_official_template() -> None:
     assert digest is not None, "SOURCES.md names the file's sha256"
     assert hashlib.sha256(data).hexdigest() == digest.group(1)
     assert len(data.decode()) == 7764 and not data.endswith(b"\n")
-    assert QWEN_CHAT_TEMPLATE == data.decode()
+    assert data.decode() == QWEN_CHAT_TEMPLATE
     # The two rules that set Qwen3.6 apart from the Qwen3.5 template it grew from.
     assert "(preserve_thinking is defined and preserve_thinking is true)" in QWEN_CHAT_TEMPLATE
     assert "{{- '<think>\\n' }}" in QWEN_CHAT_TEMPLATE
