@@ -115,8 +115,10 @@ def test_a_thinking_run_exports_as_specforge_reads_it(thinking_fleet: LocalFleet
         _check_line(line, record, by_id[line["id"]])
     _check_rendering(exported, finished)
     _check_loaders(target, exported, tmp_path)
-    print(f"\nspecforge: {len(exported)} of {ROWS} exported, left out {left}; first line:\n"
-          f"{target.read_text(encoding='utf-8').splitlines()[0]}")
+    sharegpt = next(x for x in target.read_text(encoding="utf-8").splitlines()
+                    if '"source":"sharegpt"' in x)
+    print(f"\nspecforge: {len(exported)} of {ROWS} exported, left out {left}; a ShareGPT "
+          f"row's line:\n{sharegpt}")
 
 
 def _check_line(line: dict[str, Any], record: dict[str, Any], row: dict[str, Any]) -> None:
