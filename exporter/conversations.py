@@ -1,14 +1,26 @@
 """`--format conversations`: each result as the conversation it answered with the answer as its
-final assistant turn, the shape SFT and draft-model trainers read.
+final assistant turn, in the shape SpecForge (the SGLang team's drafter trainer) reads and
+writes, which SFT trainers read too.
 
-The turns keep the input's style: `role`/`content` (a `messages` row, a Batch body, or
-`conversations` with roles) or `from`/`value` (ShareGPT, the answer from "gpt"); a `prompt`
-becomes a user turn under `messages`. With `--reasoning keep` the answer turn carries its
+The shape follows SpecForge's `scripts/regenerate_train_data.py` `call_sglang`: its output row
+is the input row with `conversations` set to the regenerated turns, each `{role, content}` with
+`reasoning_content` on an assistant turn when the reasoning is saved apart, and `status` set to
+"success". Its trainer loads the file with `load_dataset("json", ...)`
+(`specforge/data/prompt_builder.py` `_prepare_raw_prompts`), wants a `conversations` column
+(`specforge/data/preprocessing.py` `build_eagle3_dataset`: "Expected 'conversations' column")
+and passes each turn's `role`, `content` and `reasoning_content` to the chat template
+(`specforge/data/parse.py` `ThinkingParser.standard_keys`); its validator
+(`scripts/validate_regenerated_data.py` `validate_row`) wants a non-empty string `id`,
+`status == "success"`, user/assistant turns with string content ending on the assistant.
+
+So every input shape becomes `conversations` of role/content turns: a `messages` row, a Batch
+line's body, ShareGPT `from`/`value` turns (human/gpt/system turned into user/assistant/system),
+and a raw `prompt` as one user turn. With `--reasoning keep` the answer turn carries its
 reasoning as `reasoning_content` (the field Qwen3 and DeepSeek chat templates render into a
-think block, so a trainer applying the template sees it), `inline` writes that block into the
-content, `strip` leaves it out. Each line also holds `id`, `finish_reason` (filter out
-`length`: a cut-off answer), `sample` for a row asked for several times, and the input row's
-own other fields.
+think block); `inline` writes that block into the content, `strip` leaves it out. Each line
+also holds `id`, the input row's own other fields (as SpecForge keeps them), `sample` for a row
+asked for several times, `finish_reason`, and `status`. `--only-finished` leaves out answers cut
+at their budget or inside their reasoning (exporter/finished.py).
 """
 
 from __future__ import annotations
@@ -18,33 +30,50 @@ from typing import Any, BinaryIO
 import orjson
 
 from exporter import shape
+from exporter.finished import Selection
 from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
 
+COLUMN = "conversations"
+STATUS = "success"  # SpecForge's mark of a regenerated row; every exported row is a result
+
 
 def conversation_row(record: dict[str, Any], reasoning: str) -> dict[str, Any]:
-    key, turns = shape.conversation(record)
+    _, turns = shape.conversation(record)
     content, thought = shape.answer(record, reasoning)
-    if shape.is_sharegpt(turns):
-        turn: dict[str, Any] = {"from": shape.SHAREGPT_ANSWER, "value": content}
-    else:
-        turn = {"role": "assistant", "content": content}
+    turn: dict[str, Any] = {"role": "assistant", "content": content}
     if thought is not None:
         turn["reasoning_content"] = thought
-    row: dict[str, Any] = {"id": record["id"], key: [*turns, turn]}
+    row: dict[str, Any] = {"id": record["id"],
+                           COLUMN: [*(shape.role_turn(t) for t in turns), turn]}
     row.update(shape.row_fields(record))
     if record.get("sample") is not None:
         row["sample"] = record["sample"]
     row["finish_reason"] = record.get("finish_reason")
+    row["status"] = STATUS
     return row
 
 
-def write(source: OutputDir, out: BinaryIO, reasoning: str) -> tuple[int, int]:
-    """Every result, in input order; returns (lines written, outcomes superseded)."""
+def write(source: OutputDir, out: BinaryIO, reasoning: str,
+          selection: Selection | None = None) -> tuple[int, int]:
+    """Every result (every finished one, by `selection`), in input order; returns (lines
+    written, outcomes superseded)."""
+    selection = selection or Selection()
     index = source.index((KIND_RESULT,))
     written = 0
     for group in index.groups():
         for outcome in group:
-            out.write(orjson.dumps(conversation_row(outcome.record, reasoning)) + b"\n")
-            written += 1
+            if selection.admit(outcome.record):
+                out.write(orjson.dumps(conversation_row(outcome.record, reasoning)) + b"\n")
+                written += 1
     return written, index.superseded
+
+
+def write_parquet(source: OutputDir, out: BinaryIO, reasoning: str,
+                  selection: Selection | None = None) -> tuple[int, int]:
+    """The same rows as a Parquet table (`conversations` a list of structs); returns (rows
+    written, outcomes superseded)."""
+    from exporter import parquet
+
+    return parquet.write_rows(source, out, lambda record: conversation_row(record, reasoning),
+                              selection or Selection(), always=("id",))

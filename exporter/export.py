@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from exporter import FORMATS, conversations, openai_batch, parquet
+from exporter.finished import Selection
 from exporter.shape import REASONING_MODES
 from exporter.source import KINDS, OutputDir
 from fleetgen.base.contract import KIND_RESULT
@@ -23,6 +24,7 @@ class Options:
     out: Path | None = None  # default: DIR/export.<format>.jsonl (.parquet)
     reasoning: str = "keep"
     model: str | None = None  # openai-batch: the body's model, over the run's own
+    only_finished: bool = False  # leave out answers cut at length or inside their reasoning
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,25 @@ class Report:
     summarized: bool  # the directory has a summary.json
     torn: dict[str, int]  # file -> bytes of a torn last line, not exported
     superseded: int  # outcomes hidden by a better one for the same row and sample
+    left_out: dict[str, int] = field(default_factory=dict)  # --only-finished: reason -> count
+
+
+# Formats with a Parquet twin: `--out` ending in `.parquet` writes the same rows as a table.
+PARQUET_TWINS = ("conversations",)
+PARQUET_SUFFIX = ".parquet"
+# Formats --only-finished applies to: one row per answer. openai-batch has one line per input
+# line, errors included, so leaving answers out would break that.
+FILTERABLE = ("conversations", "parquet")
 
 
 def default_out(directory: Path, fmt: str) -> Path:
     return directory / ("export.parquet" if fmt == "parquet" else f"export.{fmt}.jsonl")
+
+
+def writes_parquet(fmt: str, out: Path) -> bool:
+    """Whether this export is a Parquet file: `--format parquet`, or a format with a Parquet
+    twin written to a path ending in `.parquet`."""
+    return fmt == "parquet" or (fmt in PARQUET_TWINS and out.suffix == PARQUET_SUFFIX)
 
 
 def export(directory: Path, options: Options,
@@ -51,22 +68,31 @@ def export(directory: Path, options: Options,
     if options.reasoning not in REASONING_MODES:
         raise ConfigError(f"unknown --reasoning {options.reasoning!r}; pick one of "
                           f"{', '.join(REASONING_MODES)}")
+    if options.only_finished and options.format not in FILTERABLE:
+        raise ConfigError(f"--only-finished does not apply to --format {options.format} (one "
+                          "line per input line, errors too); filter on finish_reason instead, "
+                          f"or pick one of {', '.join(FILTERABLE)}")
     out = options.out or default_out(directory, options.format)
+    selection = Selection(options.only_finished)
     with OutputDir(directory, progress) as source:
         _refuse_drainer_files(directory, out)
         on_open(2 * source.size(KINDS if options.format == "openai-batch" else (KIND_RESULT,)))
         with atomic_file(out) as f:
-            written, superseded = _write(source, f, options)
+            written, superseded = _write(source, f, options, out, selection)
         info = source.info
         return Report(out, written, info.run, info.complete and not source.torn,
-                      info.summary is not None, source.torn, superseded)
+                      info.summary is not None, source.torn, superseded,
+                      dict(selection.left_out))
 
 
-def _write(source: OutputDir, f: BinaryIO, options: Options) -> tuple[int, int]:
+def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,
+           selection: Selection) -> tuple[int, int]:
     if options.format == "conversations":
-        return conversations.write(source, f, options.reasoning)
+        write = (conversations.write_parquet if writes_parquet(options.format, out)
+                 else conversations.write)
+        return write(source, f, options.reasoning, selection)
     if options.format == "parquet":
-        return parquet.write(source, f, options.reasoning)
+        return parquet.write(source, f, options.reasoning, selection)
     ctx = openai_batch.Context(run=source.info.run, created=source.info.created,
                                model=options.model or source.info.model,
                                reasoning=options.reasoning)

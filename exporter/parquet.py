@@ -1,5 +1,6 @@
 """`--format parquet`: the results table, one row per result in input order, written a row group
-at a time (memory holds one group, whatever the run's size).
+at a time (memory holds one group, whatever the run's size). `write_rows` writes any row shape
+so: `--format conversations --out FILE.parquet` is the conversations export as a table.
 
 Parquet needs the schema before the first row group, so the scan that indexes the results also
 infers it, over every record: fleetgen's own columns have fixed types (`logprobs` a struct of
@@ -14,6 +15,7 @@ bodies differ in shape from row to row); the file's metadata lists these columns
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -21,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exporter import shape
+from exporter.finished import Selection
 from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
 
@@ -60,8 +63,8 @@ def table_row(record: dict[str, Any], reasoning: str) -> dict[str, Any]:
 class SchemaBuilder:
     """The table's schema, widened chunk by chunk over every row."""
 
-    def __init__(self) -> None:
-        self.types: dict[str, pa.DataType] = {name: DECLARED[name] for name in ALWAYS}
+    def __init__(self, always: Sequence[str] = ALWAYS) -> None:
+        self.types: dict[str, pa.DataType] = {name: DECLARED[name] for name in always}
         self.json: set[str] = set()
         self._chunk: list[dict[str, Any]] = []
         self._bytes = 0
@@ -108,13 +111,25 @@ class SchemaBuilder:
         self.types[name] = kind
 
 
-def write(source: OutputDir, out: BinaryIO, reasoning: str) -> tuple[int, int]:
-    """Every result as a table row, in input order; returns (rows written, outcomes
-    superseded)."""
-    builder = SchemaBuilder()
-    index = source.index((KIND_RESULT,),
-                         observe=lambda record, size: builder.add(table_row(record, reasoning),
-                                                                  size))
+def write(source: OutputDir, out: BinaryIO, reasoning: str,
+          selection: Selection | None = None) -> tuple[int, int]:
+    """Every result (every finished one, by `selection`) as a table row, in input order;
+    returns (rows written, outcomes superseded)."""
+    return write_rows(source, out, lambda record: table_row(record, reasoning),
+                      selection or Selection())
+
+
+def write_rows(source: OutputDir, out: BinaryIO, to_row: Callable[[dict[str, Any]], dict[str, Any]],
+               selection: Selection, always: Sequence[str] = ALWAYS) -> tuple[int, int]:
+    """Each result `selection` admits, as `to_row` shapes it, in input order; `always`: the
+    columns every table has, first. The schema comes from the same rows (the index's scan)."""
+    builder = SchemaBuilder(always)
+
+    def observe(record: dict[str, Any], size: int) -> None:
+        if selection.wanted(record):
+            builder.add(to_row(record), size)
+
+    index = source.index((KIND_RESULT,), observe=observe)
     schema = builder.schema(source.info.run)
     json_columns = builder.json
     written = 0
@@ -123,8 +138,9 @@ def write(source: OutputDir, out: BinaryIO, reasoning: str) -> tuple[int, int]:
     with pq.ParquetWriter(out, schema) as writer:
         for group in index.groups():
             for outcome in group:
-                rows.append(_encoded(table_row(outcome.record, reasoning), json_columns))
-                size += outcome.size
+                if selection.admit(outcome.record):
+                    rows.append(_encoded(to_row(outcome.record), json_columns))
+                    size += outcome.size
             if len(rows) >= GROUP_ROWS or size >= GROUP_BYTES:
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                 written += len(rows)

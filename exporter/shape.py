@@ -18,10 +18,13 @@ RESULT_FIELDS: Final = frozenset({
 BATCH_FIELDS: Final = frozenset({"custom_id", "method", "url", "body"})
 CONVERSATION_FIELDS: Final = ("messages", "conversations", "prompt")  # the producer's order
 
-# ShareGPT speakers that are the assistant: the producer's SHAREGPT_ROLES entries that map to
-# "assistant" (tests/exporter checks the two agree). A ShareGPT answer is written as "gpt".
-SHAREGPT_ASSISTANT: Final = frozenset({"gpt", "assistant", "chatgpt", "bing"})
-SHAREGPT_ANSWER: Final = "gpt"
+# ShareGPT speakers and the roles they stand for: the producer's own SHAREGPT_ROLES
+# (producer/conversation.py; tests/exporter checks the two agree). The exporter writes every
+# turn as role/content, the shape trainers read.
+SHAREGPT_ROLES: Final = {"human": "user", "user": "user", "gpt": "assistant",
+                         "assistant": "assistant", "system": "system", "chatgpt": "assistant",
+                         "bing": "assistant"}
+SHAREGPT_ASSISTANT: Final = frozenset(k for k, v in SHAREGPT_ROLES.items() if v == "assistant")
 
 CHAT_URL: Final = "/v1/chat/completions"
 COMPLETIONS_URL: Final = "/v1/completions"
@@ -81,8 +84,17 @@ def is_assistant(turn: Any) -> bool:
     return turn.get("role") == "assistant"
 
 
-def is_sharegpt(turns: list[Any]) -> bool:
-    return any(isinstance(t, dict) and ("from" in t or "value" in t) for t in turns)
+def role_turn(turn: Any) -> Any:
+    """A turn as `{role, content}`: a ShareGPT `from`/`value` turn converted (its other keys
+    kept), a role/content turn as it is. Only rows the producer accepted reach a result, so
+    every speaker is a known one; an unknown one would keep its name as the role."""
+    if not isinstance(turn, dict) or not ("from" in turn or "value" in turn):
+        return turn
+    speaker = str(turn.get("from", ""))
+    converted = {"role": SHAREGPT_ROLES.get(speaker.lower(), speaker),
+                 "content": turn.get("value")}
+    converted.update((k, v) for k, v in turn.items() if k not in ("from", "value"))
+    return converted
 
 
 def answer(record: dict[str, Any], reasoning: str) -> tuple[str, str | None]:

@@ -19,17 +19,21 @@ def add_parser(sub: Any) -> None:
         "Parquet)",
         description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
         "exports too) and writes one file, in input order, whole or not at all. "
-        "conversations: each result as its input conversation with the answer as the last "
-        "assistant turn (role/content, or from/value when the input used those), for SFT "
-        "and draft-model trainers. openai-batch: one line per input line as OpenAI's Batch "
-        "API and vLLM's batch runner write them (failures and rejections as error lines). "
+        "conversations: each result as SpecForge reads it, a `conversations` column of "
+        "{role, content} turns (ShareGPT from/value turned into role/content) ending in the "
+        "answer, its reasoning in reasoning_content, status 'success', for SFT and "
+        "draft-model trainers (JSONL; Parquet when --out ends in .parquet). openai-batch: "
+        "one line per input line as OpenAI's Batch API and vLLM's batch runner write them "
+        "(failures and rejections as error lines). "
         "parquet: the results table. Exit 0; 1 when the run is not complete (what is "
         "written so far is exported); 3 when DIR is not a drained output directory.")
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", type=Path, metavar="PATH",
-                   help="output file (default: DIR/export.FORMAT.jsonl, or DIR/export.parquet)")
+                   help="output file (default: DIR/export.FORMAT.jsonl, or DIR/export.parquet); "
+                   "with --format conversations a PATH ending in .parquet writes the same rows "
+                   "as a Parquet table")
     p.add_argument("--reasoning", choices=REASONING_MODES, default="keep",
                    help="a thinking model's reasoning: keep it as a field of its own "
                    "(conversations: reasoning_content; openai-batch: message.reasoning; "
@@ -37,23 +41,29 @@ def add_parser(sub: Any) -> None:
                    "<think>...</think>, or strip it (default: keep)")
     p.add_argument("--model", help="openai-batch: the model named in each body (default: the "
                    "run's summary.json, else each Batch line's own, else 'fleetgen')")
+    p.add_argument("--only-finished", action="store_true",
+                   help="conversations, parquet: leave out answers that are not whole (cut at "
+                   "their budget, finish_reason length; stopped inside their reasoning, "
+                   "reasoning_unfinished; empty), counted by reason in the summary line")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.export import Options, export
+    from exporter.export import Options, export, writes_parquet
 
     bar = _bar() if sys.stderr.isatty() else None
     try:
         report = export(args.dir, Options(format=args.format, out=args.out,
-                                          reasoning=args.reasoning, model=args.model),
+                                          reasoning=args.reasoning, model=args.model,
+                                          only_finished=args.only_finished),
                         progress=bar.update if bar is not None else lambda n: None,
                         on_open=_set_total(bar))
     finally:
         if bar is not None:
             bar.close()
-    unit = "rows" if args.format == "parquet" else "lines"
-    print(f"fleetgen export: {report.written} {unit} of run {report.run!r} -> {report.out}")
+    unit = "rows" if writes_parquet(args.format, report.out) else "lines"
+    print(f"fleetgen export: {report.written} {unit} of run {report.run!r} -> {report.out}"
+          f"{_left_out(report.left_out) if args.only_finished else ''}")
     for name, size in report.torn.items():
         print(f"fleetgen export: {name} ends in a torn line ({size} bytes) that a drainer is "
               "writing or was killed writing: not exported; `fleetgen drain` repairs it",
@@ -70,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return exitcodes.INCOMPLETE
     return exitcodes.OK
+
+
+def _left_out(counts: dict[str, int]) -> str:
+    """The summary line's tail under --only-finished: how many were left out, and why."""
+    from exporter.finished import REASONS
+
+    why = ", ".join(f"{counts[r]} {r}" for r in REASONS if counts.get(r))
+    return f"; left out {sum(counts.values())} unfinished" + (f" ({why})" if why else "")
 
 
 def _bar() -> Any:

@@ -103,25 +103,29 @@ def _drained(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 def _check_conversations(out: Path, results: list[dict[str, Any]],
                          rows: dict[int, Any]) -> None:
+    """Every result as SpecForge's row: `conversations` of role/content turns whatever the
+    input's shape (ShareGPT converted, a prompt as a user turn), status success."""
     exported = [orjson.loads(x) for x in
                 (out / "export.conversations.jsonl").read_bytes().splitlines()]
     assert len(exported) == len(results)
+    roles = {v: k for k, v in SHAREGPT.items()}
     for got, result in zip(exported, results, strict=True):
         row = rows[result["line"]]
         assert got["id"] == result["id"] == row["id"]
         assert got["finish_reason"] == result["finish_reason"]
+        assert got["status"] == "success" and "messages" not in got
+        answer = {"role": "assistant", "content": result["completion"]}
+        if isinstance(result.get("reasoning"), str):  # Qwen3.6 splits reasoning by default
+            answer["reasoning_content"] = result["reasoning"]
         if "prompt" in row:
-            assert got["messages"] == [{"role": "user", "content": row["prompt"]},
-                                       {"role": "assistant", "content": result["completion"]}]
+            assert got["conversations"] == [{"role": "user", "content": row["prompt"]}, answer]
             continue
-        key = "messages" if "messages" in row else "conversations"
-        turns = row[key]
+        turns = row["messages"] if "messages" in row else row["conversations"]
         asked = turns[:-1] if len(turns) > 1 else turns  # the old answer is dropped
-        sharegpt = "from" in turns[0]
-        answer = ({"from": "gpt", "value": result["completion"]} if sharegpt else
-                  {"role": "assistant", "content": result["completion"]})
-        assert got[key] == [*asked, answer], row["id"]
-        if key == "messages":
+        asked = [{"role": roles[t["from"]], "content": t["value"]} if "from" in t else t
+                 for t in asked]
+        assert got["conversations"] == [*asked, answer], row["id"]
+        if "messages" in row:
             assert got["k"] == row["k"]
 
 

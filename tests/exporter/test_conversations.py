@@ -1,5 +1,6 @@
 """`fleetgen export --format conversations`: every result as its conversation plus the answer,
-in input order, in the input's own turn style, with reasoning kept, inlined or stripped."""
+in input order, as SpecForge's `conversations` of role/content turns whatever the input's turn
+style, with reasoning kept, inlined or stripped; `--only-finished`; the Parquet twin."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
-from exporter.shape import SHAREGPT_ASSISTANT
+from exporter import shape
+from fleetgen.base import exitcodes
 from producer.conversation import SHAREGPT_ROLES
 from tests.exporter.conftest import Export
 from tests.exporter.outdir import MESSAGES_1, SYSTEM, read_jsonl, result
+from tests.exporter.test_parquet import without_nulls
 
 
 def user(text: str) -> dict[str, str]:
@@ -24,7 +28,8 @@ def assistant(text: str, **extra: str) -> dict[str, str]:
 
 
 def expected(reasoning: str) -> list[dict[str, Any]]:
-    """The export of tests/exporter/outdir.py, line by line, written out by hand."""
+    """The export of tests/exporter/outdir.py, line by line, written out by hand: every row a
+    `conversations` of role/content turns, whatever the input's shape, and status success."""
     def thought(answer: str, why: str) -> dict[str, str]:
         if reasoning == "keep":
             return {"content": answer, "reasoning_content": why}
@@ -32,32 +37,26 @@ def expected(reasoning: str) -> list[dict[str, Any]]:
             return {"content": f"<think>\n{why}\n</think>\n\n{answer}"}
         return {"content": answer}
 
-    b = thought("It is 4.", "2+2 is 4, not 5.")
-    sharegpt_b = {"from": "gpt", "value": b.pop("content"), **b}
+    def row(row_id: str, turns: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        return {"id": row_id, "conversations": turns, **fields, "status": "success"}
+
     return [
-        {"id": "a", "messages": [SYSTEM, user("Name a prime."), assistant("7.")],
-         "source": "mix-v2", "tags": ["math", "short"], "finish_reason": "stop"},
-        {"id": "b", "conversations": [{"from": "human", "value": "What is 2+2?"},
-                                      {"from": "gpt", "value": "5"},
-                                      {"from": "human", "value": "Check again, 数据 😀."},
-                                      sharegpt_b],
-         "source": "sharegpt", "finish_reason": "stop"},
-        {"id": "c", "conversations": [user("Write a long poem."), assistant("Roses are")],
-         "finish_reason": "length"},
-        {"id": "d", "messages": [user("The capital of France is"), assistant(" Paris.")],
-         "finish_reason": "stop"},
-        *[{"id": "i", "messages": [user("Pick a colour."),
-                                   {"role": "assistant",
-                                    **thought(f"colour {s}", f"thinking {s}")}],
-           "sample": s, "finish_reason": "stop"} for s in range(3)],
-        {"id": "j", "messages": [user("Pick a number."), assistant("42")], "sample": 0,
-         "finish_reason": "stop"},
-        {"id": "req-11", "messages": [user("Hi!"), assistant("Hello!")],
-         "finish_reason": "stop"},
-        {"id": "req-12", "messages": [user("Once upon a time"), assistant(" there was")],
-         "finish_reason": "stop"},
-        {"id": "n", "messages": [user("Retry me."), assistant("Done.")],
-         "finish_reason": "stop"},
+        row("a", [SYSTEM, user("Name a prime."), assistant("7.")],
+            source="mix-v2", tags=["math", "short"], finish_reason="stop"),
+        row("b", [user("What is 2+2?"), assistant("5"), user("Check again, 数据 😀."),
+                  {"role": "assistant", **thought("It is 4.", "2+2 is 4, not 5.")}],
+            source="sharegpt", finish_reason="stop"),
+        row("c", [user("Write a long poem."), assistant("Roses are")], finish_reason="length"),
+        row("d", [user("The capital of France is"), assistant(" Paris.")],
+            finish_reason="stop"),
+        *[row("i", [user("Pick a colour."),
+                    {"role": "assistant", **thought(f"colour {s}", f"thinking {s}")}],
+              sample=s, finish_reason="stop") for s in range(3)],
+        row("j", [user("Pick a number."), assistant("42")], sample=0, finish_reason="stop"),
+        row("req-11", [user("Hi!"), assistant("Hello!")], finish_reason="stop"),
+        row("req-12", [user("Once upon a time"), assistant(" there was")],
+            finish_reason="stop"),
+        row("n", [user("Retry me."), assistant("Done.")], finish_reason="stop"),
     ]
 
 
@@ -77,7 +76,7 @@ def test_keep_is_the_default_and_the_id_comes_first(export: Export, drained: Pat
     assert export(drained, "--format", "conversations", "--out", target).code == 0
     assert read_jsonl(target) == expected("keep")
     first = target.read_text(encoding="utf-8").splitlines()[0]
-    assert first.startswith('{"id":"a","messages":')
+    assert first.startswith('{"id":"a","conversations":[{"role":"system"')
     assert not (drained / "export.conversations.jsonl").exists()
     assert MESSAGES_1[-1]["role"] == "assistant"  # the fixture's trailing answer was dropped
 
@@ -93,12 +92,94 @@ def test_an_answer_cut_off_inside_its_reasoning_keeps_the_block_open(
     (out / "summary.json").write_bytes(orjson.dumps({"complete": True, "finished_at": 1.0}))
     assert export(out, "--format", "conversations", "--reasoning", "inline").code == 0
     (row,) = read_jsonl(out / "export.conversations.jsonl")
-    assert row["messages"][-1] == assistant("<think>\nstep 1, step 2")
+    assert row["conversations"][-1] == assistant("<think>\nstep 1, step 2")
     assert export(out, "--format", "conversations").code == 0
     (row,) = read_jsonl(out / "export.conversations.jsonl")
-    assert row["messages"][-1] == assistant("", reasoning_content="step 1, step 2")
+    assert row["conversations"][-1] == assistant("", reasoning_content="step 1, step 2")
 
 
-def test_the_sharegpt_assistant_speakers_are_the_producers() -> None:
-    """The exporter drops the trailing answers the producer dropped: same speakers."""
-    assert {k for k, v in SHAREGPT_ROLES.items() if v == "assistant"} == SHAREGPT_ASSISTANT
+def test_the_sharegpt_speakers_are_the_producers() -> None:
+    """The exporter drops the trailing answers the producer dropped and names each speaker's
+    role as the producer read it: the same table."""
+    assert shape.SHAREGPT_ROLES == SHAREGPT_ROLES
+    assert {k for k, v in SHAREGPT_ROLES.items() if v == "assistant"} == \
+        shape.SHAREGPT_ASSISTANT
+
+
+def write_answers(out: Path, records: list[dict[str, Any]]) -> Path:
+    out.mkdir()
+    (out / ".fleetgen-run").write_text("finish\n")
+    (out / "results.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    (out / "summary.json").write_bytes(orjson.dumps({"complete": True, "finished_at": 1.0}))
+    return out
+
+
+def answers() -> list[dict[str, Any]]:
+    """One answer of each kind, in input order: whole, cut at its budget, cut inside its
+    reasoning, stopped inside its reasoning, empty, whole with its reasoning."""
+    ask = {"messages": [user("Go on.")]}
+    return [
+        result(ask, "whole", 1, "Done."),
+        result(ask, "cut", 2, "Half a", finish="length"),
+        result(ask, "cut-thinking", 3, "", finish="length", reasoning="step 1",
+               reasoning_unfinished=True),
+        result(ask, "stopped-thinking", 4, "", reasoning="step 1, then",
+               reasoning_unfinished=True),
+        result(ask, "empty", 5, "  \n"),
+        result(ask, "thought", 6, "Yes.", reasoning="so yes", reasoning_unfinished=False),
+    ]
+
+
+def test_only_finished_leaves_out_what_is_not_whole_and_counts_why(
+        export: Export, tmp_path: Path) -> None:
+    out = write_answers(tmp_path / "out", answers())
+    target = out / "export.conversations.jsonl"
+    ran = export(out, "--format", "conversations", "--only-finished")
+    assert ran.code == 0, ran.err
+    assert ran.out.strip() == (
+        f"fleetgen export: 2 lines of run 'finish' -> {target}; left out 4 unfinished "
+        "(2 reasoning_unfinished, 1 length, 1 empty)")
+    rows = read_jsonl(target)
+    assert [r["id"] for r in rows] == ["whole", "thought"]
+    assert rows[1]["conversations"] == [
+        user("Go on."), assistant("Yes.", reasoning_content="so yes")]
+    ran = export(out, "--format", "conversations")  # without the flag: every answer
+    assert ran.out.strip() == f"fleetgen export: 6 lines of run 'finish' -> {target}"
+    assert len(read_jsonl(target)) == 6
+
+
+def test_only_finished_on_the_fixture_and_on_the_results_table(
+        export: Export, drained: Path) -> None:
+    ran = export(drained, "--format", "conversations", "--only-finished")
+    assert ran.code == 0, ran.err
+    assert ran.out.strip().endswith("; left out 1 unfinished (1 length)")
+    assert read_jsonl(drained / "export.conversations.jsonl") == [
+        r for r in expected("keep") if r["id"] != "c"]
+    ran = export(drained, "--format", "parquet", "--only-finished")
+    assert ran.code == 0, ran.err
+    table = pq.read_table(drained / "export.parquet")
+    assert "c" not in table.column("id").to_pylist() and table.num_rows == 10
+    assert ran.out.strip().endswith("; left out 1 unfinished (1 length)")
+
+
+def test_only_finished_is_refused_for_openai_batch(export: Export, drained: Path) -> None:
+    ran = export(drained, "--format", "openai-batch", "--only-finished")
+    assert ran.code == exitcodes.CONFIG
+    assert "--only-finished does not apply to --format openai-batch" in ran.err
+    assert not (drained / "export.openai-batch.jsonl").exists()
+
+
+def test_an_out_ending_in_parquet_writes_the_conversations_as_a_table(
+        export: Export, drained: Path, tmp_path: Path) -> None:
+    target = tmp_path / "train.parquet"
+    ran = export(drained, "--format", "conversations", "--out", target)
+    assert ran.code == 0, ran.err
+    assert ran.out.strip() == f"fleetgen export: 11 rows of run 'exp-fixture' -> {target}"
+    table = pq.read_table(target)
+    assert table.schema.names[:2] == ["id", "conversations"]
+    turn = table.schema.field("conversations").type.value_type
+    assert {turn.field(i).name for i in range(turn.num_fields)} == {
+        "role", "content", "reasoning_content"}
+    assert without_nulls(table.to_pylist()) == expected("keep")
+    ran = export(drained, "--format", "conversations", "--only-finished", "--out", target)
+    assert ran.code == 0 and pq.read_table(target).num_rows == 10

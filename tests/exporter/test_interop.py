@@ -38,20 +38,31 @@ def load_dataset(kind: str, path: Path, cache: Path) -> dict[str, Any]:
 
 def test_conversations_load_with_datasets_and_pandas(export: Export, drained: Path,
                                                      tmp_path: Path) -> None:
+    """As SpecForge loads its training file (`load_dataset("json", ...)`, then the
+    `conversations` column, specforge/data/prompt_builder.py and preprocessing.py), and the
+    Parquet twin the same way."""
     assert export(drained, "--format", "conversations").code == 0
     path = drained / "export.conversations.jsonl"
     ds = load_dataset("json", path, tmp_path)
     assert ds["rows"] == 11
-    assert {"id", "messages", "conversations", "finish_reason", "sample"} <= set(ds["columns"])
+    assert {"id", "conversations", "status", "finish_reason", "sample"} <= set(ds["columns"])
+    assert "messages" not in ds["columns"]  # one conversation column, whatever the input's
     assert ds["first"]["id"] == "a"
-    assert ds["first"]["messages"][-1]["role"] == "assistant"
-    assert ds["first"]["messages"][-1]["content"] == "7."
-    assert ds["last"]["messages"][-1]["content"] == "Done."
+    assert ds["first"]["status"] == "success"
+    assert ds["first"]["conversations"][-1]["role"] == "assistant"
+    assert ds["first"]["conversations"][-1]["content"] == "7."
+    assert ds["last"]["conversations"][-1]["content"] == "Done."
     frame = pd.read_json(path, lines=True)
     assert len(frame) == 11
     assert frame["id"].tolist()[:5] == ["a", "b", "c", "d", "i"]
     assert frame.loc[1, "conversations"][-1] == {
-        "from": "gpt", "value": "It is 4.", "reasoning_content": "2+2 is 4, not 5."}
+        "role": "assistant", "content": "It is 4.", "reasoning_content": "2+2 is 4, not 5."}
+    table = tmp_path / "train.parquet"
+    assert export(drained, "--format", "conversations", "--out", table).code == 0
+    twin = load_dataset("parquet", table, tmp_path)
+    assert twin["rows"] == 11 and set(twin["columns"]) == set(ds["columns"])
+    assert twin["first"]["conversations"][0] == {
+        "role": "system", "content": "You are terse.", "reasoning_content": None}
 
 
 def test_openai_batch_loads_with_datasets_and_pandas(export: Export, drained: Path,
