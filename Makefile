@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ENGINES := $(VENV)/.engines-installed
 
-.PHONY: demo test lint bench flaky clean
+.PHONY: demo check test lint bench flaky clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The test before a commit: lint and every test that starts no Celery worker, fleet or engine
+# (the `fleet` marker, tests/conftest.py), a few minutes on 2 cores.
+check: lint
+	$(BIN)/pytest -q -m "not fleet" tests
 
 test: lint $(ENGINES)
 	$(BIN)/pytest -q tests

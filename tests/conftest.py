@@ -82,3 +82,17 @@ def start_sim() -> Iterator[StartSim]:
     yield start
     for handle in handles:
         handle.stop()
+
+
+# The folders whose tests start real processes of the product (Celery workers, a LocalFleet,
+# llama.cpp, Flower, the demo): the slow tier, left out of `make check`.
+FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "engines", "workers", "bench"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        parts = Path(item.path).relative_to(root).parts
+        if parts and parts[0] in FLEET_FOLDERS:
+            item.add_marker(pytest.mark.fleet)
+
