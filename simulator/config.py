@@ -51,6 +51,9 @@ class SimConfig:
     thinking: bool = False
     # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
     allow_auto_truncate: bool = False
+    # The chat template file the chat endpoints render with (simulator/chat.py); None: Qwen3.6's
+    # official one as fleetgen ships it (producer/templates/, read as a file).
+    chat_template: str | None = None
     # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
     # "vllm" (only /v1/* and /health, vLLM's length rule and error body).
     flavor: str = "sglang"
