@@ -109,9 +109,10 @@ def render(config: SimConfig, messages: list[dict[str, Any]], add_generation_pro
     except ValueError as error:
         raise ApiError(500, str(error)) from None
     try:
-        rendered, _ = render_jinja_template(
+        # (the rendered chats, their generation indices)
+        rendered = render_jinja_template(
             conversations=[messages], chat_template=template,
-            add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
+            add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))[0]
     except Exception as error:  # jinja2 and the template's own raise_exception: a bad request
         raise bad_request(str(error)) from None
     return str(rendered[0])
