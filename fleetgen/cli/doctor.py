@@ -11,6 +11,7 @@ server's own chat path and through fleetgen's tokenizer and compares them
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -202,7 +203,9 @@ def _template_kwargs(text: str) -> dict[str, Any]:
     return value
 
 
+@functools.lru_cache(maxsize=2)
 def _load_renderer(spec: str) -> ChatRenderer:
+    # Cached: loading takes seconds, and tests (and a long-lived caller) run doctor repeatedly.
     from producer.tokenizer import load_tokenizer
 
     return load_tokenizer(spec)
