@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # The SGLang release whose HTTP behaviour the simulator reproduces (docs/simulator.md).
 SGLANG_VERSION = "0.5.23"
@@ -125,6 +126,10 @@ class SimConfig:
             self.extra_prompt_tokens,
         )
         _require(bool(self.model_name), "model_name", "must not be empty", self.model_name)
+        if self.chat_template is not None:
+            # A server refuses to start on a template it cannot read; so does the simulator.
+            _require(Path(self.chat_template).is_file(), "chat_template",
+                     "must name a readable file", self.chat_template)
 
     def _validate_speculative(self) -> None:
         algorithm = self.speculative_algorithm
