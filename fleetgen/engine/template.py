@@ -102,6 +102,7 @@ class Comparison:
     by_tokens: bool = False  # compared token for token, not by count alone
     first_difference: Difference | None = None
     error: str | None = None
+    hint: str | None = None  # what is known to cause this engine's disagreement
 
 
 def compare_templates(base_url: str, limits: ServerLimits, renderer: ChatRenderer,
@@ -127,7 +128,23 @@ def _compare(http: httpx.Client, limits: ServerLimits, renderer: ChatRenderer, p
     difference = None if agree or theirs.tokens is None else \
         first_difference(theirs.tokens, ours, renderer)
     return replace(base, server_tokens=theirs.prompt_tokens, via=theirs.via, agree=agree,
-                   by_tokens=theirs.tokens is not None, first_difference=difference)
+                   by_tokens=theirs.tokens is not None, first_difference=difference,
+                   hint=_hint(limits, difference))
+
+
+# llama.cpp's server passes `preserve_reasoning: true` to every template unless started with
+# --no-reasoning-preserve (`--reasoning-preserve`, "default: enabled"), which sets the Qwen
+# template's `preserve_thinking`: every earlier turn keeps its reasoning, where transformers (and
+# so SGLang, vLLM and the trainers) keep only the turns after the last user query.
+LLAMA_PRESERVE_HINT = ("llama.cpp keeps every turn's reasoning by default: start it with "
+                       "--no-reasoning-preserve to render history as the template's own default")
+
+
+def _hint(limits: ServerLimits, difference: Difference | None) -> str | None:
+    if limits.engine == "llama.cpp" and difference is not None \
+            and difference.server_text.startswith("<think>"):
+        return LLAMA_PRESERVE_HINT
+    return None
 
 
 def first_difference(server: list[int], ours: list[int], renderer: ChatRenderer) -> Difference:
@@ -238,9 +255,9 @@ def template_check(c: Comparison, renderer: ChatRenderer) -> Check:
         detail += (f"; first difference at token {d.position}: server "
                    f"{_shown(d.server_text, d.server)}, fleetgen "
                    f"{_shown(d.fleetgen_text, d.fleetgen)}")
-    return Check(name, False, detail + "; the server renders chats differently from the "
-                 "template fleetgen counts with: serve the model's own template, or pass "
-                 "--tokenizer the server's")
+    fix = c.hint or ("serve the model's own template, or pass --tokenizer the server's")
+    return Check(name, False, f"{detail}; the server renders chats differently from the "
+                 f"template fleetgen counts with: {fix}")
 
 
 def _shown(text: str, ids: list[int]) -> str:
