@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from fleetgen.base import exitcodes
@@ -278,3 +279,62 @@ def test_doctor_reports_the_reasoning_parser(start_sim: StartSim, thinking: bool
     code, out = doctor(capsys, sim.url, json_out=True)
     assert json.loads(out)["servers"][0]["limits"]["reasoning_parser"] == \
         ("qwen3" if thinking else None)
+
+
+class WithoutTokenize(BaseHTTPRequestHandler):
+    """An SGLang server older than /tokenize: the simulator behind a proxy that answers 404
+    there and passes everything else on."""
+
+    upstream = ""
+
+    def _forward(self, method: str) -> None:
+        if self.path in ("/tokenize", "/v1/tokenize"):
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b'{"detail": "Not Found"}')
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        answer = httpx.request(method, self.upstream + self.path, content=body or None,
+                               headers={"Content-Type": "application/json"}, timeout=30)
+        self.send_response(answer.status_code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    def do_GET(self) -> None:
+        self._forward("GET")
+
+    def do_POST(self) -> None:
+        self._forward("POST")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("template", "code"), [(None, exitcodes.OK), (CHATML, DISAGREES)])
+def test_without_tokenize_sglang_is_compared_by_count(
+        start_sim: StartSim, tmp_path: Any, capsys: pytest.CaptureFixture[str],
+        template: str | None, code: int) -> None:
+    path = None
+    if template is not None:
+        path = tmp_path / "chatml.jinja"
+        path.write_text(template)
+    sim = start_sim(chat_template=None if path is None else str(path))
+    handler = type("Proxy", (WithoutTokenize,), {"upstream": sim.url})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{proxy.server_address[1]}"
+    try:
+        got, out = doctor(capsys, url)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert got == code, out
+    one = template_lines(out, url)["one user turn"]
+    via = "(/v1/chat/completions usage.prompt_tokens (no /tokenize: counts only))"
+    if template is None:
+        assert one == f"ok server 17 tokens, fleetgen (qwen3.6) 17: the same count {via}", out
+    else:
+        assert one.startswith(f"FAIL server 26 tokens, fleetgen (qwen3.6) 17 {via}; the "
+                              "server renders chats differently"), out
+        assert "first difference" not in one
