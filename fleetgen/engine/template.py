@@ -189,8 +189,12 @@ def _sglang(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, A
 
 def _tokenize_messages(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
                        kwargs: dict[str, Any]) -> list[int] | None:
-    """The server's tokens for the messages, or None where /tokenize does not exist."""
-    body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
+    """The server's tokens for the messages, or None where /tokenize does not exist. SGLang
+    renders them "as for a chat completion" when `add_generation_prompt` is left out
+    (`TokenizeRequest`); vLLM's default is true, sent anyway."""
+    body: dict[str, Any] = {"messages": messages}
+    if limits.engine != "sglang":
+        body["add_generation_prompt"] = True
     if limits.model:
         body["model"] = limits.model
     if kwargs:
