@@ -281,6 +281,14 @@ def test_doctor_reports_the_reasoning_parser(start_sim: StartSim, thinking: bool
         ("qwen3" if thinking else None)
 
 
+def test_doctor_says_vllm_does_not_report_its_reasoning_parser(
+        start_sim: StartSim, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim(flavor="vllm", thinking=True)
+    code, out = doctor(capsys, sim.url)
+    assert code == exitcodes.OK, out
+    assert f"note: {sim.url} reasoning parser not reported (vLLM says it nowhere)" in out
+
+
 class WithoutTokenize(BaseHTTPRequestHandler):
     """An SGLang server older than /tokenize: the simulator behind a proxy that answers 404
     there and passes everything else on."""
