@@ -271,8 +271,8 @@ def _shown(text: str, ids: list[int]) -> str:
 def reasoning_line(limits: ServerLimits) -> str | None:
     """What the server's reasoning parser means for a JSON schema on a thinking prompt."""
     if limits.engine == "vllm":
-        return ("reasoning parser not reported (vLLM says it nowhere): a JSON schema's grammar "
-                "waits for </think> only if it was started with --reasoning-parser")
+        return ("reasoning parser unknown (vLLM's /v1/models does not say): a JSON schema's "
+                "grammar waits for </think> only if it was started with --reasoning-parser")
     if limits.engine != "sglang":
         return None
     if limits.reasoning_parser:

@@ -286,7 +286,7 @@ def test_doctor_says_vllm_does_not_report_its_reasoning_parser(
     sim = start_sim(flavor="vllm", thinking=True)
     code, out = doctor(capsys, sim.url)
     assert code == exitcodes.OK, out
-    assert f"note: {sim.url} reasoning parser not reported (vLLM says it nowhere)" in out
+    assert f"note: {sim.url} reasoning parser unknown (vLLM's /v1/models does not say)" in out
 
 
 class WithoutTokenize(BaseHTTPRequestHandler):
