@@ -95,7 +95,7 @@ class Comparison:
 
     probe: str
     template_kwargs: dict[str, Any]
-    fleetgen_tokens: int
+    fleetgen_tokens: int | None  # None: fleetgen's own template refused the probe
     server_tokens: int | None = None
     via: str = ""
     agree: bool | None = None
@@ -118,7 +118,10 @@ def compare_templates(base_url: str, limits: ServerLimits, renderer: ChatRendere
 def _compare(http: httpx.Client, limits: ServerLimits, renderer: ChatRenderer, probe: Probe,
              kwargs: dict[str, Any]) -> Comparison:
     messages = [dict(m) for m in probe.messages]
-    ours = renderer.encode_batch([renderer.render(messages, kwargs)])[0]
+    try:
+        ours = renderer.encode_batch([renderer.render(messages, kwargs)])[0]
+    except errors.ContentError as exc:  # e.g. a --tokenizer whose template takes no system turn
+        return Comparison(probe.name, kwargs, None, error=f"fleetgen's template refused it: {exc}")
     base = Comparison(probe.name, kwargs, len(ours))
     try:
         theirs = server_rendering(http, limits, messages, kwargs)
@@ -248,7 +251,8 @@ def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
 def template_check(c: Comparison, renderer: ChatRenderer) -> Check:
     name = f"chat template, {c.probe}"
     if c.agree is None:
-        return Check(name, False, f"the server could not render it: {c.error}")
+        who = "" if c.fleetgen_tokens is None else "the server could not render it: "
+        return Check(name, False, f"not compared: {who}{c.error}")
     counts = f"server {c.server_tokens} tokens, fleetgen ({renderer.name}) {c.fleetgen_tokens}"
     if c.agree:
         same = "the same tokens" if c.by_tokens else "the same count"

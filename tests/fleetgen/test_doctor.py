@@ -346,3 +346,49 @@ def test_without_tokenize_sglang_is_compared_by_count(
         assert one.startswith(f"FAIL server 26 tokens, fleetgen (qwen3.6) 17 {via}; the "
                               "server renders chats differently"), out
         assert "first difference" not in one
+
+
+NO_SYSTEM = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}{{- raise_exception('System role not supported') }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
+
+def test_a_probe_the_server_cannot_render_is_a_failure(
+        start_sim: StartSim, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    template = tmp_path / "no-system.jinja"
+    template.write_text(NO_SYSTEM)
+    sim = start_sim(chat_template=str(template))
+    code, out = doctor(capsys, sim.url)
+    assert code == DISAGREES, out
+    assert template_lines(out, sim.url)["system + history with reasoning_content"] == (
+        "FAIL not compared: the server could not render it: /v1/chat/completions: 400 System "
+        "role not supported"), out
+
+
+def test_a_tokenizer_directory_of_ones_own(start_sim: StartSim, tmp_path: Any,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--tokenizer DIR renders with that directory's template: one that refuses the system
+    turn leaves that probe uncompared, and its other renderings disagree with the server's."""
+    from producer.tokenizer import load_tokenizer
+
+    hf = load_tokenizer("qwen3.6").hf
+    own = tmp_path / "tokenizer"
+    hf.save_pretrained(str(own))
+    (own / "chat_template.jinja").write_text(NO_SYSTEM)
+    sim = start_sim()
+    code = main(["doctor", "--engine-url", sim.url, "--tokenizer", str(own)])
+    out = capsys.readouterr().out
+    assert code == DISAGREES, out
+    lines = template_lines(out, sim.url)
+    assert lines["system + history with reasoning_content"] == (
+        "FAIL not compared: fleetgen's template refused it: chat template refused the row: "
+        "System role not supported"), out
+    # Ours has no empty think block for enable_thinking false: 17 against the server's 19.
+    assert lines["one user turn"].startswith(f"ok server 17 tokens, fleetgen ({own}) 17"), out
+    assert lines["one user turn, enable_thinking false"].startswith(
+        f"FAIL server 19 tokens, fleetgen ({own}) 17"), out
