@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,6 +21,7 @@ import orjson
 
 from fleetgen import engine
 from fleetgen.base import errors, exitcodes
+from fleetgen.cli.produce import _json_object as json_object
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.preflight import (
@@ -177,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
     except errors.EngineError:  # unreachable: each server's report says so
         proto = engine.protocol(args.engine_protocol or engine.DEFAULT_PROTOCOL)
     urls = expand_routers(args.engine_url, api_key)
-    template = TemplateCheck(lambda: _load_renderer(args.tokenizer), _template_kwargs(
-        args.chat_template_kwargs))
+    # Read as produce reads it, so doctor checks the run's own options.
+    template = TemplateCheck(lambda: _load_renderer(args.tokenizer), json_object(
+        args.chat_template_kwargs, "--chat-template-kwargs"))
     reports = [examine(url, proto, args.timeout_s, api_key, template) for url in urls]
     known = {r.url: r.limits for r in reports if r.limits is not None}
     fleet_checks = fleet_disagreements(known)
@@ -190,17 +191,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_text(reports, fleet_checks, assumed, code))
     return code
-
-
-def _template_kwargs(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise errors.ConfigError(f"--chat-template-kwargs is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise errors.ConfigError("--chat-template-kwargs must be a JSON object, got "
-                                 f"{type(value).__name__}")
-    return value
 
 
 @functools.lru_cache(maxsize=2)
