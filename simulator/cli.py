@@ -93,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
                        help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
                             "(/v1/completions with vLLM's length rule, no native endpoints)")
+    modes.add_argument("--chat-template", metavar="FILE", default=None,
+                       help="the Jinja chat template /v1/chat/completions and /tokenize render "
+                            "messages with (default: Qwen3.6's official template, "
+                            "producer/templates/qwen3.6-27b.chat_template.jinja)")
     modes.add_argument("--allow-auto-truncate", action="store_true",
                        help="cut a too-long input and a too-large max_new_tokens instead of "
                             "answering 400 (a server that breaks fleetgen's budget model)")
@@ -157,6 +161,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         skip_tokenizer_init=args.skip_tokenizer_init,
         thinking=args.thinking,
         allow_auto_truncate=args.allow_auto_truncate,
+        chat_template=args.chat_template,
         flavor=args.flavor,
         health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # The SGLang release whose HTTP behaviour the simulator reproduces (docs/simulator.md).
 SGLANG_VERSION = "0.5.23"
@@ -51,6 +52,9 @@ class SimConfig:
     thinking: bool = False
     # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
     allow_auto_truncate: bool = False
+    # The chat template file the chat endpoints render with (simulator/chat.py); None: Qwen3.6's
+    # official one as fleetgen ships it (producer/templates/, read as a file).
+    chat_template: str | None = None
     # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
     # "vllm" (only /v1/* and /health, vLLM's length rule and error body).
     flavor: str = "sglang"
@@ -122,6 +126,10 @@ class SimConfig:
             self.extra_prompt_tokens,
         )
         _require(bool(self.model_name), "model_name", "must not be empty", self.model_name)
+        if self.chat_template is not None:
+            # A server refuses to start on a template it cannot read; so does the simulator.
+            _require(Path(self.chat_template).is_file(), "chat_template",
+                     "must name a readable file", self.chat_template)
 
     def _validate_speculative(self) -> None:
         algorithm = self.speculative_algorithm

@@ -38,6 +38,8 @@ def resolved_args(config: SimConfig, port: int) -> dict[str, Any]:
             config.speculative_num_draft_tokens if speculative else None
         ),
         "allow_auto_truncate": config.allow_auto_truncate,
+        # A server arg (`--reasoning-parser`), so at the top level as every other one.
+        "reasoning_parser": "qwen3" if config.thinking else None,
         "enable_metrics": True,
         # The simulator never echoes a key; a real server's args would carry it.
         "api_key": None if config.api_key is None else "<hidden>",

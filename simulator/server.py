@@ -17,6 +17,7 @@ from aiohttp import web
 
 from simulator.answers import compose
 from simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
+from simulator.chat import parse_chat, render_chat, tokenize
 from simulator.config import SimConfig
 from simulator.faults import HANG_S, Availability, Fault, FaultInjector
 from simulator.info import server_info
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 # SGLang leaves these open even with --api-key (probes and scrapers carry no key);
 # the simulator adds its read-only stats.
 AUTH_EXEMPT = frozenset({"/health", "/health_generate", "/ready", "/metrics", "/_sim/stats"})
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions"})
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 # A batch of long pre-tokenized prompts is several MB of JSON; aiohttp's 1 MiB
 # default would refuse what SGLang accepts.
 MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -71,6 +72,7 @@ class Api:
 
 
 NATIVE = Api(parse_generate, render_native, native_error_body)
+CHAT = Api(parse_chat, render_chat, openai_error_body)
 OPENAI = Api(parse_completions, render_completions, openai_error_body)
 VLLM_OPENAI = Api(parse_completions, render_completions, vllm_error_body)
 
@@ -196,6 +198,10 @@ class SimServer:
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        # SGLang 0.5.23 and vLLM both render messages on /tokenize (http_server
+        # `openai_v1_tokenize`, also /v1/tokenize; vLLM's `tokenize`).
+        for path in ("/tokenize", "/v1/tokenize"):
+            app.router.add_post(path, self._tokenize)
         if self.config.flavor == "vllm":
             # vLLM's /health is instant and it has no /ready (entrypoints/serve/...).
             app.router.add_get("/health", self._ready)
@@ -210,6 +216,7 @@ class SimServer:
 
     def _add_sglang_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self._generate)
+        app.router.add_post("/v1/chat/completions", self._chat)
         for path in ("/get_server_info", "/server_info"):
             app.router.add_get(path, self._server_info)
         for path in ("/get_model_info", "/model_info"):
@@ -249,6 +256,17 @@ class SimServer:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, VLLM_OPENAI if self.config.flavor == "vllm" else OPENAI)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, CHAT)
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        """No slot and no fault: the tokenizer manager answers it without the scheduler."""
+        error_body = vllm_error_body if self.config.flavor == "vllm" else openai_error_body
+        try:
+            return _json(tokenize(await _read_json(request), self.config))
+        except ApiError as error:
+            return _json(error_body(error), error.status)
 
     async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
         with self.in_flight.track() as leave:

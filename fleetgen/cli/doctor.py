@@ -3,13 +3,17 @@ will assume about each server, and whether each server keeps the length rule the
 
 It sends three small requests per server: one tiny generation, and two that a server keeping
 SGLang's rules refuses before any prefill (`TokenizerManager._validate_one_request`, the
-scheduler's `validate_input_length`). Nothing is written anywhere.
+scheduler's `validate_input_length`). Then it renders three probe conversations through the
+server's own chat path and through fleetgen's tokenizer and compares them
+(`fleetgen/engine/template.py`). Nothing is written anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,6 +21,7 @@ import orjson
 
 from fleetgen import engine
 from fleetgen.base import errors, exitcodes
+from fleetgen.cli.produce import _json_object as json_object
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.preflight import (
@@ -28,6 +33,13 @@ from fleetgen.engine.preflight import (
     tiny_generation,
 )
 from fleetgen.engine.sglang import servers_behind
+from fleetgen.engine.template import (
+    ChatRenderer,
+    Comparison,
+    compare_templates,
+    reasoning_line,
+    template_check,
+)
 
 # The server contradicts the budget model: a run would get 400s, truncated prompts or no text.
 DISAGREES = 1
@@ -42,6 +54,7 @@ class Report:
     input_limit: int | None = None
     concurrency: int | None = None  # the `-c` to give its worker
     checks: list[Check] = field(default_factory=list)
+    template: list[Comparison] = field(default_factory=list)
     code: int = exitcodes.OK  # the worst outcome: UNAVAILABLE > CONFIG > DISAGREES > OK
 
 
@@ -52,8 +65,11 @@ def add_parser(sub: Any) -> None:
         "limit, speculative reserve, running requests and the worker's -c, determinism, "
         "model, skip_tokenizer_init); checks readiness; sends one tiny generation; and sends "
         "two requests the server must refuse before generating (an input at the budget's "
-        "input limit, a budget one token past the context). Exit 0: all agree; 1: a server "
-        "disagrees with the budget model; 3: a server does not report its context; "
+        "input limit, a budget one token past the context); then renders three probe chats "
+        "(a user turn, the same with enable_thinking false, a system prompt and a history "
+        "with reasoning_content) through the server's chat path and through --tokenizer, and "
+        "compares the tokens. Exit 0: all agree; 1: a server disagrees with the budget model "
+        "or the chat template; 3: a server does not report its context (or a bad --tokenizer); "
         "4: a server is unreachable or not ready.")
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server of the fleet (repeat for each)")
@@ -62,11 +78,34 @@ def add_parser(sub: Any) -> None:
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                    help="per request; the tiny generation may wait in a busy server's queue (60)")
+    p.add_argument("--tokenizer", default="qwen3.6", metavar="PATH|qwen3.6",
+                   help="the run's tokenizer, whose chat template is compared with the "
+                   "server's (default qwen3.6)")
+    p.add_argument("--chat-template-kwargs", metavar="JSON", default="{}",
+                   help="the run's template options, e.g. '{\"enable_thinking\": false}'; the "
+                   "probes' own go over them")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     p.set_defaults(handler=run)
 
 
-def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | None) -> Report:
+@dataclass
+class TemplateCheck:
+    """fleetgen's side of the template check: the run's tokenizer (loaded once, when a server
+    is ready for it) and template options."""
+
+    load: Callable[[], ChatRenderer]
+    run_kwargs: dict[str, Any]
+    _renderer: ChatRenderer | None = None
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        if self._renderer is None:
+            self._renderer = self.load()
+        return self._renderer
+
+
+def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | None,
+            template: TemplateCheck | None = None) -> Report:
     report = Report(url)
     ready = probe_url(url, timeout_s=min(timeout_s, 10.0), api_key=api_key)
     if ready.state is State.REFUSED:  # nothing else can be learnt: one line
@@ -91,6 +130,11 @@ def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | No
         report.code = exitcodes.UNAVAILABLE
         return report
     report.checks += probe_rules(url, proto, limits, timeout_s, api_key)
+    if template is not None:
+        renderer = template.renderer
+        report.template = compare_templates(url, limits, renderer, template.run_kwargs,
+                                            api_key=api_key, timeout_s=timeout_s)
+        report.checks += [template_check(c, renderer) for c in report.template]
     if not all(c.ok for c in report.checks):
         report.code = DISAGREES
     return report
@@ -133,7 +177,10 @@ def run(args: argparse.Namespace) -> int:
     except errors.EngineError:  # unreachable: each server's report says so
         proto = engine.protocol(args.engine_protocol or engine.DEFAULT_PROTOCOL)
     urls = expand_routers(args.engine_url, api_key)
-    reports = [examine(url, proto, args.timeout_s, api_key) for url in urls]
+    # Read as produce reads it, so doctor checks the run's own options.
+    template = TemplateCheck(lambda: _load_renderer(args.tokenizer), json_object(
+        args.chat_template_kwargs, "--chat-template-kwargs"))
+    reports = [examine(url, proto, args.timeout_s, api_key, template) for url in urls]
     known = {r.url: r.limits for r in reports if r.limits is not None}
     fleet_checks = fleet_disagreements(known)
     assumed = combine(list(known.values()), proto.rule_for(next(iter(known.values())))) \
@@ -144,6 +191,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_text(reports, fleet_checks, assumed, code))
     return code
+
+
+@functools.lru_cache(maxsize=2)
+def _load_renderer(spec: str) -> ChatRenderer:
+    # Cached: loading takes seconds, and tests (and a long-lived caller) run doctor repeatedly.
+    from producer.tokenizer import load_tokenizer
+
+    return load_tokenizer(spec)
 
 
 def expand_routers(urls: list[str], api_key: str | None) -> list[str]:
@@ -197,6 +252,8 @@ def render_text(reports: list[Report], fleet_checks: list[Check], assumed: Serve
         if assumed.deterministic is not True:
             lines.append("note: --seed is not honoured (no --enable-deterministic-inference); "
                          "answers are not reproducible")
+    lines += [f"note: {r.url} {line}" for r in reports if r.limits is not None
+              for line in [reasoning_line(r.limits)] if line]
     lines += [f"{'ok  ' if c.ok else 'FAIL'} {r.url} {c.name}: {c.detail}"
               for r in reports for c in r.checks]
     lines += [c.line() for c in fleet_checks]
@@ -205,8 +262,10 @@ def render_text(reports: list[Report], fleet_checks: list[Check], assumed: Serve
 
 
 VERDICTS = {
-    exitcodes.OK: "verdict: ok, the fleet agrees with fleetgen's budget model",
-    DISAGREES: "verdict: FAIL, a server disagrees with fleetgen's budget model (exit 1)",
+    exitcodes.OK: "verdict: ok, the fleet agrees with fleetgen's budget model and chat "
+                  "template",
+    DISAGREES: "verdict: FAIL, a server disagrees with fleetgen's budget model or chat "
+               "template (exit 1)",
     exitcodes.CONFIG: "verdict: FAIL, a server does not report its context length; pass "
                       "--context-length to produce (exit 3)",
     exitcodes.UNAVAILABLE: "verdict: FAIL, a server is unreachable or not ready (exit 4)",
@@ -222,6 +281,7 @@ def render_json(reports: list[Report], fleet_checks: list[Check],
             "input_limit": r.input_limit,
             "concurrency": r.concurrency,
             "checks": [asdict(c) for c in r.checks],
+            "template": [asdict(c) for c in r.template],
             "exit_code": r.code,
         } for r in reports],
         "fleet_checks": [asdict(c) for c in fleet_checks],

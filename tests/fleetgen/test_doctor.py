@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from fleetgen.base import exitcodes
@@ -161,3 +162,233 @@ def test_check_uses_the_instant_readiness_probe(start_sim: StartSim, redis_url: 
     out = capsys.readouterr().out
     assert code == exitcodes.OK, out
     assert f"ok   engine: {sim.url}/ready 200" in out
+
+
+# -- the chat-template check ------------------------------------------------------------------
+# Qwen2.5's ChatML shape: a default system prompt when the chat has none, no think block.
+CHATML = (
+    "{%- if messages[0].role != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+PROBE_NAMES = ("one user turn", "one user turn, enable_thinking false",
+               "system + history with reasoning_content")
+
+
+def template_lines(out: str, url: str) -> dict[str, str]:
+    """The chat-template check lines of `url`, by probe name."""
+    prefix = f" {url} chat template, "
+    found = {}
+    for line in out.splitlines():
+        if prefix in line:
+            probe, _, detail = line.partition(prefix)[2].partition(": ")
+            found[probe] = f"{line[:4].strip()} {detail}"
+    assert sorted(found) == sorted(PROBE_NAMES), out
+    return found
+
+
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
+def test_the_official_template_agrees_token_for_token(start_sim: StartSim, flavor: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim(flavor=flavor)
+    code, out = doctor(capsys, sim.url)
+    assert code == exitcodes.OK, out
+    lines = template_lines(out, sim.url)
+    via = "/v1/chat/completions usage.prompt_tokens, /tokenize" if flavor == "sglang" \
+        else "/tokenize"
+    # <|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n<think>\n: 17 tokens; the empty
+    # think block of enable_thinking false is 2 more; the history drops its old reasoning.
+    for probe, tokens in zip(PROBE_NAMES, (17, 19, 46), strict=True):
+        assert lines[probe] == (f"ok server {tokens} tokens, fleetgen (qwen3.6) {tokens}: the "
+                                f"same tokens ({via})"), out
+    assert "verdict: ok" in out
+
+
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
+def test_a_different_template_fails_with_the_first_differing_token(
+        start_sim: StartSim, flavor: str, tmp_path: Any,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    sim = start_sim(flavor=flavor, chat_template=str(template))
+    code, out = doctor(capsys, sim.url)
+    assert code == DISAGREES, out
+    lines = template_lines(out, sim.url)
+    # The default system prompt comes first where ours has the user turn (token 1: 'system'
+    # 8678 against 'user' 846), and ChatML has no think block.
+    one = lines["one user turn"]
+    assert one.startswith("FAIL server 26 tokens, fleetgen (qwen3.6) 17"), out
+    assert "first difference at token 1: server 'system\\nYou are a helpful' " \
+           "[8678, 198, 2523, 513, 264, 10631], fleetgen 'user\\nWhat is the capital' " \
+           "[846, 198, 3710, 369, 279, 6511]" in one, out
+    assert lines["one user turn, enable_thinking false"].startswith(
+        "FAIL server 26 tokens, fleetgen (qwen3.6) 19"), out
+    history = lines["system + history with reasoning_content"]
+    assert history.startswith("FAIL server 44 tokens, fleetgen (qwen3.6) 46"), out
+    assert "first difference at token 44: server <end of prompt>, fleetgen '<think>\\n' " \
+           "[248068, 198]" in history, out
+    assert "verdict: FAIL" in out
+
+    code, out = doctor(capsys, sim.url, json_out=True)
+    server = json.loads(out)["servers"][0]
+    assert code == server["exit_code"] == DISAGREES
+    first = server["template"][0]
+    assert (first["server_tokens"], first["fleetgen_tokens"], first["agree"]) == (26, 17, False)
+    assert first["first_difference"]["position"] == 1
+    assert first["first_difference"]["server"][0] == 8678
+    assert first["first_difference"]["fleetgen"][0] == 846
+
+
+def test_the_runs_template_kwargs_reach_both_sides(start_sim: StartSim,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With the run's enable_thinking false every probe ends in the empty think block, on the
+    server (chat_template_kwargs) as in fleetgen; a server not sent them would count 2 less."""
+    sim = start_sim()
+    code = main(["doctor", "--engine-url", sim.url, "--chat-template-kwargs",
+                 '{"enable_thinking": false}'])
+    out = capsys.readouterr().out
+    assert code == exitcodes.OK, out
+    lines = template_lines(out, sim.url)
+    assert lines["one user turn"].startswith("ok server 19 tokens, fleetgen (qwen3.6) 19"), out
+    assert lines["system + history with reasoning_content"].startswith(
+        "ok server 48 tokens, fleetgen (qwen3.6) 48"), out
+
+
+def test_bad_template_kwargs_are_one_line_and_exit_3(start_sim: StartSim,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim()
+    code = main(["doctor", "--engine-url", sim.url, "--chat-template-kwargs", "[1]"])
+    captured = capsys.readouterr()
+    assert code == exitcodes.CONFIG, captured
+    assert "--chat-template-kwargs must be a JSON object" in captured.err + captured.out
+
+
+@pytest.mark.parametrize(("thinking", "note"), [
+    (True, "reasoning parser qwen3: a JSON schema's grammar can wait for </think>"),
+    (False, "no reasoning parser: a JSON schema's grammar holds from the first token"),
+])
+def test_doctor_reports_the_reasoning_parser(start_sim: StartSim, thinking: bool, note: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim(thinking=thinking)
+    code, out = doctor(capsys, sim.url)
+    assert code == exitcodes.OK, out
+    assert f"note: {sim.url} {note}" in out
+    code, out = doctor(capsys, sim.url, json_out=True)
+    assert json.loads(out)["servers"][0]["limits"]["reasoning_parser"] == \
+        ("qwen3" if thinking else None)
+
+
+def test_doctor_says_vllm_does_not_report_its_reasoning_parser(
+        start_sim: StartSim, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim(flavor="vllm", thinking=True)
+    code, out = doctor(capsys, sim.url)
+    assert code == exitcodes.OK, out
+    assert f"note: {sim.url} reasoning parser unknown (vLLM's /v1/models does not say)" in out
+
+
+class WithoutTokenize(BaseHTTPRequestHandler):
+    """An SGLang server older than /tokenize: the simulator behind a proxy that answers 404
+    there and passes everything else on."""
+
+    upstream = ""
+
+    def _forward(self, method: str) -> None:
+        if self.path in ("/tokenize", "/v1/tokenize"):
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b'{"detail": "Not Found"}')
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        answer = httpx.request(method, self.upstream + self.path, content=body or None,
+                               headers={"Content-Type": "application/json"}, timeout=30)
+        self.send_response(answer.status_code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    def do_GET(self) -> None:
+        self._forward("GET")
+
+    def do_POST(self) -> None:
+        self._forward("POST")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("template", "code"), [(None, exitcodes.OK), (CHATML, DISAGREES)])
+def test_without_tokenize_sglang_is_compared_by_count(
+        start_sim: StartSim, tmp_path: Any, capsys: pytest.CaptureFixture[str],
+        template: str | None, code: int) -> None:
+    path = None
+    if template is not None:
+        path = tmp_path / "chatml.jinja"
+        path.write_text(template)
+    sim = start_sim(chat_template=None if path is None else str(path))
+    handler = type("Proxy", (WithoutTokenize,), {"upstream": sim.url})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{proxy.server_address[1]}"
+    try:
+        got, out = doctor(capsys, url)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert got == code, out
+    one = template_lines(out, url)["one user turn"]
+    via = "(/v1/chat/completions usage.prompt_tokens (no /tokenize: counts only))"
+    if template is None:
+        assert one == f"ok server 17 tokens, fleetgen (qwen3.6) 17: the same count {via}", out
+    else:
+        assert one.startswith(f"FAIL server 26 tokens, fleetgen (qwen3.6) 17 {via}; the "
+                              "server renders chats differently"), out
+        assert "first difference" not in one
+
+
+NO_SYSTEM = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}{{- raise_exception('System role not supported') }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
+
+def test_a_probe_the_server_cannot_render_is_a_failure(
+        start_sim: StartSim, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    template = tmp_path / "no-system.jinja"
+    template.write_text(NO_SYSTEM)
+    sim = start_sim(chat_template=str(template))
+    code, out = doctor(capsys, sim.url)
+    assert code == DISAGREES, out
+    assert template_lines(out, sim.url)["system + history with reasoning_content"] == (
+        "FAIL not compared: the server could not render it: /v1/chat/completions: 400 System "
+        "role not supported"), out
+
+
+def test_a_tokenizer_directory_of_ones_own(start_sim: StartSim, tmp_path: Any,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--tokenizer DIR renders with that directory's template: one that refuses the system
+    turn leaves that probe uncompared, and its other renderings disagree with the server's."""
+    from producer.tokenizer import load_tokenizer
+
+    hf = load_tokenizer("qwen3.6").hf
+    own = tmp_path / "tokenizer"
+    hf.save_pretrained(str(own))
+    (own / "chat_template.jinja").write_text(NO_SYSTEM)
+    sim = start_sim()
+    code = main(["doctor", "--engine-url", sim.url, "--tokenizer", str(own)])
+    out = capsys.readouterr().out
+    assert code == DISAGREES, out
+    lines = template_lines(out, sim.url)
+    assert lines["system + history with reasoning_content"] == (
+        "FAIL not compared: fleetgen's template refused it: chat template refused the row: "
+        "System role not supported"), out
+    # Ours has no empty think block for enable_thinking false: 17 against the server's 19.
+    assert lines["one user turn"].startswith(f"ok server 17 tokens, fleetgen ({own}) 17"), out
+    assert lines["one user turn, enable_thinking false"].startswith(
+        f"FAIL server 19 tokens, fleetgen ({own}) 17"), out

