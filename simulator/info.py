@@ -38,6 +38,7 @@ def resolved_args(config: SimConfig, port: int) -> dict[str, Any]:
             config.speculative_num_draft_tokens if speculative else None
         ),
         "allow_auto_truncate": config.allow_auto_truncate,
+        "reasoning_parser": config.reasoning_parser,
         "enable_metrics": True,
         # The simulator never echoes a key; a real server's args would carry it.
         "api_key": None if config.api_key is None else "<hidden>",
