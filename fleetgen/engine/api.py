@@ -31,6 +31,9 @@ class ServerLimits:
     deterministic: bool | None = None  # whether a sampling seed is honoured; None: not reported
     skip_tokenizer_init: bool = False  # the server sends output ids only, no text
     servers_behind: int = 0  # 0: the URL is a server; N: an SGLang router in front of N
+    # SGLang's --reasoning-parser (e.g. "qwen3"), None when it has none or does not say: only
+    # with one does a JSON schema's grammar wait for `</think>` (`require_reasoning`).
+    reasoning_parser: str | None = None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ def combine(servers: Sequence[ServerLimits], rule: LengthRule) -> ServerLimits:
     models = {s.model for s in servers}
     kv = [s.max_total_tokens for s in servers if s.max_total_tokens is not None]
     deterministic = [s.deterministic for s in servers]
+    # A schema waits for `</think>` only where the server has a parser: one without decides.
+    parsers = {s.reasoning_parser for s in servers}
     return ServerLimits(
         context_length=min(s.context_length for s in servers),
         max_total_tokens=min(kv) if kv else None,
@@ -62,6 +64,7 @@ def combine(servers: Sequence[ServerLimits], rule: LengthRule) -> ServerLimits:
         deterministic=False if False in deterministic else
         (None if None in deterministic else True),
         skip_tokenizer_init=any(s.skip_tokenizer_init for s in servers),
+        reasoning_parser=parsers.pop() if len(parsers) == 1 else None,
     )
 
 

@@ -283,7 +283,12 @@ def read_limits(base_url: str, *, api_key: str | None = None,
                         max_req_input_len=positive_int(info.get("max_req_input_len")),
                         reserved_tokens=reserved_tokens(info),
                         deterministic=deterministic if isinstance(deterministic, bool) else None,
-                        skip_tokenizer_init=info.get("skip_tokenizer_init") is True)
+                        skip_tokenizer_init=info.get("skip_tokenizer_init") is True,
+                        reasoning_parser=_text(info.get("reasoning_parser")))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def router_limits(http: httpx.Client, *, api_key: str | None, timeout_s: float) -> ServerLimits:
