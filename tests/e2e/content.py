@@ -141,7 +141,9 @@ def sim_style(key: int, config: SimConfig, options: Mapping[str, Any],
     if config.flavor == "vllm":
         waits = parser and opening(ids or []) is not Opening.ANSWER
     else:
-        waits = parser and think and bool(options.get("think_open")) and schema is not None
+        # The payload's `think_open`, as the producer sets it from the rendered prompt.
+        opened = options.get("think_open", opening(ids or []) is Opening.INSIDE)
+        waits = parser and think and bool(opened) and schema is not None
     stop = (sampling or {}).get("stop") or ()
     return Style(thinking=config.thinking, schema=schema, reasoning_first=waits,
                  skip_special_tokens=not think,
