@@ -12,6 +12,9 @@ ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 def conversation(obj: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
     """A plain row's (messages, None) or (None, prompt)."""
+    if obj.get("tools"):
+        raise ValueError("unsupported_tools: the row offers tools; fleetgen renders text "
+                         "conversations only (the template's tool prompt is not sent)")
     if "messages" in obj:
         return messages(obj["messages"], "messages"), None
     if "conversations" in obj:
@@ -57,10 +60,20 @@ def _turn(turn: Any, index: int, name: str, label: str) -> dict[str, Any]:
     if role is None:
         got = turn.get("from", turn.get("role"))
         raise ValueError(f"bad_{name}: {label} turn {index} has unknown role {got!r}")
+    if role == "tool" or turn.get("tool_calls"):
+        # Their rendering needs the row's tools in the system prompt, which fleetgen does not
+        # send: rendered without them, the prompt would not be the model's.
+        raise ValueError(f"unsupported_turn: {label} turn {index} is a tool "
+                         f"{'result' if role == 'tool' else 'call'}; fleetgen renders text "
+                         "conversations only")
     if not isinstance(content, str | list):
         raise ValueError(f"bad_{name}: {label} turn {index} content must be text, "
                          f"got {kind(content)}")
-    return {"role": role, "content": content}
+    result: dict[str, Any] = {"role": role, "content": content}
+    reasoning = turn.get("reasoning_content")
+    if role == "assistant" and isinstance(reasoning, str):
+        result["reasoning_content"] = reasoning  # history reasoning, the template decides
+    return result
 
 
 def kind(value: Any) -> str:

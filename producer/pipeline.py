@@ -221,7 +221,7 @@ class Producer:
         if row.prompt is not None:
             return row.prompt
         assert row.messages is not None
-        return self.tokenizer.render(row.messages)
+        return self.tokenizer.render(row.messages, row.template_kwargs)
 
     def _is_duplicate(self, row_id: str) -> bool:
         """First occurrence wins. 64-bit hashes, not the ids themselves."""

@@ -39,6 +39,9 @@ class Row:
     max_tokens: int | None = None
     n: int | None = None  # samples of this row; None: the run's --n
     json_schema: str | None = None  # a JSON Schema document as a JSON string
+    # The row's own `chat_template_kwargs`, over the run's (e.g. enable_thinking false on
+    # some rows of a mixed set); the budget counts the row as it is rendered with them.
+    template_kwargs: dict[str, Any] | None = None
     source: str | None = None  # the input file, when the input is several files
     position: int | None = None  # the row's line (or Parquet row) in `source`
 
@@ -172,12 +175,13 @@ def parse_row(line_no: int, obj: Any, *, source: str | None = None,
     try:
         messages, prompt, options = batch_request(obj) if batch else _plain_request(obj)
         schema = _row_schema(obj, options)
+        template_kwargs = _template_kwargs(obj)
     except ValueError as exc:
         return BadRow(line_no, str(exc), row_id, source, position)
     fields = {k: v for k, v in obj.items() if k != "id"}
     return Row(line_no, row_id, messages, prompt, fields, sampling=options.sampling,
                max_tokens=options.max_tokens, n=options.n, json_schema=schema,
-               source=source, position=position)
+               template_kwargs=template_kwargs, source=source, position=position)
 
 
 def _row_schema(obj: dict[str, Any], options: Options) -> str | None:
@@ -187,6 +191,16 @@ def _row_schema(obj: dict[str, Any], options: Options) -> str | None:
         raise OptionError("bad_option: json_schema and body.response_format both ask for a "
                           "schema; give one")
     return json_schema(given) if given is not None else options.json_schema
+
+
+def _template_kwargs(obj: dict[str, Any]) -> dict[str, Any] | None:
+    given = obj.get("chat_template_kwargs")
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise OptionError("bad_option: chat_template_kwargs must be an object, got "
+                          f"{kind(given)}")
+    return given or None
 
 
 def _plain_request(obj: dict[str, Any]

@@ -81,16 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "honours it)")
     modes.add_argument("--skip-tokenizer-init", action="store_true",
                        help="answer with output_ids only, no text")
-    modes.add_argument("--thinking", action="store_true",
-                       help="model a thinking model served with a reasoning parser: answers "
-                            "begin with <think> ... </think> (ids 248068, 248069) unless the "
-                            "prompt ends with the empty think block, or inside the block the "
-                            "prompt opened")
+    # The command models the model fleetgen targets (Qwen3.6: its official template opens
+    # the think block in every generation prompt; SGLang serves it with --reasoning-parser).
+    # SimConfig's own default stays a plain model, the building block of the protocol tests.
+    modes.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True,
+                       help="model a thinking model served with a reasoning parser (the "
+                            "default, as Qwen3.6 is served): answers begin with <think> ... "
+                            "</think> (ids 248068, 248069) unless the prompt ends with the "
+                            "empty think block, or inside the block the prompt opened; "
+                            "--no-thinking: a model that never reasons")
     modes.add_argument("--no-reasoning-parser", action="store_true",
-                       help="with --thinking: the thinking model served without "
-                            "--reasoning-parser (/server_info reasoning_parser null): a JSON "
-                            "schema's grammar applies from the first token, require_reasoning "
-                            "or not, and meta_info reasoning_tokens is 0")
+                       help="a thinking model served without --reasoning-parser "
+                            "(/server_info reasoning_parser null): a JSON schema's grammar "
+                            "applies from the first token, require_reasoning or not, and "
+                            "meta_info reasoning_tokens is 0")
     modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
                        help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
                             "(/v1/completions with vLLM's length rule, no native endpoints)")

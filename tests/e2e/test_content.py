@@ -19,7 +19,8 @@ def test_content_check_catches_every_kind_of_wrong_row(tmp_path: Path) -> None:
     ids = input_ids(prompts, {"p0", "p1", "p2"})
     rows: list[dict[str, Any]] = [
         {"id": i, "line": n, "worker": "gpu0@h", "max_tokens": 100,
-         **expected(ids[i], 100, config, {})} for n, i in enumerate(("p0", "p1", "p2"), 1)]
+         **expected(ids[i], 100, config, {}, {"think": True})}
+        for n, i in enumerate(("p0", "p1", "p2"), 1)]
     assert assert_content(rows, prompts, config) == 3
 
     swapped = [dict(r) for r in rows]

@@ -91,10 +91,33 @@ def test_thinking_switched_off_by_the_template(thinking_fleet: LocalFleet,
     plain, closed = tokenizer(), tokenizer("qwen3.6", json.dumps(off))
     for r in data["results"]:
         turns = [{"role": "user", "content": f"Think about {r['id'][1:]}, then say."}]
-        # The budget counts the template as rendered: its empty think block is 4 tokens.
+        # The budget counts the template as rendered: its empty think block is 4 tokens
+        # where the open one (`<think>\n`, thinking on) is 2.
         assert r["prompt_tokens"] == closed.count(closed.render(turns)) == \
-            plain.count(plain.render(turns)) + 4
+            plain.count(plain.render(turns)) + 2
         assert r["reasoning"] is None and r["reasoning_tokens"] == 0
+
+
+def test_a_row_s_own_template_options_override_the_run_s(thinking_fleet: LocalFleet,
+                                                         tmp_path: Path) -> None:
+    """A mixed set: every other row switches thinking off for itself; the budget, the
+    reasoning split and the simulator follow each row's own prompt."""
+    off = {"enable_thinking": False}
+    source = write_jsonl(tmp_path / "mixed.jsonl", [
+        {"id": f"t{i}", "messages": [{"role": "user", "content": f"Think about {i}, then say."}],
+         **({"chat_template_kwargs": off} if i % 2 else {})} for i in range(ROWS)])
+    data, summary = run(thinking_fleet, source, "mixed", tmp_path / "out",
+                        "--max-output-tokens", "512")
+    assert assert_fleet_content(thinking_fleet, source, data, options={"think": True}) == ROWS
+    plain, closed = tokenizer(), tokenizer("qwen3.6", json.dumps(off))
+    by_id = {r["id"]: r for r in data["results"]}
+    for i in range(ROWS):
+        r = by_id[f"t{i}"]
+        turns = [{"role": "user", "content": f"Think about {i}, then say."}]
+        rendered = closed.render(turns) if i % 2 else plain.render(turns)
+        assert r["prompt_tokens"] == plain.count(rendered)
+        assert (r["reasoning"] is None) == bool(i % 2), r
+    assert summary["done"] == ROWS
 
 
 STOPS = (" about", " finally")

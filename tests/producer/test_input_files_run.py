@@ -25,7 +25,7 @@ class CharTokenizer:
 
     name = "chars"
 
-    def render(self, messages: object) -> str:
+    def render(self, messages: object, template_kwargs: object = None) -> str:
         raise AssertionError("prompt rows are not rendered")
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

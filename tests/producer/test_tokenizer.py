@@ -201,12 +201,13 @@ def test_render_system_user_is_chatml_with_single_special_ids(tok: QwenTokenizer
                 {"role": "user", "content": "Name a prime."}]
     text = tok.render(messages)
     assert text == ("<|im_start|>system\nYou are terse.<|im_end|>\n"
-                    "<|im_start|>user\nName a prime.<|im_end|>\n<|im_start|>assistant\n")
+                    "<|im_start|>user\nName a prime.<|im_end|>\n<|im_start|>assistant\n"
+                    "<think>\n")
     assert text == tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tok.encode_batch([text])[0]
     assert ids.count(IM_START_ID) == 3
     assert ids.count(IM_END_ID) == 2
-    assert ids[-3:] == [IM_START_ID, *tok.encode_batch(["assistant\n"])[0]]
+    assert ids[-5:] == [IM_START_ID, *tok.encode_batch(["assistant\n<think>\n"])[0]]
     assert tok.decode(ids) == text
     assert tok.count(text) == len(ids)
 
@@ -215,7 +216,8 @@ def test_enable_thinking_false_appends_empty_think_block(tok: QwenTokenizer) -> 
     quiet = QwenTokenizer(tok.hf, tok.cache_path, True, {"enable_thinking": False})
     text = quiet.render([{"role": "user", "content": "hi"}])
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert tok.render([{"role": "user", "content": "hi"}]).endswith("<|im_start|>assistant\n")
+    assert tok.render([{"role": "user", "content": "hi"}]).endswith(
+        "<|im_start|>assistant\n<think>\n")
 
 
 def test_content_parts_render_as_joined_text(tok: QwenTokenizer) -> None:
@@ -330,7 +332,7 @@ def test_local_hf_directory_loads_by_path_with_its_own_template(
     texts = list(CORPUS.values())
     assert loaded.encode_batch(texts) == [reference.encode(t) for t in texts]
     assert loaded.count(text) == len(reference.encode(text))
-    with pytest.raises(ContentError, match="tool turns"):
+    with pytest.raises(ContentError, match="tool turn"):
         loaded.render([{"role": "tool", "content": "x"}])
 
 
