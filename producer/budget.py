@@ -20,6 +20,9 @@ class Limits:
     rule: LengthRule = field(default=SGLANG_RULE)  # the length rule of the engine in front
     reserved_tokens: int = 0  # the engine counts these with the input (speculative decoding)
     server_input_limit: int | None = None  # the engine's own max_req_input_len, if it says
+    # Why a JSON schema's grammar cannot wait for `</think>` on the servers read, with the fix
+    # (producer/build.py `grammar_cannot_wait`); None: it can, or no server was read.
+    grammar_cannot_wait: str | None = None
 
     def __post_init__(self) -> None:
         if self.context_length < 16:

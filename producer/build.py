@@ -18,6 +18,7 @@ from fleetgen.engine.preflight import combine
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
+from producer.options import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
 from producer.pipeline import Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
@@ -53,6 +54,7 @@ def resolve_limits(s: ProducerSettings) -> Limits:
                                 "server up? (`fleetgen doctor --engine-url URL`)") from exc
     rule = proto.rule
     context, max_total, input_limit = s.context_length, None, s.max_req_input_len
+    cannot_wait: str | None = None
     reserve = s.reserved_tokens
     if s.engine_url:
         servers = read_servers(s, proto)
@@ -66,14 +68,41 @@ def resolve_limits(s: ProducerSettings) -> Limits:
         reserve = max(reserve, fleet.reserved_tokens)
         input_limit = min(v for v in (input_limit, fleet.max_req_input_len) if v is not None)
         warn_ignored_seed(s, servers)
+        cannot_wait = grammar_cannot_wait(proto, servers)
     assert context is not None
     try:
         return Limits(context_length=context, max_total_tokens=max_total,
                       cap=s.max_output_tokens, margin=s.margin,
                       min_output_tokens=s.min_output_tokens, rule=rule,
-                      reserved_tokens=reserve, server_input_limit=input_limit)
+                      reserved_tokens=reserve, server_input_limit=input_limit,
+                      grammar_cannot_wait=cannot_wait)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def grammar_cannot_wait(proto: EngineProtocol, servers: dict[str, ServerLimits]) -> str | None:
+    """Why a JSON schema's grammar could not let a thinking prompt's reasoning through on these
+    servers, naming the fix; None when it can, or when no server says.
+
+    SGLang 0.5.23 lets a grammar wait for `</think>` only with `--reasoning-parser`
+    (`constrained/base_grammar_backend.py` `create_grammar_backend` wraps the backend in a
+    `ReasonerGrammarBackend` only then; the plain grammar objects ignore `require_reasoning`),
+    and only on /generate (its /v1/completions `CompletionRequest` has no `require_reasoning`).
+    Otherwise the grammar holds from the first token: after a prompt that opened `<think>`,
+    the document is written inside the reasoning and the split finds no answer. vLLM does not
+    report its parser; llama.cpp is not checked."""
+    for url, limits in servers.items():
+        if limits.engine != "sglang":
+            continue
+        if proto.name != "sglang":
+            return (f"{url} is SGLang's /v1/completions, which cannot make a grammar wait for "
+                    "</think>; use its native protocol (FLEETGEN_ENGINE_PROTOCOL=sglang) with "
+                    "--reasoning-parser qwen3 on the server")
+        # max_req_input_len: the server info was read, and it lists every server argument.
+        if limits.reasoning_parser is None and limits.max_req_input_len is not None:
+            return (f"{url} runs no reasoning parser, so its grammar holds from the first token, "
+                    "inside the reasoning; restart it with --reasoning-parser qwen3")
+    return None
 
 
 def warn_ignored_seed(s: ProducerSettings, servers: dict[str, ServerLimits]) -> None:
@@ -88,6 +117,18 @@ def warn_ignored_seed(s: ProducerSettings, servers: dict[str, ServerLimits]) -> 
                     "are not reproducible", s.sampling.get("seed"), ", ".join(ignoring))
 
 
+def refuse_unwaitable_schema(settings: ProducerSettings, tokenizer: PromptTokenizer,
+                             limits: Limits) -> None:
+    """`--json-schema` on a run whose template leaves the think block open, against servers
+    whose grammar cannot wait for `</think>`: refused before anything is sent (a row's own
+    schema is refused when its row comes, producer/options.py)."""
+    if settings.json_schema is None or limits.grammar_cannot_wait is None:
+        return
+    options = RequestOptions(settings, tokenizer, limits)
+    if options.split_reasoning and opens_reasoning(tokenizer.render(PROBE_CHAT)):
+        raise ConfigError(unwaitable_schema("--json-schema", limits.grammar_cannot_wait))
+
+
 def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,
                    limits: Limits | None = None) -> Producer:
     """A producer ready to run; InputError for a missing input, a bad setting or an engine
@@ -97,5 +138,6 @@ def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | N
     limits = limits or resolve_limits(settings)
     tokenizer = tokenizer or load_tokenizer(
         settings.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
+    refuse_unwaitable_schema(settings, tokenizer, limits)
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
     return Producer(settings, tokenizer, client, enqueuer, limits)

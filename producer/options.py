@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.base.contract import Sampling, TaskPayload
+from fleetgen.base.errors import ConfigError
+from producer.budget import Limits
 from producer.rows import Row
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer
@@ -16,6 +18,8 @@ from producer.tokenizer import PromptTokenizer
 log = logging.getLogger("fleetgen.producer")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# What the run's template does with a plain question: whether its prompts open the think block.
+PROBE_CHAT = [{"role": "user", "content": "?"}]
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,11 @@ class Request:
 class RequestOptions:
     """Builds the task payload of a request from the run's settings and the row."""
 
-    def __init__(self, settings: ProducerSettings, tokenizer: PromptTokenizer) -> None:
+    def __init__(self, settings: ProducerSettings, tokenizer: PromptTokenizer,
+                 limits: Limits | None = None) -> None:
         self.s = settings
         self.split_reasoning = _wants_split(settings.reasoning, tokenizer)
+        self.cannot_wait = None if limits is None else limits.grammar_cannot_wait
         if settings.n > 1 and is_greedy(settings.sampling):
             log.warning("--n %d with greedy sampling (temperature 0): every sample of a row "
                         "will be the same answer; pass --temperature > 0", settings.n)
@@ -66,6 +72,10 @@ class RequestOptions:
             payload["logprobs"] = self.s.logprobs
         schema = row.json_schema or self.s.json_schema
         if schema is not None:
+            if self.cannot_wait is not None and payload.get("think_open"):
+                what = "--json-schema" if row.json_schema is None else \
+                    f"row {row.line}'s json_schema"
+                raise ConfigError(unwaitable_schema(what, self.cannot_wait))
             payload["json_schema"] = schema
         return payload
 
@@ -81,6 +91,13 @@ def sample_seed(row_id: str, sample: int, base: int | None) -> int:
     run's (or row's) seed, so samples differ from each other and a rerun repeats them."""
     digest = hashlib.blake2b(f"{base}\0{row_id}\0{sample}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF  # engines take a signed 32-bit seed
+
+
+def unwaitable_schema(what: str, why: str) -> str:
+    """The one-line refusal of a schema on a thinking prompt that the servers cannot honour."""
+    return (f"{what} on a thinking prompt (the chat template leaves <think> open) needs a "
+            f"grammar that waits for </think>: {why}; or switch thinking off with "
+            """--chat-template-kwargs '{"enable_thinking": false}'""")
 
 
 def is_greedy(sampling: Sampling) -> bool:

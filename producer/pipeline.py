@@ -63,7 +63,7 @@ class Producer:
         self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py)
         self._settings: dict[str, Any] = {}
         self._next_slot = 1
-        self.options = RequestOptions(settings, tokenizer)
+        self.options = RequestOptions(settings, tokenizer, limits)
         rules = [] if settings.ignore_stop else [parse_rule(r) for r in settings.stop_if]
         self.early = EarlyStop(client, settings.run, rules, settings.stop_after)
         self.total: int | None = None  # rows in the input, once all of it has been read

@@ -48,10 +48,15 @@ def _checked(convert: Callable[[Any], Any], ok: Callable[[Any], bool],
     return check, rule
 
 
+# SGLang 0.5.23 `SamplingParams.normalize` (sampling/sampling_params.py MAX_STOP_COUNT): a 400.
+MAX_STOPS = 32
+
+
 def _stop(value: Any) -> list[str]:
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise ValueError("a non-empty string or a list of them")
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
+            or len(stops) > MAX_STOPS:
+        raise ValueError(f"a non-empty string or a list of at most {MAX_STOPS} of them")
     return stops
 
 
@@ -64,7 +69,7 @@ CHECKS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "min_p": _checked(_number, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     "repetition_penalty": _checked(_number, lambda v: 0 < v <= 2, "a number in (0, 2]"),
     "seed": _checked(_integer, lambda v: True, "an integer"),
-    "stop": (_stop, "a non-empty string or a list of them"),
+    "stop": (_stop, f"a non-empty string or a list of at most {MAX_STOPS} of them"),
     "max_tokens": _checked(_integer, lambda v: v >= 1, "a positive integer"),
     "n": _checked(_integer, lambda v: 1 <= v <= MAX_N, f"an integer in 1..{MAX_N}"),
 }

@@ -13,6 +13,7 @@ from producer.earlystop import parse_rule
 
 MAX_SAMPLES = 128  # OpenAI's own limit on `n`
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit; vLLM's default max_logprobs is 20
+MAX_STOPS = 32  # SGLang 0.5.23 sampling/sampling_params.py MAX_STOP_COUNT: more is a 400
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,19 @@ class ProducerSettings:
             parse_rule(rule)
         if self.reasoning not in ("auto", "split", "off"):
             raise ConfigError(f"--reasoning must be auto, split or off, got {self.reasoning!r}")
+        self._check_stops()
+
+    def _check_stops(self) -> None:
+        """SGLang 0.5.23 finds every stop string in the text so far (schedule_batch.py
+        `_check_str_based_finish`: `stop_str in tail_str`), so an empty one ends every answer
+        at its first token; `SamplingParams.normalize` refuses more than MAX_STOP_COUNT."""
+        stops = self.sampling.get("stop") or []
+        if any(stop == "" for stop in stops):
+            raise ConfigError("--stop: an empty stop string would end every answer at its "
+                              "first token; give a non-empty one")
+        if len(stops) > MAX_STOPS:
+            raise ConfigError(f"--stop: at most {MAX_STOPS} stop strings (SGLang's "
+                              f"MAX_STOP_COUNT), got {len(stops)}")
 
     def manifest_settings(self, files: list[str] | None = None) -> dict[str, Any]:
         """What is stored in the run's manifest: never a secret. `files`: the input's files

@@ -13,6 +13,7 @@ that ends inside the reasoning finishes `length` with no `</think>`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import random
@@ -22,6 +23,7 @@ from typing import Any
 
 from simulator import schema as schemas
 from simulator.model import (
+    SPECIAL_IDS,
     STOP_TOKEN_ID,
     VOCAB_SIZE,
     WORD_IDS,
@@ -76,9 +78,16 @@ class Style:
 
     thinking: bool = False  # the server models a thinking model
     schema: Any = None  # a checked JSON schema: the answer is a document for it
-    reasoning_first: bool = False  # the grammar waits for `</think>` (SGLang: require_reasoning)
+    # The grammar waits for `</think>`: SGLang's `require_reasoning` on a server with a
+    # reasoning parser, vLLM's parser on a prompt whose reasoning has not ended.
+    reasoning_first: bool = False
     skip_special_tokens: bool = True
     broken_json: bool = False  # this request's document comes out invalid (--json-invalid-rate)
+    stop: tuple[str, ...] = ()  # stop strings, in the request's order
+    # Stop strings are matched on the text with special tokens (SGLang decodes its tail with
+    # them, whatever skip_special_tokens says); vLLM matches the text it returns.
+    stop_sees_special: bool = True
+    stop_trim: bool = True  # SGLang `no_stop_trim: true` keeps the matched string in the text
 
 
 PLAIN = Style()
@@ -96,14 +105,35 @@ def reasons(prompt: Sequence[int] | str, style: Style) -> bool:
         style.schema is None or style.reasoning_first)
 
 
+def grammar(prompt: Sequence[int] | str, style: Style) -> Any:
+    """The schema that shapes the answer, or None. A grammar told to wait for `</think>` on a
+    prompt that closed the think block never applies: the answer comes without reasoning, so
+    the `</think>` it waits for never comes (`ReasonerGrammarObject.maybe_init_reasoning(True)`
+    leaves the mask off until it has seen the think-end tokens), and the answer is free text."""
+    if style.schema is not None and style.reasoning_first and style.thinking \
+            and opening(prompt) is Opening.ANSWER:
+        return None
+    return style.schema
+
+
 def compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[int] | str,
             style: Style = PLAIN, min_new_tokens: int = 0, ignore_eos: bool = False,
             ) -> Completion:
     """The deterministic answer for `key` under this style, cut at `max_new_tokens`; a
     smaller budget gives a prefix of the same answer. A plain answer is `model.generate`'s.
     A document ends where it ends: `min_new_tokens` and `ignore_eos` do not stretch it."""
+    answer = _compose(key, mean_tokens, max_new_tokens, prompt, style, min_new_tokens,
+                      ignore_eos)
+    if not style.stop:
+        return answer
+    return stop_at(answer, style.stop, style.stop_sees_special, style.stop_trim)
+
+
+def _compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[int] | str,
+             style: Style, min_new_tokens: int, ignore_eos: bool) -> Completion:
     thinks = reasons(prompt, style)
-    if not thinks and style.schema is None:
+    schema = grammar(prompt, style)
+    if not thinks and schema is None:
         return generate(key, mean_tokens, max_new_tokens, min_new_tokens, ignore_eos)
     rng = random.Random(key)
     answer_len = natural_length(rng, mean_tokens)
@@ -115,7 +145,7 @@ def compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[in
         if opening(prompt) is Opening.OPENS:
             head = [(THINK_START, THINK_START_ID), ("\n", NEWLINE_ID)]
         tail = [("\n", NEWLINE_ID), (THINK_END, THINK_END_ID), ("\n\n", PARAGRAPH_ID)]
-    document = None if style.schema is None else document_tokens(key, style)
+    document = None if schema is None else document_tokens(key, style)
     before = len(head) + reasoning_len + len(tail)
     total = before + (len(document) if document is not None else answer_len)
     if document is None:
@@ -131,6 +161,38 @@ def compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[in
                               else {"type": "length", "length": max_new_tokens})
     return joined([text for text, _ in tokens], [token for _, token in tokens], finish,
                   style.skip_special_tokens)
+
+
+def stop_at(answer: Completion, stops: Sequence[str], with_special: bool,
+            trim: bool = True) -> Completion:
+    """The answer ended by its first stop string, as SGLang 0.5.23 ends it.
+
+    `Req._check_str_based_finish` (schedule_batch.py), after every token and before the length
+    and stop-token checks: the first stop string, in the request's order, found in the text
+    so far finishes the request with `FINISH_MATCHED_STR` (`{"type": "stop", "matched":
+    <the string>}`), its output ids running to the token that completed the match
+    (`_locate_str_stop_finished_len`). The detokenizer then cuts the text before the string's
+    first occurrence (`DetokenizerManager.trim_matched_stop`, `output[:pos]`, or after it,
+    `output[:end]`, with `no_stop_trim`; left whole when the text, without its special tokens,
+    does not hold it). vLLM (`StopChecker.
+    check_stop_strings`) matches the text it returns and cuts it the same way."""
+    pieces = answer.pieces if answer.pieces is not None else tuple(answer.token_texts())
+    ids = answer.output_ids
+    seen = ""
+    longest = max(len(stop) for stop in stops)
+    for index, (piece, token) in enumerate(zip(pieces, ids, strict=True)):
+        if with_special or not (answer.skip_special_tokens and token in SPECIAL_IDS):
+            seen += piece
+        # A match not there before this token ends inside it.
+        tail = seen[max(0, len(seen) - len(piece) - longest):]
+        matched = next((stop for stop in stops if stop in tail), None)
+        if matched is not None:
+            cut = joined(pieces[:index + 1], ids[:index + 1],
+                         {"type": "stop", "matched": matched}, answer.skip_special_tokens)
+            at = cut.text.find(matched)
+            text = cut.text if at < 0 else cut.text[:at + (len(matched) if not trim else 0)]
+            return dataclasses.replace(cut, text=text)
+    return answer
 
 
 def _words(rng: random.Random, count: int) -> list[tuple[str, int]]:
@@ -155,13 +217,14 @@ def piece_id(piece: str) -> int:
     return int.from_bytes(digest, "big") % VOCAB_SIZE
 
 
-def reasoning_tokens(output_ids: Sequence[int], thinking: bool, required: bool) -> int:
+def reasoning_tokens(output_ids: Sequence[int], parser: bool, required: bool) -> int:
     """meta_info `reasoning_tokens` of a server with a reasoning parser (`--thinking` models
-    one: `--reasoning-parser qwen3`), `BatchResultProcessor._maybe_update_reasoning_tokens`:
-    with `require_reasoning` every token up to and including `</think>` counts
-    (`Req.update_reasoning_tokens`); without, only reasoning the output opens itself with
-    `<think>` (`Req.update_self_opened_reasoning_tokens`). 0 without a parser."""
-    if not thinking or not output_ids:
+    one, `--reasoning-parser qwen3`, unless `--no-reasoning-parser`),
+    `BatchResultProcessor._maybe_update_reasoning_tokens`: with `require_reasoning` every token
+    up to and including `</think>` counts (`Req.update_reasoning_tokens`); without, only
+    reasoning the output opens itself with `<think>` (`Req.update_self_opened_reasoning_tokens`).
+    0 without a parser (`ModelConfig.think_end_ids` stays None)."""
+    if not parser or not output_ids:
         return 0
     if not required and output_ids[0] != THINK_START_ID:
         return 0

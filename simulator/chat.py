@@ -150,12 +150,12 @@ def parse_chat(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
 
 
 def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, str]:
-    """With a reasoning parser (`--thinking`: qwen3) the message carries the reasoning as
+    """With a reasoning parser (`--thinking` without `--no-reasoning-parser`) the message carries the reasoning as
     `reasoning_content` and the rest as `content`; an answer cut short inside its reasoning is
     reasoning only (the parser never saw `</think>`)."""
     completion = outcome.completion
     pieces = completion.pieces
-    if not config.thinking or pieces is None \
+    if config.reasoning_parser is None or pieces is None \
             or answers.opening(outcome.item.prompt) is answers.Opening.ANSWER:
         return None, completion.text
     ids = completion.output_ids

@@ -90,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "</think> (ids 248068, 248069) unless the prompt ends with the "
                             "empty think block, or inside the block the prompt opened; "
                             "--no-thinking: a model that never reasons")
+    modes.add_argument("--no-reasoning-parser", action="store_true",
+                       help="a thinking model served without --reasoning-parser "
+                            "(/server_info reasoning_parser null): a JSON schema's grammar "
+                            "applies from the first token, require_reasoning or not, and "
+                            "meta_info reasoning_tokens is 0")
     modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
                        help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
                             "(/v1/completions with vLLM's length rule, no native endpoints)")
@@ -160,6 +165,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_deterministic_inference=args.enable_deterministic_inference,
         skip_tokenizer_init=args.skip_tokenizer_init,
         thinking=args.thinking,
+        no_reasoning_parser=args.no_reasoning_parser,
         allow_auto_truncate=args.allow_auto_truncate,
         chat_template=args.chat_template,
         flavor=args.flavor,

@@ -50,6 +50,11 @@ class SimConfig:
     # Model a thinking model (Qwen3's <think> tokens; simulator/answers.py) served with a
     # reasoning parser: answers begin with reasoning unless the prompt switched it off.
     thinking: bool = False
+    # With `thinking`: the server runs no `--reasoning-parser` (/server_info `reasoning_parser`
+    # null). SGLang then builds no ReasonerGrammarBackend (`create_grammar_backend`), so a
+    # grammar applies from the first token even with `require_reasoning`, and meta_info
+    # `reasoning_tokens` stays 0 (`ModelConfig.think_end_ids` is set only with a parser).
+    no_reasoning_parser: bool = False
     # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
     allow_auto_truncate: bool = False
     # The chat template file the chat endpoints render with (simulator/chat.py); None: Qwen3.6's
@@ -182,6 +187,11 @@ class SimConfig:
         if self.max_running_requests is None and self.speculative_algorithm is not None:
             return SPECULATIVE_SLOTS
         return self.max_running_requests
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        """`--reasoning-parser` as /server_info and /model_info report it."""
+        return "qwen3" if self.thinking and not self.no_reasoning_parser else None
 
     @property
     def slots_per_dp(self) -> int:

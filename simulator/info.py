@@ -39,7 +39,7 @@ def resolved_args(config: SimConfig, port: int) -> dict[str, Any]:
         ),
         "allow_auto_truncate": config.allow_auto_truncate,
         # A server arg (`--reasoning-parser`), so at the top level as every other one.
-        "reasoning_parser": "qwen3" if config.thinking else None,
+        "reasoning_parser": config.reasoning_parser,
         "enable_metrics": True,
         # The simulator never echoes a key; a real server's args would carry it.
         "api_key": None if config.api_key is None else "<hidden>",

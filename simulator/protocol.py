@@ -58,6 +58,7 @@ class Sampling:
     ignore_eos: bool = False
     n: int = 1
     sampling_seed: int | None = None
+    stop: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -266,8 +267,28 @@ def parse_sampling(raw: Any) -> Sampling:
         ignore_eos=ignore_eos,
         n=n,
         sampling_seed=None if seed is None else int(_number(raw, "sampling_seed", 0)),
+        stop=_stop_strings(raw.get("stop")),
         raw=raw,
     )
+
+
+# sampling/sampling_params.py
+MAX_STOP_COUNT = 32
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    """`SamplingParams.normalize`: a string is a list of one; more than MAX_STOP_COUNT is a
+    ValueError (400). An empty string never matches here (SGLang's `"" in tail` would end
+    every request at its first token; the simulator does not model that)."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(v, str) for v in stops):
+        raise bad_request(f"stop must be a string or a list of strings, got {value!r}.")
+    if len(stops) > MAX_STOP_COUNT:
+        raise bad_request(f"at most {MAX_STOP_COUNT} stop strings are allowed, "
+                          f"got {len(stops)}")
+    return tuple(v for v in stops if v)
 
 
 def verify_sampling(sampling: Sampling) -> None:
@@ -438,15 +459,23 @@ def _build_job(
                 key=key,
                 max_new_tokens=max_new,
                 sampling=sampling,
-                style=style_of(sampling, key, config, extras),
+                style=style_of(sampling, key, config, extras, prompt),
             ))
     return Job(items, batch, extras)
 
 
-def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras) -> Style:
+def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras,
+             prompt: Sequence[int] | str = ()) -> Style:
     """How the item's answer is shaped. The schema is checked after the length rules, as
-    SGLang compiles grammars in the scheduler. vLLM with a reasoning parser applies the
-    grammar after the reasoning by itself; SGLang does when asked (`require_reasoning`)."""
+    SGLang compiles grammars in the scheduler.
+
+    Only a server with a reasoning parser lets a grammar wait for `</think>`: SGLang wraps its
+    grammar backend in a `ReasonerGrammarBackend` only when `--reasoning-parser` is set
+    (`constrained/base_grammar_backend.py` `create_grammar_backend`; the plain grammar
+    objects' `maybe_init_reasoning` does nothing), and then waits when asked
+    (`require_reasoning`). vLLM's parser waits by itself, unless the prompt already ended the
+    reasoning (its structured-output manager asks the parser `is_reasoning_end` of the
+    prompt's ids)."""
     raw = sampling.raw
     schema = raw.get("json_schema")
     if schema is not None:
@@ -457,12 +486,20 @@ def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras) ->
     skip = raw.get("skip_special_tokens")
     if skip is not None and not isinstance(skip, bool):
         raise bad_request(f"skip_special_tokens must be a boolean, got {skip!r}.")
+    parser = config.reasoning_parser is not None
+    if config.flavor == "vllm":
+        waits = parser and answers.opening(prompt) is not answers.Opening.ANSWER
+    else:
+        waits = parser and extras.require_reasoning
     return Style(
         thinking=config.thinking,
         schema=schema,
-        reasoning_first=extras.require_reasoning or config.flavor == "vllm",
+        reasoning_first=waits,
         skip_special_tokens=True if skip is None else skip,
         broken_json=schema is not None and answers.breaks_json(key, config.json_invalid_rate),
+        stop=sampling.stop,
+        stop_sees_special=config.flavor != "vllm",
+        stop_trim=config.flavor == "vllm" or raw.get("no_stop_trim") is not True,
     )
 
 
@@ -496,7 +533,8 @@ def _native_answer(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[
         "num_retractions": outcome.num_retractions,
         **_native_logprobs(outcome, config, extras),
         "reasoning_tokens": answers.reasoning_tokens(
-            completion.output_ids, config.thinking, extras.require_reasoning),
+            completion.output_ids, config.reasoning_parser is not None,
+            extras.require_reasoning),
         "completion_tokens": tokens,
         "cached_tokens": cached,
         "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": tokens}],
@@ -548,7 +586,7 @@ def _refuse_stream(body: dict[str, Any]) -> None:
 _OPENAI_TO_SAMPLING = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
                        "seed": "sampling_seed"}
 _OPENAI_SAMPLING_KEYS = (
-    *(name for name, *_ in _RANGE_RULES), "n", "ignore_eos", "skip_special_tokens",
+    *(name for name, *_ in _RANGE_RULES), "n", "ignore_eos", "skip_special_tokens", "stop",
     *_OPENAI_TO_SAMPLING,
 )
 
@@ -661,6 +699,16 @@ def _openai_prompts(prompt: Any) -> list[list[int] | str]:
     )
 
 
+def _stop_field(finish: dict[str, Any], config: SimConfig) -> dict[str, Any]:
+    """What ended a choice. SGLang (`OpenAIServingCompletion._build_completion_response`):
+    `matched_stop`, the finish reason's `matched` (a stop string, or the stop token's id).
+    vLLM (`CompletionResponseChoice.stop_reason`): the stop string, null for the EOS token."""
+    matched = finish.get("matched")
+    if config.flavor == "vllm":
+        return {"stop_reason": matched if isinstance(matched, str) else None}
+    return {"matched_stop": matched}
+
+
 def render_completions(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
     choices = []
     for index, outcome in enumerate(outcomes):
@@ -670,7 +718,7 @@ def render_completions(job: Job, outcomes: list[Outcome], config: SimConfig) -> 
             "text": outcome.completion.text,
             "logprobs": _openai_logprobs(outcome, config, job.extras),
             "finish_reason": finish["type"],
-            "matched_stop": finish.get("matched"),
+            **_stop_field(finish, config),
         }
         if job.extras.token_ids:
             choice["token_ids"] = outcome.completion.output_ids

@@ -465,7 +465,7 @@ class SimServer:
             "model_path": name, "served_model_name": name, "tokenizer_path": name,
             "is_generation": True, "preferred_sampling_params": None,
             "weight_version": "default", "load_format": "auto",
-            "reasoning_parser": "qwen3" if self.config.thinking else None,
+            "reasoning_parser": self.config.reasoning_parser,
             "tool_call_parser": None, "disaggregation_mode": "null",
             "has_image_understanding": False, "has_audio_understanding": False,
             "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],

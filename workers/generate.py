@@ -70,11 +70,21 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
 
 
 def generate_options(payload: TaskPayload) -> GenerateOptions:
-    """What the payload asks of the engine beyond sampling (fleetgen/base/contract.py)."""
+    """What the payload asks of the engine beyond sampling (fleetgen/base/contract.py).
+
+    The grammar waits for `</think>` only when the rendered prompt leaves the think block open
+    (`think_open`), as SGLang's own chat path decides it from the thinking mode
+    (`entrypoints/openai/serving_chat.py`: `result.require_reasoning = thinking_mode`, from
+    `_get_reasoning_from_request`, false for `enable_thinking: false`). A prompt that closed
+    the block (`<think>\n\n</think>\n\n`) is answered without reasoning: a grammar told to
+    wait would wait for a `</think>` that never comes and never apply. A prompt that opens
+    no block at all (a raw `prompt` row) gets the grammar from the first token too: the
+    answer is then a valid document without reasoning, never an unconstrained one."""
     think = bool(payload.get("think"))
     schema = payload.get("json_schema")
+    opened = think and bool(payload.get("think_open"))
     return GenerateOptions(keep_special_tokens=think, logprobs=int(payload.get("logprobs") or 0),
-                           json_schema=schema, reasoning_first=think and schema is not None)
+                           json_schema=schema, reasoning_first=opened and schema is not None)
 
 
 def request_id(run: str, slot: int) -> str:

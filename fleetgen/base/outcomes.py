@@ -38,6 +38,9 @@ class Generation:
     output_ids: list[int] | None = None  # the generated token ids, where the engine gives them
     # Top-K log-probabilities per output token, compact (fleetgen/base/logprobs.py), when asked.
     logprobs: dict[str, Any] | None = None
+    # The stop string that ended the answer, where the engine says: the text ends before it,
+    # the output ids run through it (SGLang `trim_matched_stop` cuts the text only).
+    stop_matched: str | None = None
 
 # What a result says about its answer, counted by the worker (stats) and the drainer (summary):
 # both read it from the record alone, so the drainer rebuilds it from its files.
@@ -77,7 +80,8 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
     if payload.get("think"):
         # `completion` is the answer alone; the reasoning beside it.
         split = split_reasoning(gen.text, gen.output_ids,
-                                think_open=bool(payload.get("think_open")))
+                                think_open=bool(payload.get("think_open")),
+                                stopped=gen.stop_matched is not None)
         record.update(completion=split.completion, reasoning=split.reasoning,
                       reasoning_tokens=split.reasoning_tokens,
                       reasoning_unfinished=split.unfinished)

@@ -33,7 +33,7 @@ class Split:
 
 
 def split_reasoning(text: str, output_ids: Sequence[int] | None = None, *,
-                    think_open: bool = False) -> Split:
+                    think_open: bool = False, stopped: bool = False) -> Split:
     """Split `text` (special tokens kept) at its first `</think>`.
 
     The answer is in reasoning from its first token when the prompt opened the block itself
@@ -43,12 +43,15 @@ def split_reasoning(text: str, output_ids: Sequence[int] | None = None, *,
 
     Ids that hold `</think>` with a text that does not (an engine that dropped special tokens
     although asked to keep them) cannot be cut: the whole text is the completion, reasoning
-    None, and the count still comes from the ids.
+    None, and the count still comes from the ids. Not so when a stop string ended the answer
+    (`stopped`): the text was cut before the string and the ids run through it, so a
+    `</think>` in the ids past the cut says nothing of the text; the text alone is split (a
+    stop hit inside the reasoning leaves it unfinished).
     """
     head, tag, tail = text.partition(THINK_END)
     opened = think_open or text.lstrip().startswith(THINK_START) or bool(
         output_ids and output_ids[0] == THINK_START_ID)
-    if not tag and output_ids is not None and THINK_END_ID in output_ids:
+    if not tag and not stopped and output_ids is not None and THINK_END_ID in output_ids:
         return Split(None, text, count_reasoning(output_ids, opened), False)
     if tag:
         reasoning: str | None = _strip_open(head)

@@ -34,11 +34,17 @@ VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
 SGLANG = "sglang"
 ANSWERS = frozenset({"stop", "length"})
-# Our sampling names in OpenAI's (vLLM, SGLang and llama.cpp accept top_k, min_p and
-# repetition_penalty as extensions; llama.cpp ignores what it does not know).
+# Our sampling names in OpenAI's (vLLM and SGLang accept top_k, min_p and repetition_penalty
+# as extensions).
 SAMPLING_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                   "min_p": "min_p", "repetition_penalty": "repetition_penalty",
                   "seed": "seed", "stop": "stop"}
+# llama.cpp's server reads only the fields of its completion schema and ignores the rest
+# (tools/server/server-schema.cpp `make_llama_cmpl_schema`, evaluated field by field in
+# `eval_llama_cmpl_schema`; `params_from_json_cmpl` in older trees): its repetition penalty is
+# `repeat_penalty` (`params.sampling.penalty_repeat`), so `repetition_penalty` would be
+# dropped without a word.
+LLAMA_CPP_NAMES = {**SAMPLING_NAMES, "repetition_penalty": "repeat_penalty"}
 
 
 class ContextRule:
@@ -153,7 +159,9 @@ class OpenAIClient:
         body = completion_body(input_ids, max_new_tokens, sampling, self.model, options,
                                self.engine)
         try:
-            # vLLM and SGLang take `X-Request-Id` as the request's id in their logs.
+            # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`:
+            # its logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the
+            # body) and llama.cpp's server (tools/server) never read the header.
             response = self._http.post("/v1/completions", json=body,
                                        headers={"X-Request-Id": rid})
         except httpx.HTTPError as exc:
@@ -178,8 +186,9 @@ def completion_body(input_ids: list[int], max_tokens: int, sampling: dict[str, A
     body: dict[str, Any] = {"prompt": input_ids, "max_tokens": max_tokens, "stream": False}
     if model:
         body["model"] = model
+    names = LLAMA_CPP_NAMES if engine == LLAMA_CPP else SAMPLING_NAMES
     for key, value in sampling.items():
-        body[SAMPLING_NAMES.get(key, key)] = value
+        body[names.get(key, key)] = value
     if options != PLAIN:
         body.update(EXTENSIONS.get(engine, vllm_options)(options))
     return body
@@ -272,9 +281,21 @@ def parse_completion(data: Any, top_k: int = 0) -> Generation:
             latency_s=0.0,
             output_ids=output_ids,
             logprobs=logprobs,
+            stop_matched=_stop_string(choice),
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
+
+
+def _stop_string(choice: dict[str, Any]) -> str | None:
+    """The stop string that ended a choice: SGLang's `matched_stop`
+    (`serving_completions.py`, the finish reason's `matched`), vLLM's `stop_reason`; both are
+    a token id (or null) when a stop token ended it."""
+    for name in ("matched_stop", "stop_reason"):
+        value = choice.get(name)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")

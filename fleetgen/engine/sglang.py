@@ -185,6 +185,9 @@ def parse_generation(data: Any) -> Generation:
             latency_s=float(meta.get("e2e_latency", 0.0)),
             output_ids=[int(i) for i in output_ids] if isinstance(output_ids, list) else None,
             logprobs=parse_logprobs(meta),
+            # FINISH_MATCHED_STR: a string; FINISH_MATCHED_TOKEN: the token's id.
+            stop_matched=reason.get("matched") if isinstance(reason.get("matched"), str)
+            else None,
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc

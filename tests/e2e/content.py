@@ -29,7 +29,16 @@ from fleetgen.local.fleet import LocalFleet
 from producer.options import sample_seed
 from producer.rows import Row, read_rows
 from producer.tokenizer import PromptTokenizer, load_tokenizer
-from simulator.answers import THINK_END_ID, Style, breaks_json, compose, reasons, token_logprobs
+from simulator.answers import (
+    THINK_END_ID,
+    Opening,
+    Style,
+    breaks_json,
+    compose,
+    opening,
+    reasons,
+    token_logprobs,
+)
 from simulator.cli import add_arguments, config_from_args
 from simulator.config import SimConfig
 from simulator.model import Completion, request_key
@@ -106,7 +115,7 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
     max_new = vllm_limit(prompt_tokens, max_tokens, config) if config.flavor == "vllm" \
         else schedule_limit(prompt_tokens, max_tokens, config)
     key = request_key(config.seed, ids, 0, sampling.get("seed"))
-    style = sim_style(key, config, options)
+    style = sim_style(key, config, options, ids, sampling)
     answer = compose(key, config.output_tokens_mean, max_new, ids, style)
     want: dict[str, Any] = {
         "completion": answer.text, "completion_tokens": answer.completion_tokens,
@@ -124,16 +133,28 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
     return want
 
 
-def sim_style(key: int, config: SimConfig, options: Mapping[str, Any]) -> Style:
+def sim_style(key: int, config: SimConfig, options: Mapping[str, Any],
+              ids: list[int] | None = None, sampling: Mapping[str, Any] | None = None) -> Style:
     """The style fleetgen's request gives the answer: tags kept when thinking, the schema,
-    the grammar after the reasoning (SGLang's require_reasoning; vLLM by itself)."""
+    the grammar after the reasoning (SGLang: `require_reasoning`, sent when the prompt left
+    the think block open, and honoured with a reasoning parser; vLLM's parser by itself,
+    unless the prompt closed the block), the stop strings."""
     think = bool(options.get("think"))
     text = options.get("json_schema")
     schema = None if text is None else json.loads(text)
-    return Style(thinking=config.thinking, schema=schema,
-                 reasoning_first=(think and schema is not None) or config.flavor == "vllm",
+    parser = config.reasoning_parser is not None
+    if config.flavor == "vllm":
+        waits = parser and opening(ids or []) is not Opening.ANSWER
+    else:
+        # The payload's `think_open`, as the producer sets it from the rendered prompt.
+        opened = options.get("think_open", opening(ids or []) is Opening.INSIDE)
+        waits = parser and think and bool(opened) and schema is not None
+    stop = (sampling or {}).get("stop") or ()
+    return Style(thinking=config.thinking, schema=schema, reasoning_first=waits,
                  skip_special_tokens=not think,
-                 broken_json=schema is not None and breaks_json(key, config.json_invalid_rate))
+                 broken_json=schema is not None and breaks_json(key, config.json_invalid_rate),
+                 stop=(stop,) if isinstance(stop, str) else tuple(stop),
+                 stop_sees_special=config.flavor != "vllm")
 
 
 def reasoning_of(answer: Completion, reasoned: bool) -> dict[str, Any]:
@@ -144,6 +165,17 @@ def reasoning_of(answer: Completion, reasoned: bool) -> dict[str, Any]:
         return {"completion": answer.text, "reasoning": None, "reasoning_tokens": 0,
                 "reasoning_unfinished": False}
     end = ids.index(THINK_END_ID) + 1 if THINK_END_ID in ids else None
+    if isinstance(answer.finish_reason.get("matched"), str):
+        # A stop string: the ids run to its last token, the text stops before its first
+        # character. Cut before `</think>`, the answer stopped inside its reasoning.
+        text = answer.text
+        count = end if end else len(ids)
+        if end is None or "</think>" not in text:
+            return {"completion": "", "reasoning": text.removeprefix("<think>").strip(),
+                    "reasoning_tokens": count, "reasoning_unfinished": True}
+        return {"completion": text.split("</think>", 1)[1].lstrip(),
+                "reasoning": "".join(pieces[:end - 1]).removeprefix("<think>").strip(),
+                "reasoning_tokens": count, "reasoning_unfinished": False}
     thought = "".join(pieces[:end - 1] if end else pieces).removeprefix("<think>").strip()
     rest = "".join(pieces[end:]).lstrip() if end else ""
     return {"completion": rest, "reasoning": thought,

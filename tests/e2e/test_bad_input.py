@@ -107,6 +107,10 @@ def wrong_columns(tmp_path: Path) -> Path:
       "{tmp}/no-schema.json"], exitcodes.CONFIG, "--json-schema: cannot read"),
     (["produce", "{prompts}", "--run", "r", "--context-length", "8192", "--after", "0"],
      exitcodes.CONFIG, "--after must be at least 1"),
+    (["produce", "{prompts}", "--run", "r", "--context-length", "8192", "--stop", ""],
+     exitcodes.CONFIG, "--stop: an empty stop string would end every answer"),
+    (["produce", "{prompts}", "--run", "r", "--context-length", "8192",
+      *(f"--stop=s{i}" for i in range(33))], exitcodes.CONFIG, "--stop: at most 32"),
     (["produce", "{prompts}", "--run", "r", "--context-length", "8192", "--reasoning",
       "maybe"], exitcodes.USAGE, "usage"),
 ])

@@ -47,6 +47,25 @@ def test_a_run_on_vllm_servers_uses_vllms_rule_and_every_answer_checks(
     assert assert_fleet_content(vllm_fleet, prompts, data) == 120
 
 
+def test_stop_strings_on_vllm_servers_end_answers_as_vllm_does(
+        vllm_fleet: LocalFleet, tmp_path: Path) -> None:
+    """vLLM cuts the text it returns before the first stop string (`StopChecker.
+    check_stop_strings`) and names it in `stop_reason`: the results say `stop`, hold no stop
+    string, and are each the simulator's answer."""
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
+    kinds = make_prompts(prompts, 30)
+    urls = tuple(vllm_fleet.engine_url(g) for g in range(2))
+    stops = [" about", " finally"]
+    run_pipeline(vllm_fleet, prompts, "vllm-stop", out, context_length=None, engine_url=urls,
+                 sampling={"stop": stops})
+    data = assert_exactly_once(out, set(kinds["good"]))
+    results = data["results"]
+    assert not [r for r in results for s in stops
+                if s in r["completion"] or s in (r.get("reasoning") or "")]
+    assert sum(r["finish_reason"] == "stop" for r in results) > len(results) // 2
+    assert assert_fleet_content(vllm_fleet, prompts, data, sampling={"stop": stops}) == 30
+
+
 def test_a_worker_told_sglang_in_front_of_vllm_stops_with_one_line(
         vllm_fleet: LocalFleet, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"

@@ -120,6 +120,34 @@ def test_a_row_s_own_template_options_override_the_run_s(thinking_fleet: LocalFl
     assert summary["done"] == ROWS
 
 
+STOPS = (" about", " finally")
+
+
+def test_stop_strings_end_answers_and_reasoning(thinking_fleet: LocalFleet,
+                                                tmp_path: Path) -> None:
+    """`--stop`: SGLang ends the answer at the first stop string it writes, in the reasoning
+    too (`Req._check_str_based_finish` decodes the tail with its special tokens), and cuts the
+    text before it (`trim_matched_stop`): `finish_reason` is `stop`, neither the completion nor
+    the reasoning holds a stop string, and a stop hit inside the reasoning leaves no answer
+    (`reasoning_unfinished`). Every line is recomputed from the simulator's model."""
+    source = prompts(tmp_path / "p.jsonl")
+    data, summary = run(thinking_fleet, source, "stops", tmp_path / "out",
+                        "--max-output-tokens", "512", *(f"--stop={s}" for s in STOPS))
+    results = data["results"]
+    for r in results:
+        assert not any(s in r["completion"] or s in (r["reasoning"] or "") for s in STOPS), r
+    in_reasoning = [r for r in results if r["reasoning_unfinished"]]
+    assert in_reasoning and all(r["finish_reason"] == "stop" and r["completion"] == ""
+                                for r in in_reasoning), "a stop hit inside the reasoning"
+    answered = [r for r in results if r["completion"] and r["finish_reason"] == "stop"]
+    assert answered, "answers that got past their reasoning"
+    assert summary["reasoning_unfinished"] == len(in_reasoning)
+    assert summary["truncated"] == sum(r["finish_reason"] == "length" for r in results)
+    assert assert_fleet_content(thinking_fleet, source, data, options={"think": True},
+                                sampling={"stop": list(STOPS)}) == ROWS
+    print(f"\nstops: {len(in_reasoning)} of {ROWS} stopped inside the reasoning")
+
+
 def test_json_schema_and_logprobs(thinking_fleet: LocalFleet, tmp_path: Path) -> None:
     source = prompts(tmp_path / "p.jsonl")
     with source.open("ab") as f:  # a row with a schema of its own

@@ -14,6 +14,7 @@ import pytest
 
 from fleetgen.base import errors
 from fleetgen.engine.health import State, Watch
+from fleetgen.engine.openai import parse_completion
 from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
 from fleetgen.local.procs import wait_for
 from simulator.config import SimConfig
@@ -47,6 +48,22 @@ def test_only_stop_and_length_are_answers() -> None:
     del odd["meta_info"]["finish_reason"]
     with pytest.raises(errors.RetryableError):
         parse_generation(odd)
+
+
+def test_a_stop_string_finish_says_which_string() -> None:
+    """FINISH_MATCHED_STR carries the string, FINISH_MATCHED_TOKEN the token's id
+    (schedule_batch.py `to_json`); SGLang's /v1 passes it on as `matched_stop`, vLLM names the
+    string `stop_reason`."""
+    answer = json.loads(json.dumps(RUNNING_ABORT))
+    answer["meta_info"]["finish_reason"] = {"type": "stop", "matched": " ok"}
+    assert parse_generation(answer).stop_matched == " ok"
+    answer["meta_info"]["finish_reason"] = {"type": "stop", "matched": 248046}
+    assert parse_generation(answer).stop_matched is None
+    usage = {"prompt_tokens": 1, "completion_tokens": 1}
+    for choice, want in (({"matched_stop": " ok"}, " ok"), ({"stop_reason": " ok"}, " ok"),
+                         ({"matched_stop": 248046}, None), ({"stop_reason": None}, None)):
+        body = {"choices": [{"text": "a", "finish_reason": "stop", **choice}], "usage": usage}
+        assert parse_completion(body).stop_matched == want
 
 
 def test_an_abort_over_http_from_the_simulator_is_raised() -> None:

@@ -3,6 +3,11 @@ context-length 400, the answer shape, and protocol detection over real HTTP."""
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
 import httpx
 import pytest
 
@@ -129,3 +134,60 @@ def test_sglangs_own_v1_is_budgeted_with_its_speculative_reserve(start_sim: Star
             client.generate(list(range(1, 101)), 4096 - 100 - 2, {}, rid="spec:2:ab")
     finally:
         client.close()
+
+
+class LlamaLike(BaseHTTPRequestHandler):
+    """What a llama.cpp server answers, as far as the client looks: `/props` (so it is detected
+    as llama.cpp), `/v1/models`, and `/v1/completions`, whose bodies it keeps."""
+
+    bodies: ClassVar[list[dict[str, object]]] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/props":
+            self._send({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2})
+        elif self.path == "/v1/models":
+            self._send({"object": "list", "data": [{"id": "tiny", "object": "model",
+                                                    "owned_by": "llamacpp"}]})
+        else:
+            self._send({"status": "ok"})
+
+    def do_POST(self) -> None:
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self._send({"choices": [{"text": "a b", "index": 0, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+
+    def _send(self, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_llama_cpp_gets_its_own_name_for_the_repetition_penalty() -> None:
+    """llama.cpp reads `repeat_penalty` (server-schema.cpp `make_llama_cmpl_schema`) and drops
+    what its schema lacks: the client that detected llama.cpp renames it; vLLM and SGLang keep
+    `repetition_penalty`."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LlamaLike)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sampling = {"repetition_penalty": 1.15, "temperature": 0.5}
+    try:
+        client = openai.PROTOCOL.connect(f"http://127.0.0.1:{server.server_address[1]}",
+                                         timeout_s=5, concurrency=1)
+        try:
+            client.generate([1, 2, 3], 8, dict(sampling), "run:1:ab")
+        finally:
+            client.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    sent = LlamaLike.bodies[-1]
+    assert sent["repeat_penalty"] == 1.15 and "repetition_penalty" not in sent
+    assert sent["temperature"] == 0.5
+    for flavor in (openai.VLLM, openai.SGLANG):
+        body = openai.completion_body([1], 8, dict(sampling), None, engine=flavor)
+        assert body["repetition_penalty"] == 1.15 and "repeat_penalty" not in body

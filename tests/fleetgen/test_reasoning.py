@@ -105,3 +105,21 @@ def test_result_record_fields_and_counts() -> None:
     assert "reasoning" not in plain and "json_valid" not in plain
     assert plain["logprobs"] == {"ids": [A], "lp": [-1.0]} and plain["completion"] == "  "
     assert quality_counts(plain) == {"empty": 1, "reasoning_unfinished": 0, "json_invalid": 0}
+
+
+def test_a_stop_string_hit_inside_the_reasoning_leaves_it_unfinished() -> None:
+    """SGLang cuts the text before the stop string and keeps the ids through it
+    (`trim_matched_stop`): a stop `</think>` leaves the tag in the ids only. The text alone is
+    split then: reasoning, no answer, unfinished (not all completion, as for an engine that
+    dropped the tag from the text)."""
+    ids = [A, B, NL, THINK_END_ID]
+    assert split_reasoning("hmm ok\n", ids, think_open=True, stopped=True) == \
+        Split("hmm ok", "", 4, True)
+    assert split_reasoning("hmm ok\n", ids, think_open=True) == Split(None, "hmm ok\n", 4, False)
+    payload = TaskPayload(run="r", line=1, id="s", input_ids=[1], max_tokens=9, sampling={},
+                          row={}, think=True, think_open=True)
+    gen = Generation("hmm ok\n", "stop", 1, 4, 0, 0.1, ids, stop_matched="</think>")
+    record = result_record(payload, gen, max_tokens=9, attempts=1, worker="w")
+    assert (record["finish_reason"], record["reasoning_unfinished"], record["completion"]) == \
+        ("stop", True, "")
+    assert quality_counts(record)["reasoning_unfinished"] == 1

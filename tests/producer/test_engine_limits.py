@@ -1,6 +1,7 @@
 """The producer's limits read from real servers (simulated SGLang over HTTP): the speculative
 reserve and the server's own input limit enter the budget, several servers give the smallest
-limits, an ignored --seed is said once, and bad servers are one line with an exit code."""
+limits, an ignored --seed is said once, bad servers are one line with an exit code, and a JSON
+schema on a thinking prompt needs servers whose grammar waits for the reasoning."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from typing import ClassVar
 
 import httpx
 import pytest
+import redis
 
 from fleetgen.base import exitcodes
-from fleetgen.base.contract import Sampling
+from fleetgen.base.contract import RunKeys, Sampling
 from fleetgen.base.errors import ConfigError, EngineUnreachable
 from fleetgen.cli.main import main
+from fleetgen.engine import PROTOCOLS
+from fleetgen.engine.api import ServerLimits
 from producer.budget import budget
-from producer.build import build_producer, resolve_limits
+from producer.build import build_producer, grammar_cannot_wait, resolve_limits
 from producer.settings import ProducerSettings
 from tests.simulator.sim_helpers import StartSim
 
@@ -214,3 +218,62 @@ def _no_context(self: DllmLikeServer) -> None:
     self.send_response(200)
     self.end_headers()
     self.wfile.write(b'{"data": [{"id": "m"}]}' if self.path == "/v1/models" else b"{}")
+
+
+def test_a_json_schema_on_a_thinking_prompt_needs_a_server_with_a_reasoning_parser(
+        start_sim: StartSim, redis_url: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang lets a grammar wait for `</think>` only with --reasoning-parser
+    (`create_grammar_backend`), which /server_info reports. Without one, a schema on a prompt
+    that opened <think> would be written inside the reasoning: `produce` refuses before
+    sending anything (exit 3, one line naming the fix), and a row's own schema when its row
+    comes. A closed think block, or a server with a parser, runs."""
+    parserless = start_sim(thinking=True, no_reasoning_parser=True, context_length=4096)
+    parser = start_sim(thinking=True, context_length=4096)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "messages": [
+        {"role": "user", "content": f"Question {i}?"}]}) + "\n" for i in range(3)))
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    client = redis.Redis.from_url(redis_url)
+
+    def produce(run: str, url: str, *flags: str, source: Path = prompts) -> tuple[int, str]:
+        code = main(["produce", str(source), "--run", run, "--redis", redis_url,
+                     "--engine-url", url, "--no-wait", *flags])
+        return code, capsys.readouterr().err
+
+    code, err = produce("parserless", parserless.url, "--json-schema", str(schema))
+    assert code == exitcodes.CONFIG, err
+    assert len(err.strip().splitlines()) == 1 and "--reasoning-parser qwen3" in err, err
+    assert parserless.url in err and "--json-schema on a thinking prompt" in err
+    assert not client.exists(RunKeys("parserless").manifest), "refused before the run opened"
+
+    assert produce("off", parserless.url, "--json-schema", str(schema),
+                   "--chat-template-kwargs", '{"enable_thinking": false}')[0] == exitcodes.OK
+    assert produce("parser", parser.url, "--json-schema", str(schema))[0] == exitcodes.OK
+    assert produce("plain", parserless.url)[0] == exitcodes.OK
+
+    own = tmp_path / "own.jsonl"
+    own.write_text(prompts.read_text() + json.dumps({
+        "id": "own", "json_schema": {"type": "object"},
+        "messages": [{"role": "user", "content": "JSON?"}]}) + "\n")
+    code, err = produce("own", parserless.url, source=own)
+    assert code == exitcodes.CONFIG and "row 4's json_schema" in err, err
+    assert len(err.strip().splitlines()) == 1 and "--reasoning-parser qwen3" in err
+
+
+def test_which_servers_let_a_grammar_wait_for_the_reasoning() -> None:
+    sglang, openai = PROTOCOLS["sglang"], PROTOCOLS["openai"]
+    read = {"context_length": 4096, "max_req_input_len": 4090}
+    with_parser = ServerLimits(**read, reasoning_parser="qwen3")  # type: ignore[arg-type]
+    without = ServerLimits(**read)  # type: ignore[arg-type]
+    assert grammar_cannot_wait(sglang, {"u": with_parser}) is None
+    assert "--reasoning-parser qwen3" in str(grammar_cannot_wait(sglang, {"a": with_parser,
+                                                                          "u": without}))
+    # SGLang's /v1/completions has no require_reasoning, parser or not
+    assert "FLEETGEN_ENGINE_PROTOCOL=sglang" in str(grammar_cannot_wait(openai,
+                                                                        {"u": with_parser}))
+    # no server info read (no max_req_input_len), vLLM (its parser unreported): not refused
+    assert grammar_cannot_wait(sglang, {"u": ServerLimits(context_length=4096)}) is None
+    assert grammar_cannot_wait(openai, {"u": ServerLimits(context_length=4096,
+                                                          engine="vllm")}) is None

@@ -63,7 +63,9 @@ def test_an_n_field_outside_sampling_is_just_a_field() -> None:
                                 "(0, 2]"),
     ({"repetition_penalty": 3}, "bad_option: sampling.repetition_penalty"),
     ({"seed": "7"}, "bad_option: sampling.seed must be an integer, got '7'"),
-    ({"stop": [""]}, "bad_option: sampling.stop must be a non-empty string or a list of them"),
+    ({"stop": [""]}, "bad_option: sampling.stop must be a non-empty string or a list of at "
+                     "most 32 of them"),
+    ({"stop": ["s"] * 33}, "bad_option: sampling.stop must be a non-empty string or a list"),
     ({"stop": {"a": 1}}, "bad_option: sampling.stop"),
     ({"max_tokens": 0}, "bad_option: sampling.max_tokens must be a positive integer, got 0"),
     ({"max_tokens": True}, "bad_option: sampling.max_tokens must be a positive integer"),

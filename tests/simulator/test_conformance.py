@@ -311,6 +311,63 @@ def structured(schema: Any, thinking: bool = False, **top: Any) -> Exchange:
     return run
 
 
+def grammar_held(prompt: list[int], **top: Any) -> Exchange:
+    """Whether the answer to this prompt is a document for SCHEMA, and where its reasoning is."""
+    def run(ctx: Ctx) -> Any:
+        body = ctx.client.post("/generate", json={
+            "input_ids": prompt, "sampling_params": {
+                "max_new_tokens": 90, "json_schema": json.dumps(SCHEMA),
+                "skip_special_tokens": False}, **top}).json()
+        answer = body["text"].split("</think>")[-1].strip()
+        try:
+            jsonschema.validate(json.loads(answer), SCHEMA)
+            document = True
+        except (ValueError, jsonschema.ValidationError):
+            document = False
+        parser = ctx.client.get("/server_info").json()["reasoning_parser"]
+        return {"document": document, "reasoned": "</think>" in body["text"],
+                "reasoning_tokens": body["meta_info"]["reasoning_tokens"], "parser": parser}
+    return run
+
+
+def stopped(prompt: list[int], word: int, path: str = "/generate", **sampling: Any
+            ) -> Exchange:
+    """Ask once without a stop, then with the answer's `word`-th word (its leading space
+    included) as the stop string: where the second answer ends and what it says."""
+    def ask(ctx: Ctx, stop: list[str] | None) -> dict[str, Any]:
+        extra = {} if stop is None else {"stop": stop}
+        if path == "/generate":
+            body = ctx.client.post(path, json={"input_ids": prompt, "sampling_params": {
+                "max_new_tokens": 60, **sampling, **extra}}).json()
+            return {"text": body["text"], "ids": body["output_ids"],
+                    "finish": body["meta_info"]["finish_reason"],
+                    "tokens": body["meta_info"]["completion_tokens"]}
+        body = ctx.client.post(path, json={"prompt": prompt, "max_tokens": 60,
+                                           "return_token_ids": True, **sampling,
+                                           **extra}).json()
+        choice = body["choices"][0]
+        return {"text": choice["text"], "ids": choice["token_ids"],
+                "finish": [choice["finish_reason"], choice["matched_stop"]],
+                "tokens": body["usage"]["completion_tokens"]}
+
+    def run(ctx: Ctx) -> Any:
+        full = ask(ctx, None)
+        text = full["text"].removeprefix("<think>\n")
+        words = text.split(" ")
+        stop = " " + words[word]
+        # The first occurrence of the stop string ends the answer, at the token completing it.
+        at = full["text"].index(stop)
+        cut = ask(ctx, [stop, "never-said"])
+        return {"finish": cut["finish"] == ({"type": "stop", "matched": stop}
+                                            if path == "/generate" else ["stop", stop]),
+                "trimmed": cut["text"] == full["text"][:at],
+                "ids": cut["ids"] == full["ids"][:len(cut["ids"])],
+                "through_the_stop": cut["ids"][-1] == full["ids"][len(cut["ids"]) - 1]
+                and len(cut["ids"]) == cut["tokens"],
+                "tags": ["<think>" in cut["text"], "</think>" in cut["text"]]}
+    return run
+
+
 def scored(ctx: Ctx) -> Any:
     """return_logprob + top_logprobs_num: the entries line up with the output ids."""
     body = ctx.client.post("/generate", json={
@@ -535,6 +592,30 @@ CASES = [
          "ReasonerGrammarObject.maybe_init_reasoning (require_reasoning)",
          structured(SCHEMA, require_reasoning=True), None,
          {"valid": True, "reasoned": True, "finish": "stop"}, THINKING),
+    Case("json-schema-waits-on-a-closed-block", "constrained/reasoner_grammar_backend.py "
+         "ReasonerGrammarObject.maybe_init_reasoning (require_reasoning on a prompt that closed "
+         "the think block: the </think> it waits for never comes, the grammar never applies; "
+         "Req.update_reasoning_tokens counts every token as reasoning)",
+         grammar_held([1, 2, THINK, PARA, END, PARA], require_reasoning=True), None,
+         {"document": False, "reasoned": False, "reasoning_tokens": 9, "parser": "qwen3"},
+         THINKING),
+    Case("json-schema-closed-block-from-first-token", "constrained/grammar_manager.py "
+         "process_req_with_grammar (require_reasoning false)",
+         grammar_held([1, 2, THINK, PARA, END, PARA]), None,
+         {"document": True, "reasoned": False, "reasoning_tokens": 0, "parser": "qwen3"},
+         THINKING),
+    Case("json-schema-no-reasoning-parser", "constrained/base_grammar_backend.py "
+         "create_grammar_backend (no ReasonerGrammarBackend without --reasoning-parser; "
+         "BaseGrammarObject.maybe_init_reasoning does nothing); configs/model_config.py "
+         "think_end_ids (None without a parser: no reasoning_tokens)",
+         grammar_held([1, 2, THINK, NL], require_reasoning=True), None,
+         {"document": True, "reasoned": False, "reasoning_tokens": 0, "parser": None},
+         {**THINKING, "no_reasoning_parser": True}),
+    Case("json-schema-open-block-after-reasoning", "ReasonerGrammarObject.maybe_init_reasoning "
+         "(require_reasoning, a parser, a prompt that opened the block)",
+         grammar_held([1, 2, THINK, NL], require_reasoning=True), None,
+         {"document": True, "reasoned": True, "reasoning_tokens": 12, "parser": "qwen3"},
+         THINKING),
     Case("json-schema-not-json", "constrained/grammar_manager.py get_ready_grammar_requests; "
          "tokenizer_manager.py _handle_abort_finish_reason (400: ValueError)",
          lambda ctx: ctx.sampled({"max_new_tokens": 4, "json_schema": "{nope"}), 400,
@@ -556,6 +637,35 @@ CASES = [
     Case("json-schema-is-a-string", "api/v1/api_types.py decode_SamplingParams (json_schema: "
          "str)", lambda ctx: ctx.sampled({"json_schema": {"type": "object"}}), 400,
          {"error": "invalid type: map, expected a string"}),
+    # -------- stop strings
+    Case("stop-string", "managers/schedule_batch.py Req._check_str_based_finish, "
+         "_locate_str_stop_finished_len, FINISH_MATCHED_STR.to_json; "
+         "managers/detokenizer_manager.py trim_matched_stop (output[:pos])",
+         stopped([1, 2], 4), None,
+         {"finish": True, "trimmed": True, "ids": True, "through_the_stop": True,
+          "tags": [False, False]}, {"output_tokens_mean": ENDLESS}),
+    Case("stop-string-inside-reasoning", "Req._check_str_based_finish (the tail is decoded "
+         "with special tokens, inside the reasoning too: no </think>)",
+         stopped([1, 2, THINK, NL], 3, skip_special_tokens=False), None,
+         {"finish": True, "trimmed": True, "ids": True, "through_the_stop": True,
+          "tags": [False, False]}, {**THINKING, "output_tokens_mean": 40}),
+    Case("stop-string-v1", "entrypoints/openai/serving_completions.py "
+         "(finish_reason type, matched_stop = meta_info finish_reason matched)",
+         stopped([1, 2], 5, "/v1/completions"), None,
+         {"finish": True, "trimmed": True, "ids": True, "through_the_stop": True,
+          "tags": [False, False]}, {"output_tokens_mean": ENDLESS}),
+    Case("stop-string-no-trim", "detokenizer_manager.py trim_matched_stop (no_stop_trim: "
+         "output[:end])", lambda ctx: [ctx.client.post("/generate", json={
+             "input_ids": [1, 2], "sampling_params": {
+                 "max_new_tokens": 40, "stop": w, "no_stop_trim": True}}).json()["text"]
+             .endswith(w) for w in (" " + ctx.client.post("/generate", json={
+                 "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 40}})
+                 .json()["text"].split(" ")[6],)], None, [True],
+         {"output_tokens_mean": ENDLESS}),
+    Case("stop-strings-at-most-32", "sampling/sampling_params.py SamplingParams.normalize "
+         "(MAX_STOP_COUNT)", lambda ctx: ctx.sampled({"max_new_tokens": 4,
+                                                      "stop": [f"s{i}" for i in range(33)]}),
+         400, message("at most 32 stop strings are allowed, got 33")),
     # -------- log-probabilities
     Case("logprobs-meta-info", "srt/managers/tokenizer_manager.py add_logprob_to_meta_info, "
          "detokenize_logprob_tokens, detokenize_top_logprobs_tokens", scored, None,

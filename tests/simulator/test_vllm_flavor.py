@@ -121,3 +121,30 @@ def test_thinking_keeps_tags_only_when_asked(start_sim: StartSim) -> None:
     assert kept["token_ids"] == dropped["token_ids"] and kept["token_ids"][0] == 248068
     assert kept["text"].startswith("<think>\n") and "</think>\n\n" in kept["text"]
     assert "<think>" not in dropped["text"] and "</think>" not in dropped["text"]
+
+
+def test_a_stop_string_ends_the_answer_and_is_its_stop_reason(start_sim: StartSim) -> None:
+    """vLLM (`StopChecker.check_stop_strings`): the returned text is cut before the stop string,
+    the token ids run to the token that completed it, `finish_reason` "stop" and `stop_reason`
+    the string; vLLM has no `matched_stop`. The match is on the text it returns: `</think>`
+    dropped from the text (skip_special_tokens) is no stop."""
+    sim = start_sim(flavor="vllm", context_length=256, thinking=True, output_tokens_mean=8)
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
+        def ask(**extra: object) -> dict[str, object]:
+            return client.post("/v1/completions", json={
+                "prompt": [1, 2], "max_tokens": 100, "return_token_ids": True,
+                **extra}).json()["choices"][0]
+
+        full = ask(skip_special_tokens=False)
+        stop = " " + str(full["text"]).split(" ")[3]
+        cut = ask(skip_special_tokens=False, stop=[stop])
+        hidden = ask(stop="</think>")
+        shown = ask(skip_special_tokens=False, stop="</think>")
+    text, ids = str(full["text"]), list(full["token_ids"])  # type: ignore[call-overload]
+    assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", stop)
+    assert "matched_stop" not in cut and full["stop_reason"] is None
+    assert cut["text"] == text[:text.index(stop)]
+    assert cut["token_ids"] == ids[:len(cut["token_ids"])] and len(cut["token_ids"]) < len(ids)
+    assert hidden["stop_reason"] is None and hidden["token_ids"] == ids
+    assert shown["stop_reason"] == "</think>" and shown["text"] == text[:text.index("</think>")]
+    assert shown["token_ids"][-1] == 248069

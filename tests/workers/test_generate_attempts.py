@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from fleetgen.base.contract import TaskPayload
-from fleetgen.engine.sglang import SGLangClient
-from workers.generate import RetryPolicy, generate_one, request_id
+from fleetgen.engine.sglang import SGLangClient, generate_body
+from workers.generate import RetryPolicy, generate_one, generate_options, request_id
 
 ABORTED = {"text": "the model", "output_ids": [1, 2], "meta_info": {
     "id": "r", "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 0,
@@ -85,3 +85,20 @@ def test_rids_are_unique_and_never_a_prefix_of_one_another() -> None:
     rids = [request_id("run", line) for line in (1, 1, 10, 11, 100) for _ in range(3)]
     assert len(set(rids)) == len(rids)
     assert not [(a, b) for a in rids for b in rids if a != b and b.startswith(a)]
+
+
+@pytest.mark.parametrize(("extra", "waits"), [
+    ({"think": True, "think_open": True, "json_schema": "{}"}, True),
+    # enable_thinking false: the prompt closed the block, so no grammar may wait for </think>
+    ({"think": True, "json_schema": "{}"}, False),
+    ({"think": True, "think_open": True}, False),  # no schema, no grammar
+    ({"json_schema": "{}"}, False),
+])
+def test_require_reasoning_only_when_the_prompt_left_the_think_block_open(
+        extra: dict[str, Any], waits: bool) -> None:
+    payload = TaskPayload(run="r", line=1, id="a", input_ids=[1], max_tokens=8, sampling={},
+                          row={})
+    payload.update(extra)  # type: ignore[typeddict-item]
+    options = generate_options(payload)
+    assert options.reasoning_first is waits
+    assert ("require_reasoning" in generate_body([1], 8, {}, "r:1:ab", options)) is waits
