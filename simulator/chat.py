@@ -150,9 +150,9 @@ def parse_chat(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
 
 
 def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, str]:
-    """With a reasoning parser (`--thinking` without `--no-reasoning-parser`) the message carries the reasoning as
-    `reasoning_content` and the rest as `content`; an answer cut short inside its reasoning is
-    reasoning only (the parser never saw `</think>`)."""
+    """With a reasoning parser (`--thinking` without `--no-reasoning-parser`) the message
+    carries the reasoning as `reasoning_content` and the rest as `content`; an answer cut short
+    inside its reasoning is reasoning only (the parser never saw `</think>`)."""
     completion = outcome.completion
     pieces = completion.pieces
     if config.reasoning_parser is None or pieces is None \
