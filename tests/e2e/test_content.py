@@ -17,10 +17,12 @@ def test_content_check_catches_every_kind_of_wrong_row(tmp_path: Path) -> None:
     config = sim_config(["--context-length", "4096", "--output-tokens-mean", "250",
                          "--seed", "3"])
     ids = input_ids(prompts, {"p0", "p1", "p2"})
+    # A budget the thinking answers finish in, so each row has a completion of its own to swap.
     rows: list[dict[str, Any]] = [
-        {"id": i, "line": n, "worker": "gpu0@h", "max_tokens": 100,
-         **expected(ids[i], 100, config, {}, {"think": True})}
+        {"id": i, "line": n, "worker": "gpu0@h", "max_tokens": 2000,
+         **expected(ids[i], 2000, config, {}, {"think": True})}
         for n, i in enumerate(("p0", "p1", "p2"), 1)]
+    assert all(r["completion"] for r in rows) and len({r["completion"] for r in rows}) == 3
     assert assert_content(rows, prompts, config) == 3
 
     swapped = [dict(r) for r in rows]

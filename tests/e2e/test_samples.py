@@ -34,9 +34,10 @@ def test_n_samples_each_with_its_own_seed_exactly_once(fleet2: LocalFleet,
     fleetgen("drain", "--run", "samples", "--out", str(out), "--redis", fleet2.redis_url)
     data = assert_exactly_once(out, {f"r{i}#{k}" for i in range(ROWS) for k in range(SAMPLES)})
     assert assert_fleet_content(fleet2, prompts, data, sampling={"seed": 11}) == ROWS * SAMPLES
-    by_row: dict[str, set[str]] = defaultdict(set)
+    # The whole answer: a thinking answer cut inside its reasoning has no completion yet.
+    by_row: dict[str, set[tuple[str | None, str]]] = defaultdict(set)
     for result in data["results"]:
-        by_row[result["id"]].add(result["completion"])
+        by_row[result["id"]].add((result.get("reasoning"), result["completion"]))
     different = sum(len(answers) == SAMPLES for answers in by_row.values())
     assert different == ROWS, f"only {different} of {ROWS} rows got {SAMPLES} distinct samples"
     summary = orjson.loads((out / "summary.json").read_bytes())
