@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from exporter import FORMATS, conversations, openai_batch, parquet
+from exporter import FORMATS, conversations, openai_batch, parquet, tokens
 from exporter.shape import REASONING_MODES
 from exporter.source import KINDS, OutputDir
 from fleetgen.base.contract import KIND_RESULT
@@ -23,6 +23,7 @@ class Options:
     out: Path | None = None  # default: DIR/export.<format>.jsonl (.parquet)
     reasoning: str = "keep"
     model: str | None = None  # openai-batch: the body's model, over the run's own
+    prompt_ids: tokens.PromptIdsFactory | None = None  # tokens: re-renders a row's prompt ids
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ def default_out(directory: Path, fmt: str) -> Path:
     return directory / ("export.parquet" if fmt == "parquet" else f"export.{fmt}.jsonl")
 
 
+def is_parquet(options: Options, out: Path) -> bool:
+    """Parquet: the `parquet` format, or `tokens` to a path ending in .parquet."""
+    return options.format == "parquet" or (options.format == "tokens"
+                                           and out.suffix == tokens.PARQUET_SUFFIX)
+
+
 def export(directory: Path, options: Options,
            progress: Callable[[int], None] = lambda nbytes: None,
            on_open: Callable[[int], None] = lambda total: None) -> Report:
@@ -54,23 +61,34 @@ def export(directory: Path, options: Options,
     out = options.out or default_out(directory, options.format)
     with OutputDir(directory, progress) as source:
         _refuse_drainer_files(directory, out)
+        prompt_ids = _prompt_ids(source, options)  # tokens: refused before anything is written
         on_open(2 * source.size(KINDS if options.format == "openai-batch" else (KIND_RESULT,)))
         with atomic_file(out) as f:
-            written, superseded = _write(source, f, options)
+            written, superseded = _write(source, f, options, out, prompt_ids)
         info = source.info
         return Report(out, written, info.run, info.complete and not source.torn,
                       info.summary is not None, source.torn, superseded)
 
 
-def _write(source: OutputDir, f: BinaryIO, options: Options) -> tuple[int, int]:
+def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,
+           prompt_ids: tokens.PromptIds | None = None) -> tuple[int, int]:
     if options.format == "conversations":
         return conversations.write(source, f, options.reasoning)
     if options.format == "parquet":
         return parquet.write(source, f, options.reasoning)
+    if prompt_ids is not None:
+        return tokens.write(source, f, prompt_ids, is_parquet(options, out))
     ctx = openai_batch.Context(run=source.info.run, created=source.info.created,
                                model=options.model or source.info.model,
                                reasoning=options.reasoning)
     return openai_batch.write(source, f, ctx)
+
+
+def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:
+    if options.format != "tokens":
+        return None
+    settings = (source.info.summary or {}).get("settings")
+    return tokens.prompt_ids_for(settings, source.info.run, options.prompt_ids)
 
 
 def _refuse_drainer_files(directory: Path, out: Path) -> None:

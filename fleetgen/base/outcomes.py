@@ -89,6 +89,10 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
             record["json_error"] = error
     if gen.logprobs is not None:
         record["logprobs"] = gen.logprobs
+    if payload.get("token_ids") and gen.output_ids is not None:
+        # A plain JSON list: what every trainer's loader reads as it is (`input_ids` in
+        # speculators' and SpecForge's rows); about 7 bytes a token (README "Token ids").
+        record["output_ids"] = gen.output_ids
     return _request_of(payload, record)
 
 
