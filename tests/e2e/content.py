@@ -9,9 +9,10 @@ the wrong prompt, a completion cut or duplicated, a budget that is not the one s
 prompt rendered differently from what the producer sent fails here.
 
 With the issue-12 options (`options`: the payload's `think`, `think_open`, `json_schema`,
-`logprobs`) the reasoning split, `reasoning_tokens`, `json_valid` and the compact logprobs are
-recomputed too, from the simulator's own token structure (simulator/answers.py): the
-reasoning is the tokens before `</think>`, not a re-run of fleetgen's split.
+`logprobs`, `token_ids`) the reasoning split, `reasoning_tokens`, `json_valid`, the compact
+logprobs and the output ids are recomputed too, from the simulator's own token structure
+(simulator/answers.py): the reasoning is the tokens before `</think>`, not a re-run of
+fleetgen's split.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
         want.update(reasoning_of(answer, reasons(ids, style)))
     if style.schema is not None:
         want["json_valid"] = _valid(want["completion"], style.schema)
+    if options.get("token_ids"):
+        want["output_ids"] = answer.output_ids
     if options.get("logprobs"):
         scored = token_logprobs(key, answer.output_ids, int(options["logprobs"]))
         want["logprobs"] = {
