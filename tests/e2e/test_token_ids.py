@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import LocalFleet
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 from tests.e2e.conftest import started_fleet
 from tests.e2e.content import assert_fleet_content, input_rows, tokenizer
 from tests.e2e.pipeline import assert_exactly_once
@@ -260,4 +260,28 @@ def test_token_ids_on_vllms_openai_protocol(vllm_fleet: LocalFleet, tmp_path: Pa
     assert assert_fleet_content(vllm_fleet, prompts, data, template_kwargs=RUN_KWARGS,
                                 options={"think": True, "token_ids": True}) == 20
     ok(fleetgen("export", str(out), "--format", "tokens", redis=vllm_fleet.redis_url))
+    check_tokens_lines(read_jsonl(out / "export.tokens.jsonl"), data["results"], prompts)
+
+
+def test_demo_keeps_token_ids_too(tmp_path: Path) -> None:
+    """`fleetgen demo --token-ids` (its own Valkey, simulators and workers) and the export."""
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
+    prompts.write_bytes(b"".join(orjson.dumps(
+        {"id": f"d{i}", "messages": [{"role": "user", "content": f"Tell me about {i}."}]}
+        if i % 2 else {"id": f"d{i}", "prompt": f"Number {i} is"}) + b"\n" for i in range(12)))
+    demo = subprocess.run([sys.executable, "-m", "fleetgen", "demo", "--gpus", "1",
+                           "--prompts", str(prompts), "--out", str(out), "--tpot-ms", "0.05",
+                           "--output-tokens-mean", "40", "--token-ids",
+                           "--chat-template-kwargs", json.dumps(RUN_KWARGS)],
+                          capture_output=True, text=True, timeout=240)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    data = assert_exactly_once(out, {f"d{i}" for i in range(12)})
+    spec = LocalFleet(tmp_path / "spec", FleetSpec(gpus=1, context_length=8192,
+                                                   max_running_requests=32, tpot_ms=0.05,
+                                                   output_tokens_mean=40))
+    assert assert_fleet_content(spec, prompts, data, template_kwargs=RUN_KWARGS,
+                                options={"think": True, "token_ids": True}) == 12
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "export", str(out), "--format",
+                           "tokens"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
     check_tokens_lines(read_jsonl(out / "export.tokens.jsonl"), data["results"], prompts)
