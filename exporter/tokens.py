@@ -15,7 +15,8 @@ checks, copied, and runs them over every export.
 The prompt ids are not stored in results (they would double the file); they are rendered
 again from the row and the run's settings by a `PromptIds` the caller builds (the CLI, from
 the producer's own rendering: the exporter does not import the producer), and checked
-against the record's `prompt_tokens`, which the engine counted from the ids it was sent.
+against the record's `prompt_tokens`, which the engine counted from the ids it was sent, and
+its `prompt_ids_digest` of those ids (fleetgen/base/outcomes.py `ids_digest`).
 
 Parquet instead of JSONL when the output's name ends in `.parquet`: the same columns,
 `input_ids` list<int32>, `loss_mask` list<int8>.
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError, InputError
+from fleetgen.base.outcomes import ids_digest
 
 PARQUET_SUFFIX = ".parquet"
 SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()),
@@ -73,11 +75,14 @@ def token_row(record: Mapping[str, Any], prompt: list[int]) -> dict[str, Any]:
     output = record.get("output_ids")
     if not isinstance(output, list):
         raise InputError(f"{where} has no output_ids; was it produced with --token-ids?")
-    if len(prompt) != record.get("prompt_tokens"):
+    digest = record.get("prompt_ids_digest")
+    if len(prompt) != record.get("prompt_tokens") or (digest is not None
+                                                      and digest != ids_digest(prompt)):
         raise InputError(
-            f"{where}: its prompt renders to {len(prompt)} tokens now, the engine counted "
-            f"{record.get('prompt_tokens')}: the tokenizer, its chat template or the row changed "
-            "since the run (or the server counts differently); export with the run's tokenizer")
+            f"{where}: its prompt renders to other ids now ({len(prompt)} tokens; the engine "
+            f"counted {record.get('prompt_tokens')}): the tokenizer, its chat template or the "
+            "row changed since the run (or the server counts differently); export with the "
+            "run's tokenizer")
     row: dict[str, Any] = {"id": record["id"]}
     if record.get("sample") is not None:
         row["sample"] = record["sample"]

@@ -41,6 +41,11 @@ def sglang_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFlee
                              output_tokens_mean=60, sim_args=["--thinking"])
 
 
+def without_ids(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as it would be without --token-ids (the drainer writes orjson's bytes)."""
+    return {k: v for k, v in record.items() if k not in ("output_ids", "prompt_ids_digest")}
+
+
 def fleetgen(*args: str, redis: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fleetgen", *args], capture_output=True,
                           text=True, timeout=240,
@@ -100,12 +105,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def output_ids_bytes_per_token(out: Path) -> tuple[float, float, int]:
-    """(bytes per output token `output_ids` adds to results.jsonl, bytes per output token of
-    the whole file, output tokens), measured on the file the drainer wrote."""
+    """(bytes per output token --token-ids adds to results.jsonl: `output_ids` and
+    `prompt_ids_digest`; bytes per output token of the whole file; output tokens), measured on
+    the file the drainer wrote."""
     raw = (out / "results.jsonl").read_bytes()
     records = [orjson.loads(line) for line in raw.splitlines()]
     tokens = sum(r["completion_tokens"] for r in records)
-    added = sum(len(b',"output_ids":') + len(orjson.dumps(r["output_ids"])) for r in records)
+    added = sum(len(orjson.dumps(r)) - len(orjson.dumps(without_ids(r))) for r in records)
     return added / tokens, len(raw) / tokens, tokens
 
 
@@ -138,10 +144,12 @@ def test_token_ids_through_a_run_and_its_tokens_export(sglang_fleet: LocalFleet,
     assert assert_fleet_content(sglang_fleet, prompts, data, template_kwargs=RUN_KWARGS,
                                 options={"think": True, "token_ids": True}) == 20
     per_token, whole, tokens = output_ids_bytes_per_token(out)
-    print(f"\n--token-ids: output_ids adds {per_token:.2f} bytes per output token to "
+    print(f"\n--token-ids adds {per_token:.2f} bytes per output token to "
           f"results.jsonl ({whole:.1f} bytes per output token for the whole file, "
           f"{tokens} output tokens, SGLang simulator)")
-    assert 2.0 < per_token < 8.0  # up to 6 digits and a comma each, over a 248k vocabulary
+    # Up to 6 digits and a comma a token (a 248k vocabulary), plus 39 bytes a line of digest
+    # over these short (~50-token) answers.
+    assert 2.0 < per_token < 9.0
 
     ok(fleetgen("purge", "--run", "tokens", redis=sglang_fleet.redis_url))
     done = ok(fleetgen("export", str(out), "--format", "tokens", redis=sglang_fleet.redis_url))
@@ -180,15 +188,15 @@ def test_tokens_export_refuses_what_it_cannot_vouch_for(sglang_fleet: LocalFleet
     assert refused.stderr.count("\n") == 1 and "without --token-ids" in refused.stderr
     assert not (plain / "export.tokens.jsonl").exists()
 
-    # A result whose prompt no longer renders to what the engine counted: named, nothing
-    # written (the row changed, or another tokenizer).
+    # A result whose prompt no longer renders to the ids that were sent: named, nothing
+    # written. The edit keeps the token count, so only the ids' digest can tell.
     with_ids = tmp_path / "ids"
     produce_and_drain(sglang_fleet, prompts, "ids", with_ids, "--token-ids")
     changed = tmp_path / "changed"
     shutil.copytree(with_ids, changed)
     records = read_jsonl(changed / "results.jsonl")
     victim = next(r for r in records if r["id"] == "m4")
-    victim["messages"][0]["content"] += " (edited)"
+    victim["messages"][0]["content"] = victim["messages"][0]["content"].replace("4 x", "5 x")
     (changed / "results.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     mismatch = fleetgen("export", str(changed), "--format", "tokens", redis=redis)
     assert mismatch.returncode == exitcodes.CONFIG, mismatch.stderr

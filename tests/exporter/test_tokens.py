@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleetgen.base import exitcodes
+from fleetgen.base.outcomes import ids_digest
 from tests.e2e.content import tokenizer
 from tests.exporter.conftest import Export
 from tests.exporter.outdir import read_jsonl, result
@@ -57,7 +58,7 @@ def write_dir(out: Path, settings: dict[str, Any] | None = SETTINGS,
         ids = prompt_ids(row)
         for sample in ((0, 1) if row["id"] == "two" else (None,)):
             output = [1000 + line, 2000 + (sample or 0), 248046]
-            extra: dict[str, Any] = {"output_ids": output}
+            extra: dict[str, Any] = {"output_ids": output, "prompt_ids_digest": ids_digest(ids)}
             if sample is not None:
                 extra["sample"] = sample
             results.append(result({k: v for k, v in row.items() if k != "id"}, row["id"],
@@ -118,6 +119,10 @@ def _edit_row(results: list[dict[str, Any]]) -> None:
     results[0]["messages"][0]["content"] += " and more words than before"
 
 
+def _other_ids(results: list[dict[str, Any]]) -> None:
+    results[3]["prompt_ids_digest"] = ids_digest([1, 2, 3])  # same count, other ids sent
+
+
 def _bad_row(results: list[dict[str, Any]]) -> None:
     results[1]["prompt"] = 7
 
@@ -126,10 +131,12 @@ def _bad_row(results: list[dict[str, Any]]) -> None:
     (None, None, "holds no run settings"),
     ({**SETTINGS, "token_ids": False}, None, "produced without --token-ids"),
     (SETTINGS, _drop_ids, "row 'gpt' (input line 4) has no output_ids"),
-    (SETTINGS, _edit_row, "row 'chat' (input line 1): its prompt renders to"),
+    (SETTINGS, _edit_row, "row 'chat' (input line 1): its prompt renders to other ids"),
+    (SETTINGS, _other_ids, "row 'own' (input line 5): its prompt renders to other ids"),
     (SETTINGS, _bad_row, "row 'raw' (input line 2): its prompt cannot be rendered again"),
     ({**SETTINGS, "tokenizer": "/no/such/tokenizer"}, None, "neither a known name"),
-], ids=["no-settings", "no-flag", "no-ids", "changed-row", "unreadable-row", "no-tokenizer"])
+], ids=["no-settings", "no-flag", "no-ids", "changed-row", "other-ids", "unreadable-row",
+        "no-tokenizer"])
 def test_refusals_are_one_line_and_write_nothing(export: Export, tmp_path: Path,
                                                  settings: Any, change: Any,
                                                  said: str) -> None:
