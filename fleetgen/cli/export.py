@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "export", help="convert a drained output directory (conversations, OpenAI Batch, "
-        "Parquet)",
+        "Parquet, token ids)",
         description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
         "exports too) and writes one file, in input order, whole or not at all. "
         "conversations: each result as its input conversation with the answer as the last "

@@ -25,7 +25,7 @@ SETTINGS = {"tokenizer": "qwen3.6", "chat_template_kwargs": RUN_KWARGS, "token_i
 
 def rows() -> list[tuple[int, dict[str, Any]]]:
     """(input line, row): a chat row, a raw prompt, a ShareGPT row with the answer the producer
-    dropped, a row with its own template kwargs, a row sampled twice."""
+    dropped, a row with its own template kwargs, a row sampled twice, an OpenAI Batch line."""
     return [
         (1, {"id": "chat", "messages": [{"role": "user", "content": "Hi 数据"}], "k": 1}),
         (2, {"id": "raw", "prompt": "Once upon a time"}),
@@ -34,6 +34,8 @@ def rows() -> list[tuple[int, dict[str, Any]]]:
         (5, {"id": "own", "messages": [{"role": "user", "content": "Think."}],
              "chat_template_kwargs": {"enable_thinking": True}}),
         (7, {"id": "two", "messages": [{"role": "user", "content": "Twice"}]}),
+        (8, {"id": "b1", "custom_id": "b1", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "Batch"}], "max_tokens": 9}}),
     ]
 
 
@@ -42,8 +44,9 @@ def prompt_ids(row: dict[str, Any]) -> list[int]:
     tok = tokenizer("qwen3.6", orjson.dumps(RUN_KWARGS).decode())
     if "prompt" in row:
         text = row["prompt"]
-    elif "messages" in row:
-        text = tok.render(row["messages"], row.get("chat_template_kwargs"))
+    elif "messages" in row or "body" in row:
+        text = tok.render(row.get("messages") or row["body"]["messages"],
+                          row.get("chat_template_kwargs"))
     else:
         text = tok.render([{"role": "user", "content": row["conversations"][0]["value"]}])
     return tok.encode_batch([text])[0]
@@ -83,7 +86,8 @@ def test_one_line_per_answer_with_the_prompt_as_sent(export: Export, tmp_path: P
     assert ran.code == exitcodes.OK, ran.err
     lines = read_jsonl(tmp_path / "out" / "export.tokens.jsonl")
     assert [(x["id"], x.get("sample")) for x in lines] == [
-        ("chat", None), ("raw", None), ("gpt", None), ("own", None), ("two", 0), ("two", 1)]
+        ("chat", None), ("raw", None), ("gpt", None), ("own", None), ("two", 0), ("two", 1),
+        ("b1", None)]
     by_row = dict(rows())
     for line, record in zip(lines, results, strict=True):
         prompt = prompt_ids(by_row[record["line"]])
@@ -95,7 +99,7 @@ def test_one_line_per_answer_with_the_prompt_as_sent(export: Export, tmp_path: P
     decode = tokenizer().decode  # type: ignore[attr-defined]
     assert decode(lines[3]["input_ids"][:-3]).endswith("<think>\n")
     assert decode(lines[0]["input_ids"][:-3]).endswith("<think>\n\n</think>\n\n")
-    assert len(specforge_prompt_tasks(tmp_path / "out" / "export.tokens.jsonl")) == 6
+    assert len(specforge_prompt_tasks(tmp_path / "out" / "export.tokens.jsonl")) == 7
     assert speculators_rows(tmp_path / "out" / "export.tokens.jsonl")["seq_len"] == [
         len(x["input_ids"]) for x in lines]
 
