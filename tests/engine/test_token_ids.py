@@ -119,4 +119,4 @@ def test_the_flag_is_pinned_and_a_rows_template_kwargs_must_be_an_object() -> No
                         "chat_template_kwargs": {"enable_thinking": True}})
     assert isinstance(row, Row) and row.template_kwargs == {"enable_thinking": True}
     bad = parse_row(2, {"prompt": "hi", "chat_template_kwargs": "yes"})
-    assert isinstance(bad, BadRow) and bad.reason.startswith("bad_chat_template_kwargs")
+    assert isinstance(bad, BadRow) and bad.reason.startswith("bad_option: chat_template_kwargs")
