@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from exporter import FORMATS, conversations, openai_batch, parquet
+from exporter import FORMATS, conversations, openai_batch, parquet, tokens
 from exporter.finished import Selection
 from exporter.shape import REASONING_MODES
 from exporter.source import KINDS, OutputDir
@@ -25,6 +25,7 @@ class Options:
     reasoning: str = "keep"
     model: str | None = None  # openai-batch: the body's model, over the run's own
     only_finished: bool = False  # leave out answers cut at length or inside their reasoning
+    prompt_ids: tokens.PromptIdsFactory | None = None  # tokens: re-renders a row's prompt ids
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,11 @@ class Report:
 
 
 # Formats with a Parquet twin: `--out` ending in `.parquet` writes the same rows as a table.
-PARQUET_TWINS = ("conversations",)
+PARQUET_TWINS = ("conversations", "tokens")
 PARQUET_SUFFIX = ".parquet"
 # Formats --only-finished applies to: one row per answer. openai-batch has one line per input
 # line, errors included, so leaving answers out would break that.
-FILTERABLE = ("conversations", "parquet")
+FILTERABLE = ("conversations", "parquet", "tokens")
 
 
 def default_out(directory: Path, fmt: str) -> Path:
@@ -76,9 +77,10 @@ def export(directory: Path, options: Options,
     selection = Selection(options.only_finished)
     with OutputDir(directory, progress) as source:
         _refuse_drainer_files(directory, out)
+        prompt_ids = _prompt_ids(source, options)  # tokens: refused before anything is written
         on_open(2 * source.size(KINDS if options.format == "openai-batch" else (KIND_RESULT,)))
         with atomic_file(out) as f:
-            written, superseded = _write(source, f, options, out, selection)
+            written, superseded = _write(source, f, options, out, selection, prompt_ids)
         info = source.info
         return Report(out, written, info.run, info.complete and not source.torn,
                       info.summary is not None, source.torn, superseded,
@@ -86,17 +88,28 @@ def export(directory: Path, options: Options,
 
 
 def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,
-           selection: Selection) -> tuple[int, int]:
+           selection: Selection, prompt_ids: tokens.PromptIds | None = None
+           ) -> tuple[int, int]:
     if options.format == "conversations":
         write = (conversations.write_parquet if writes_parquet(options.format, out)
                  else conversations.write)
         return write(source, f, options.reasoning, selection)
     if options.format == "parquet":
         return parquet.write(source, f, options.reasoning, selection)
+    if prompt_ids is not None:
+        return tokens.write(source, f, prompt_ids, writes_parquet(options.format, out),
+                            selection)
     ctx = openai_batch.Context(run=source.info.run, created=source.info.created,
                                model=options.model or source.info.model,
                                reasoning=options.reasoning)
     return openai_batch.write(source, f, ctx)
+
+
+def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:
+    if options.format != "tokens":
+        return None
+    settings = (source.info.summary or {}).get("settings")
+    return tokens.prompt_ids_for(settings, source.info.run, options.prompt_ids)
 
 
 def _refuse_drainer_files(directory: Path, out: Path) -> None:

@@ -14,7 +14,7 @@ from fleetgen.base.errors import (
 )
 from fleetgen.base.redisconn import connect
 from fleetgen.engine import EngineProtocol, ServerLimits
-from fleetgen.engine.preflight import combine
+from fleetgen.engine.preflight import combine, returns_token_ids
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
@@ -69,6 +69,8 @@ def resolve_limits(s: ProducerSettings) -> Limits:
         input_limit = min(v for v in (input_limit, fleet.max_req_input_len) if v is not None)
         warn_ignored_seed(s, servers)
         cannot_wait = grammar_cannot_wait(proto, servers)
+        if s.token_ids:
+            check_token_ids(s, proto, servers)
     assert context is not None
     try:
         return Limits(context_length=context, max_total_tokens=max_total,
@@ -103,6 +105,24 @@ def grammar_cannot_wait(proto: EngineProtocol, servers: dict[str, ServerLimits])
             return (f"{url} runs no reasoning parser, so its grammar holds from the first token, "
                     "inside the reasoning; restart it with --reasoning-parser qwen3")
     return None
+
+
+def check_token_ids(s: ProducerSettings, proto: EngineProtocol,
+                    servers: dict[str, ServerLimits]) -> None:
+    """`--token-ids`: every server must return an answer's token ids (one tiny generation
+    each); one that does not is a ConfigError (exit 3) before anything is sent. Without
+    --engine-url there is no server to ask: the worker then fails such an answer
+    (workers/generate.py `check_token_ids`)."""
+    for url, limits in servers.items():
+        client = proto.connect(url, timeout_s=30.0, concurrency=1, api_key=s.engine_api_key)
+        try:
+            check = returns_token_ids(client)
+        finally:
+            client.close()
+        if not check.ok:
+            raise ConfigError(f"--token-ids: {url} ({limits.engine}, {proto.name} protocol) "
+                              f"cannot return token ids: {check.detail}; use a server that "
+                              "returns them (README \"Token ids\") or drop --token-ids")
 
 
 def warn_ignored_seed(s: ProducerSettings, servers: dict[str, ServerLimits]) -> None:

@@ -70,6 +70,8 @@ class RequestOptions:
                 payload["think_open"] = True
         if self.s.logprobs:
             payload["logprobs"] = self.s.logprobs
+        if self.s.token_ids:
+            payload["token_ids"] = True
         schema = row.json_schema or self.s.json_schema
         if schema is not None:
             if self.cannot_wait is not None and payload.get("think_open"):

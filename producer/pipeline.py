@@ -218,14 +218,21 @@ class Producer:
         return payloads
 
     def _render(self, row: Row) -> str:
-        if row.prompt is not None:
-            return row.prompt
-        assert row.messages is not None
-        return self.tokenizer.render(row.messages, row.template_kwargs)
+        return render_row(self.tokenizer, row)
 
     def _is_duplicate(self, row_id: str) -> bool:
         """First occurrence wins. 64-bit hashes, not the ids themselves."""
         return not self._seen_ids.add(hash(row_id))
+
+
+def render_row(tokenizer: PromptTokenizer, row: Row) -> str:
+    """The text whose ids are sent for a row: a raw `prompt` as it is, messages through the
+    chat template with the row's own `chat_template_kwargs` over the run's. The one rendering
+    the producer and `fleetgen export --format tokens` (which re-renders prompts) share."""
+    if row.prompt is not None:
+        return row.prompt
+    assert row.messages is not None
+    return tokenizer.render(row.messages, row.template_kwargs)
 
 
 def _rejected(item: Row | BadRow, reason: str,

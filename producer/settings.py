@@ -38,6 +38,7 @@ class ProducerSettings:
     sampling: Sampling = field(default_factory=lambda: Sampling())
     n: int = 1  # samples per prompt, each its own request (a row's own `n` wins)
     logprobs: int = 0  # top-K log-probabilities of every output token; 0: none
+    token_ids: bool = False  # keep every answer's generated token ids (`output_ids`)
     json_schema: str | None = None  # a JSON Schema document (compact JSON) for every answer
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: str = "auto"  # auto | split | off: split answers on </think>
@@ -124,6 +125,7 @@ class ProducerSettings:
             "sampling": dict(self.sampling),
             "n": self.n,
             "logprobs": self.logprobs,
+            "token_ids": self.token_ids,
             "json_schema": self.json_schema,
             "chat_template_kwargs": self.chat_template_kwargs,
             "reasoning": self.reasoning,

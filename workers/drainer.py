@@ -428,11 +428,28 @@ class Drainer:
             "rows_per_s": round(self.tally.written / wall_s, 2) if wall_s else None,
             "completion_tokens_per_s": (round(counts["completion_tokens"] / wall_s, 1)
                                         if wall_s else None),
+            "settings": summary_settings(m),
         }
         tmp = self.out / "summary.json.tmp"
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
         os.replace(tmp, self.out / "summary.json")
         return summary
+
+
+# The run's settings copied into summary.json, so an export made from the files alone (long
+# after `fleetgen purge`) knows how prompts were rendered (`--format tokens` re-renders them).
+# What changes a row, never a URL or anything that may hold a secret.
+SUMMARY_SETTINGS = ("tokenizer", "chat_template_kwargs", "token_ids", "logprobs", "reasoning",
+                    "n", "sampling", "context_length", "max_output_tokens")
+
+
+def summary_settings(manifest: dict[str, str]) -> dict[str, Any] | None:
+    """The manifest's settings named in SUMMARY_SETTINGS, or None without a manifest."""
+    try:
+        settings = orjson.loads(manifest["settings"])
+    except (KeyError, orjson.JSONDecodeError):
+        return None
+    return {name: settings[name] for name in SUMMARY_SETTINGS if name in settings}
 
 
 def _pause(seconds: float, should_stop: Callable[[], bool]) -> None:

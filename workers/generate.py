@@ -59,6 +59,7 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         try:
             gen = engine.generate(payload["input_ids"], state.max_tokens, dict(payload["sampling"]),
                                   rid=request_id(run, slot), options=options)
+            check_token_ids(gen, options)
         except errors.EngineError as exc:
             if _should_retry(exc, state, policy, engine, payload["id"], sleep):
                 sleep(policy.backoff_s(state.retries, rng))
@@ -84,7 +85,22 @@ def generate_options(payload: TaskPayload) -> GenerateOptions:
     schema = payload.get("json_schema")
     opened = think and bool(payload.get("think_open"))
     return GenerateOptions(keep_special_tokens=think, logprobs=int(payload.get("logprobs") or 0),
-                           json_schema=schema, reasoning_first=opened and schema is not None)
+                           json_schema=schema, reasoning_first=opened and schema is not None,
+                           token_ids=bool(payload.get("token_ids")))
+
+
+def check_token_ids(gen: Generation, options: GenerateOptions) -> None:
+    """A run that keeps token ids never writes a result without them. The producer refuses a
+    server that returns none at start (`producer/build.py`); this catches one swapped in
+    behind the same URL since."""
+    if not options.token_ids:
+        return
+    if gen.output_ids is None:
+        raise errors.PermanentError("the engine returned no output token ids, which "
+                                    "--token-ids needs (see README \"Token ids\")")
+    if len(gen.output_ids) != gen.completion_tokens:
+        raise errors.PermanentError(f"the engine returned {len(gen.output_ids)} output token "
+                                    f"ids for {gen.completion_tokens} completion tokens")
 
 
 def request_id(run: str, slot: int) -> str:

@@ -109,6 +109,9 @@ class TaskPayload(TypedDict):
     think: NotRequired[bool]
     think_open: NotRequired[bool]
     logprobs: NotRequired[int]  # top-K log-probabilities of every output token (0: none)
+    # Keep the answer's generated token ids in the result (`output_ids`), for trainers that
+    # read token ids (`fleetgen export --format tokens`); an answer without them is a failure.
+    token_ids: NotRequired[bool]
     json_schema: NotRequired[str]  # a JSON Schema document, as a JSON string
     # With several input files (a directory or a glob): the row's file and its position there
     # (line, or Parquet row), copied into its outcome as into a rejection.

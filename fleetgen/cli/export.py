@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "export", help="convert a drained output directory (conversations, OpenAI Batch, "
-        "Parquet)",
+        "Parquet, token ids)",
         description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
         "exports too) and writes one file, in input order, whole or not at all. "
         "conversations: each result as SpecForge reads it, a `conversations` column of "
@@ -25,15 +26,20 @@ def add_parser(sub: Any) -> None:
         "draft-model trainers (JSONL; Parquet when --out ends in .parquet). openai-batch: "
         "one line per input line as OpenAI's Batch API and vLLM's batch runner write them "
         "(failures and rejections as error lines). "
-        "parquet: the results table. Exit 0; 1 when the run is not complete (what is "
-        "written so far is exported); 3 when DIR is not a drained output directory.")
+        "parquet: the results table. tokens: one {id, input_ids, loss_mask} line per "
+        "answer (the prompt's ids as sent, then the answer's; loss 0 then 1) for drafter "
+        "trainers (vLLM speculators, SpecForge prompts_path); needs a run produced with "
+        "--token-ids (Parquet when --out ends in .parquet). Exit 0; 1 when the run is not "
+        "complete (what is written so far is exported); 3 when DIR is not a drained output "
+        "directory "
+        "or the run cannot be exported in that format.")
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="output file (default: DIR/export.FORMAT.jsonl, or DIR/export.parquet); "
-                   "with --format conversations a PATH ending in .parquet writes the same rows "
-                   "as a Parquet table")
+                   "with --format conversations or tokens a PATH ending in .parquet writes the "
+                   "same rows as a Parquet table")
     p.add_argument("--reasoning", choices=REASONING_MODES, default="keep",
                    help="a thinking model's reasoning: keep it as a field of its own "
                    "(conversations: reasoning_content; openai-batch: message.reasoning; "
@@ -55,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = export(args.dir, Options(format=args.format, out=args.out,
                                           reasoning=args.reasoning, model=args.model,
-                                          only_finished=args.only_finished),
+                                          only_finished=args.only_finished,
+                                          prompt_ids=prompt_ids),
                         progress=bar.update if bar is not None else lambda n: None,
                         on_open=_set_total(bar))
     finally:
@@ -88,6 +95,30 @@ def _left_out(counts: dict[str, int]) -> str:
 
     why = ", ".join(f"{counts[r]} {r}" for r in REASONS if counts.get(r))
     return f"; left out {sum(counts.values())} unfinished" + (f" ({why})" if why else "")
+
+
+def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], list[int]]:
+    """`--format tokens`: the ids the producer sent for a result's row, rendered again as the
+    producer renders it (`producer.pipeline.render_row`: the run's tokenizer and
+    chat_template_kwargs, the row's own over them) from the input row's fields that the record
+    carries. The exporter may not import the producer (tests/layout/test_layers.py), so it is
+    built here, one floor up, and handed over as a callable."""
+    from exporter.shape import RESULT_FIELDS
+    from producer.pipeline import render_row
+    from producer.rows import BadRow, parse_row
+    from producer.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(settings.get("tokenizer") or "qwen3.6"),
+                               chat_template_kwargs=settings.get("chat_template_kwargs") or {})
+
+    def ids(record: Mapping[str, Any]) -> list[int]:
+        fields = {k: v for k, v in record.items() if k not in RESULT_FIELDS}
+        row = parse_row(int(record["line"]), fields)
+        if isinstance(row, BadRow):
+            raise ValueError(row.reason)
+        return tokenizer.encode_batch([render_row(tokenizer, row)])[0]
+
+    return ids
 
 
 def _bar() -> Any:

@@ -83,6 +83,11 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    "output row per (id, sample) (1)")
     p.add_argument("--logprobs", type=int, default=0, metavar="K",
                    help="store the top-K log-probabilities of every output token (0..20; 0)")
+    p.add_argument("--token-ids", action="store_true",
+                   help="keep every answer's generated token ids in its result line "
+                   "(`output_ids`, about 7 bytes per token), for `fleetgen export --format "
+                   "tokens` (drafter trainers); a server that cannot return them is refused "
+                   "at start")
     p.add_argument("--json-schema", type=Path, metavar="FILE",
                    help="a JSON Schema every answer must follow (structured output); the "
                    "drainer counts answers that do not validate")
@@ -115,7 +120,8 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
 
 def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
     """The per-request options of the flags: samples, log-probabilities, schema, template."""
-    return {"n": args.n, "logprobs": args.logprobs, "reasoning": args.reasoning,
+    return {"n": args.n, "logprobs": args.logprobs, "token_ids": args.token_ids,
+            "reasoning": args.reasoning,
             "stop_if": tuple(args.stop_if), "stop_after": args.stop_after,
             "ignore_stop": args.ignore_stop,
             "json_schema": read_json_schema(args.json_schema),

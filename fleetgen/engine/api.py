@@ -48,6 +48,9 @@ class GenerateOptions:
     # The answer begins with reasoning that the grammar must let through (SGLang:
     # `require_reasoning`): set with a schema on a thinking model.
     reasoning_first: bool = False
+    # The answer's generated token ids must come back (`Generation.output_ids`): SGLang's
+    # /generate always sends them; OpenAI-protocol servers are asked (`return_token_ids`).
+    token_ids: bool = False
 
 
 PLAIN = GenerateOptions()

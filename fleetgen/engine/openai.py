@@ -207,6 +207,8 @@ def vllm_options(options: GenerateOptions) -> dict[str, Any]:
         # return_token_ids echoes the prompt's ids too (`prompt_token_ids`): a few bytes per
         # prompt token of answer, the price of counting the reasoning exactly.
         extra.update(skip_special_tokens=False, return_token_ids=True)
+    if options.token_ids:
+        extra["return_token_ids"] = True
     if options.json_schema is not None:
         extra["structured_outputs"] = {"json": options.json_schema}
     if options.logprobs > 0:
@@ -226,6 +228,12 @@ def llama_cpp_options(options: GenerateOptions) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if options.keep_special_tokens:
         extra["preserved_tokens"] = [THINK_START, THINK_END]
+    if options.token_ids:
+        # `return_tokens` fills the result's `tokens` (server-context.cpp `process_token`:
+        # `slot.generated_tokens`), but only the native shape shows them
+        # (server-task.cpp `to_json_non_oaicompat`); the OpenAI shape carries that object
+        # as `__verbose` when the request says `verbose` (`to_json_oaicompat`).
+        extra.update(return_tokens=True, verbose=True)
     if options.json_schema is not None:
         try:
             extra["json_schema"] = json.loads(options.json_schema)
@@ -249,6 +257,10 @@ def sglang_options(options: GenerateOptions) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if options.keep_special_tokens:
         extra.update(skip_special_tokens=False, return_token_ids=True)
+    if options.token_ids:
+        # serving_completions.py `_build_completion_response`: the choice's `token_ids` is
+        # `ret_item["output_ids"]` when `return_token_ids`.
+        extra["return_token_ids"] = True
     if options.json_schema is not None:
         extra["json_schema"] = options.json_schema
     return extra
@@ -267,11 +279,7 @@ def parse_completion(data: Any, top_k: int = 0) -> Generation:
             raise errors.AbortedError(f"engine finished with {reason!r}, not an answer")
         details = usage.get("prompt_tokens_details") or {}
         logprobs = parse_logprobs(choice.get("logprobs"), top_k)
-        token_ids = choice.get("token_ids")
-        if isinstance(token_ids, list):
-            output_ids: list[int] | None = [int(i) for i in token_ids]
-        else:
-            output_ids = list(logprobs["ids"]) if logprobs else None
+        output_ids = _output_ids(choice, data, logprobs)
         return Generation(
             text=str(choice["text"]),
             finish_reason=reason,
@@ -296,6 +304,20 @@ def _stop_string(choice: dict[str, Any]) -> str | None:
         if isinstance(value, str):
             return value
     return None
+
+
+def _output_ids(choice: dict[str, Any], data: dict[str, Any],
+                logprobs: dict[str, Any] | None) -> list[int] | None:
+    """The generated ids, where the answer has them: the choice's `token_ids` (vLLM, SGLang
+    with `return_token_ids`), llama.cpp's `__verbose.tokens` (`return_tokens` + `verbose`),
+    else the ids of the logprobs."""
+    token_ids = choice.get("token_ids")
+    if not isinstance(token_ids, list):
+        verbose = data.get("__verbose")
+        token_ids = verbose.get("tokens") if isinstance(verbose, dict) else None
+    if isinstance(token_ids, list):
+        return [int(i) for i in token_ids]
+    return list(logprobs["ids"]) if logprobs else None
 
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")

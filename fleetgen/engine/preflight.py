@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetgen.base import errors
-from fleetgen.engine.api import Engine, LengthRule, ServerLimits
+from fleetgen.engine.api import Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import probe_url
 
 # Any id below every vocabulary's size: the probes' prompts are this id repeated.
@@ -92,6 +92,26 @@ def tiny_generation(engine: Engine) -> Check:
                      f"max_new_tokens={TINY_MAX_NEW_TOKENS}")
     return Check(name, True, f"{TINY_PROMPT_TOKENS} input ids -> {answer.completion_tokens} "
                  f"token(s), finish {answer.finish_reason}")
+
+
+def returns_token_ids(engine: Engine) -> Check:
+    """One short generation asking for the answer's token ids (`--token-ids`): they must come
+    back, one per completion token. Checked once per server at start, so a server that cannot
+    is refused before the run, not found out row by row."""
+    name = "token ids"
+    try:
+        answer = engine.generate([PROBE_TOKEN] * TINY_PROMPT_TOKENS, TINY_MAX_NEW_TOKENS, {},
+                                 _rid(), GenerateOptions(token_ids=True))
+    except errors.EngineError as exc:
+        return Check(name, False, f"a {TINY_PROMPT_TOKENS}-token request asking for token ids "
+                     f"failed: {exc.message}")
+    ids = answer.output_ids
+    if ids is None:
+        return Check(name, False, "the answer holds no output token ids")
+    if len(ids) != answer.completion_tokens:
+        return Check(name, False, f"{len(ids)} output token ids for {answer.completion_tokens} "
+                     "completion tokens")
+    return Check(name, True, f"{len(ids)} output token id(s) returned")
 
 
 def refuses_long_input(engine: Engine, limits: ServerLimits, rule: LengthRule) -> Check:

@@ -9,9 +9,10 @@ the wrong prompt, a completion cut or duplicated, a budget that is not the one s
 prompt rendered differently from what the producer sent fails here.
 
 With the issue-12 options (`options`: the payload's `think`, `think_open`, `json_schema`,
-`logprobs`) the reasoning split, `reasoning_tokens`, `json_valid` and the compact logprobs are
-recomputed too, from the simulator's own token structure (simulator/answers.py): the
-reasoning is the tokens before `</think>`, not a re-run of fleetgen's split.
+`logprobs`, `token_ids`) the reasoning split, `reasoning_tokens`, `json_valid`, the compact
+logprobs and the output ids are recomputed too, from the simulator's own token structure
+(simulator/answers.py): the reasoning is the tokens before `</think>`, not a re-run of
+fleetgen's split.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def input_rows(prompts: Path, wanted: set[str], tokenizer_name: str = "qwen3.6",
                template_kwargs: str = "{}") -> dict[str, tuple[list[int], Row]]:
     """Row id -> the token ids the producer sends for it (render with the chat template
     unless the row is a plain `prompt`, then tokenize; producer/pipeline.py) and the row, for
-    the first row with each wanted id (the first occurrence wins, as in the producer)."""
+    the first row with each wanted id (the first occurrence wins, as in the producer); a
+    row's own `chat_template_kwargs` go over `template_kwargs`."""
     tok = tokenizer(tokenizer_name, template_kwargs)
     rows: list[Row] = []
     seen: set[str] = set()
@@ -124,6 +126,8 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
         want.update(reasoning_of(answer, reasons(ids, style)))
     if style.schema is not None:
         want["json_valid"] = _valid(want["completion"], style.schema)
+    if options.get("token_ids"):
+        want["output_ids"] = answer.output_ids
     if options.get("logprobs"):
         scored = token_logprobs(key, answer.output_ids, int(options["logprobs"]))
         want["logprobs"] = {
