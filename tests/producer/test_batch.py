@@ -139,7 +139,7 @@ def test_options_that_ask_for_nothing_are_no_reason_to_refuse_a_row() -> None:
     (batch({"messages": USER, "seed": 1.5}), "bad_option: body.seed must be an integer"),
     (batch({"messages": USER, "seed": True}), "bad_option: body.seed must be an integer"),
     (batch({"messages": USER, "stop": ["ok", 3]}), "bad_option: body.stop must be a non-empty "
-                                                   "string or a list of them"),
+                                                   "string or a list of at most 32 of them"),
     (batch({"messages": USER, "n": 0}), "bad_option: body.n must be an integer in 1..128"),
     (batch({"messages": USER, "n": 129}), "bad_option: body.n must be an integer in 1..128"),
 ])
