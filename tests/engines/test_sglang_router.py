@@ -31,8 +31,10 @@ SLOTS = 4
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[list[SimThread]]:
+    # Thinking, as Qwen3.6 (whose template the prompts are rendered with) is served.
     started = [run_in_thread(SimConfig(port=0, context_length=ctx, derived_slots=SLOTS,
-                                       ttft_ms=1, tpot_ms=0.01, health_delay_s=0))
+                                       ttft_ms=1, tpot_ms=0.01, health_delay_s=0,
+                                       thinking=True))
                for ctx in (4096, 8192)]
     yield started
     for sim in started:
@@ -95,7 +97,7 @@ def test_a_run_through_the_router(router: str, sims: list[SimThread], redis_url:
     served = [httpx.get(f"{sim.url}/_sim/stats").json()["generation_tokens_total"]
               for sim in sims]
     assert all(n > 0 for n in served), served  # the router spread the work
-    config = SimConfig(port=0, context_length=4096, derived_slots=SLOTS)
+    config = SimConfig(port=0, context_length=4096, derived_slots=SLOTS, thinking=True)
     assert assert_content(data["results"], prompts, config) == 60
 
 
