@@ -30,6 +30,7 @@ from simulator.protocol import (
     Outcome,
     bad_request,
     parse_completions,
+    usage_of,
 )
 
 DEFAULT_TEMPLATE = (Path(__file__).resolve().parent.parent / "producer" / "templates"
@@ -182,17 +183,13 @@ def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[st
             "finish_reason": finish["type"],
             "matched_stop": finish.get("matched"),
         })
-    n = outcomes[0].item.sampling.n if outcomes else 1
-    prompt_tokens = sum(o.item.prompt_tokens for o in outcomes[::n])
-    completion_tokens = sum(o.completion.completion_tokens for o in outcomes)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": config.model_name,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": usage_of(outcomes),
     }
 
 

@@ -725,19 +725,21 @@ def render_completions(job: Job, outcomes: list[Outcome], config: SimConfig) -> 
             prompt = outcome.item.prompt
             choice["prompt_token_ids"] = prompt if isinstance(prompt, list) else None
         choices.append(choice)
-    # Each prompt counts once in usage, however many samples (n) it produced.
-    n = outcomes[0].item.sampling.n if outcomes else 1
-    prompt_tokens = sum(o.item.prompt_tokens for o in outcomes[::n])
-    completion_tokens = sum(o.completion.completion_tokens for o in outcomes)
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": config.model_name,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": usage_of(outcomes),
     }
+
+
+def usage_of(outcomes: list[Outcome]) -> dict[str, int]:
+    """An OpenAI answer's `usage`: each prompt counts once, however many samples (n) it
+    produced."""
+    n = outcomes[0].item.sampling.n if outcomes else 1
+    prompt_tokens = sum(o.item.prompt_tokens for o in outcomes[::n])
+    completion_tokens = sum(o.completion.completion_tokens for o in outcomes)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
