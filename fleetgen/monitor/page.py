@@ -32,6 +32,8 @@ def render(title: str, data: dict[str, Any], extra_js: str = "") -> str:
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>{html.escape(title)}</title>",
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+        # An empty icon: no request for /favicon.ico, from disk or from the live server.
+        "<link rel=\"icon\" href=\"data:,\">",
         f"<style>{asset('uPlot.min.css')}\n{asset('page.css')}</style>",
         f"<!-- uPlot {UPLOT_VERSION}, MIT licence, {html.escape(licence)} -->",
         f"<script>{asset('uPlot.iife.min.js')}</script>",

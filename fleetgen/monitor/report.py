@@ -245,7 +245,8 @@ def throughput(rows_at: Counter[int], tokens_at: Counter[int]) -> dict[str, Any]
     for second, n in rows_at.items():
         rows[(second - first) // width] += n
         tokens[(second - first) // width] += tokens_at[second]
-    return {"x": starts, "width_s": width, "rows_per_s": [round(n / width, 2) for n in rows],
+    return {"x": starts, "width_s": width, "rows": rows,
+            "rows_per_s": [round(n / width, 3) for n in rows],
             "tokens_per_s": [round(n / width, 1) for n in tokens]}
 
 
