@@ -32,13 +32,16 @@ def add_parser(sub: Any) -> None:
                    help="serve a live page of the run (progress, ETA, rates over the last "
                    "minutes, per-worker throughput, queue depth, shares, early stop), "
                    "refreshing by itself every --interval; bound to 127.0.0.1 unless HOST is "
-                   "given; read-only, behind basic auth: user:password from "
-                   "$FLEETGEN_STATUS_AUTH, else generated and printed; until Ctrl-C")
+                   "given (PORT 0: any free one, printed); read-only, behind basic auth: "
+                   "user:password from $FLEETGEN_STATUS_AUTH, else generated and printed; "
+                   "until Ctrl-C")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     client = connect(redis_url(args.redis))
+    if args.serve and not args.run:
+        raise ConfigError("--serve needs --run NAME: the page shows one run")
     if not args.run:
         runs = sorted(text(r) for r in client.smembers(runs_index_key()))
         print("\n".join(runs) if runs else "no runs")

@@ -78,11 +78,12 @@ def credentials_from_env(env: dict[str, str] | None = None) -> tuple[Credentials
 
 
 def parse_listen(spec: str) -> tuple[str, int]:
-    """`[HOST:]PORT` -> (host, port); the host defaults to loopback."""
+    """`[HOST:]PORT` -> (host, port); the host defaults to loopback, port 0 is any free one."""
     host, sep, port = spec.rpartition(":")
     host = host.strip("[]") if sep else DEFAULT_HOST
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--serve wants [HOST:]PORT with a port in 1..65535, got {spec!r}")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"--serve wants [HOST:]PORT with a port in 0..65535 (0: any free "
+                          f"one), got {spec!r}")
     return host or DEFAULT_HOST, int(port)
 
 

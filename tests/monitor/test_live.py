@@ -5,6 +5,11 @@ real Valkey by hand)."""
 from __future__ import annotations
 
 import base64
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -82,7 +87,8 @@ def test_the_server_listens_on_loopback_unless_told(live: LivePage) -> None:
     assert parse_listen("8080") == ("127.0.0.1", 8080)
     assert parse_listen("0.0.0.0:8080") == ("0.0.0.0", 8080)
     assert parse_listen("[::1]:9") == ("::1", 9)
-    for bad in ("http", "host:", "70000", ":0"):
+    assert parse_listen("0") == ("127.0.0.1", 0)
+    for bad in ("http", "host:", "70000", "-1"):
         with pytest.raises(ConfigError, match="HOST"):
             parse_listen(bad)
 
@@ -96,3 +102,30 @@ def test_credentials_come_from_the_environment_and_stay_out_of_repr() -> None:
     for bad in ("nopassword", ":x", "x:"):
         with pytest.raises(ConfigError, match="FLEETGEN_STATUS_AUTH"):
             credentials_from_env({"FLEETGEN_STATUS_AUTH": bad})
+
+
+def test_the_command_serves_until_sigterm_and_prints_its_login(redis_url: str,
+                                                              live: LivePage) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetgen", "status", "--run", RUN, "--serve", "0",
+         "--redis", redis_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "FLEETGEN_STATUS_AUTH"})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"at (http://127\.0\.0\.1:\d+/) \(user fleetgen, password (\S+)\)",
+                          line)
+        assert found, line
+        url, password = found.groups()
+        assert httpx.get(url).status_code == 401
+        page = httpx.get(url + "status.json", headers=header("fleetgen", password))
+        assert page.status_code == 200 and orjson.loads(page.content)["status"]["done"] == 30
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_serve_needs_a_run(redis_url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "status", "--serve", "0",
+                           "--redis", redis_url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and "--serve needs --run" in done.stderr
