@@ -42,6 +42,7 @@ DECLARED: dict[str, pa.DataType] = {
     "reasoning_unfinished": pa.bool_(), "json_valid": pa.bool_(), "json_error": pa.string(),
     "file": pa.string(), "position": pa.int64(), "logprobs": LOGPROBS,
     "output_ids": pa.list_(pa.int64()), "prompt_ids_digest": pa.string(),
+    "finished_at": pa.float64(),
 }
 ALWAYS = ("id", "completion", "finish_reason", "prompt_tokens", "completion_tokens",
           "cached_tokens", "max_tokens", "latency_s", "attempts", "worker", "line")

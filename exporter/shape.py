@@ -12,7 +12,7 @@ RESULT_FIELDS: Final = frozenset({
     "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
     "max_tokens", "latency_s", "attempts", "worker", "line", "sample", "slot", "reasoning",
     "reasoning_tokens", "reasoning_unfinished", "logprobs", "json_valid", "json_error", "file",
-    "position", "output_ids", "prompt_ids_digest"})
+    "position", "output_ids", "prompt_ids_digest", "finished_at"})
 # The transport fields of an OpenAI Batch input line, carried through as row fields; `body`
 # holds the request itself.
 BATCH_FIELDS: Final = frozenset({"custom_id", "method", "url", "body"})

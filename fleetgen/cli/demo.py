@@ -27,7 +27,8 @@ from fleetgen.cli.produce import (
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import sigterm_flag
 
-OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json")
+OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json",
+                "report.html")
 
 
 def add_parser(sub: Any) -> None:
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             if not should_stop():
                 summary = _run_pipeline(fleet, args, prompts, should_stop)
                 print(summary_table(summary, args.out))
+                if not should_stop():
+                    _write_report(args.out)
             if args.flower and sys.stdin.isatty():
                 _linger(args.flower, should_stop)
         finally:
@@ -109,6 +112,15 @@ def run(args: argparse.Namespace) -> int:
     if should_stop():
         raise KeyboardInterrupt  # main: "interrupted; run the same command again", exit 130
     return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+
+
+def _write_report(out: Path) -> None:
+    """The run as pictures, from the output files alone, like `fleetgen report`."""
+    from fleetgen.monitor.report import build
+
+    built = build(out)
+    print(f"fleetgen demo: report at {built.out} ({built.size / 1024:.0f} KiB; open it in a "
+          f"browser, it needs no network; again with `fleetgen report {out}`)", flush=True)
 
 
 def _stop_fleet(fleet: LocalFleet, quickly: bool) -> None:

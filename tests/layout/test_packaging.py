@@ -31,5 +31,9 @@ def test_the_wheel_holds_every_product_module_and_the_sample_data(tmp_path: Path
     missing = sorted(expected - names)
     assert not missing, f"not in the wheel: {missing}"
     assert "fleetgen/data/sample_prompts.jsonl" in names
+    # The report's and the live page's script, styles and vendored chart library (package data).
+    web = {f"fleetgen/monitor/web/{name}" for name in (
+        "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "page.js", "page.css", "live.js")}
+    assert web <= names, sorted(web - names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "fleetgen.cli.main:entrypoint" in zipfile.ZipFile(wheel).read(entry_points).decode()

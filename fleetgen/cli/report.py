@@ -1,0 +1,61 @@
+"""`fleetgen report`: a drained output directory as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleetgen.base import exitcodes
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "report", help="the run and its data as pictures: one HTML file that works offline",
+        description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
+        "reports too) in one streaming pass and writes one self-contained HTML file (no CDN, "
+        "no server: open it from disk): answer and reasoning lengths with the budget marked, "
+        "prompt lengths with the rows rejected as too long, finish reasons, truncation and "
+        "unfinished-reasoning shares, rows and tokens per worker, throughput over the run, "
+        "failures and rejections by kind with examples, and the run's settings. Exit 0; 1 "
+        "when the run is not complete (the report shows what is written so far); 3 when DIR "
+        "is not a drained output directory.")
+    p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
+                   "--out` wrote")
+    p.add_argument("--out", type=Path, metavar="PATH",
+                   help="the HTML file (default: DIR/report.html)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetgen.monitor.report import build
+
+    bar = _bar() if sys.stderr.isatty() else None
+    try:
+        built = build(args.dir, args.out,
+                      progress=bar.update if bar is not None else lambda n: None)
+    finally:
+        if bar is not None:
+            bar.close()
+    data = built.data
+    print(f"fleetgen report: run {built.read.run!r}, {data['figures']['done']} results, "
+          f"{data['figures']['failed']} failures, {data['figures']['rejected']} rejected "
+          f"-> {built.out} ({built.size / 1024:.0f} KiB)")
+    for name, size in built.read.torn.items():
+        print(f"fleetgen report: {name} ends in a torn line ({size} bytes) that a drainer is "
+              "writing or was killed writing: not counted", file=sys.stderr)
+    if data["mismatch"]:
+        print("fleetgen report: summary.json differs from the files on "
+              f"{', '.join(data['mismatch'])}: the report counts the files", file=sys.stderr)
+    if not data["complete"]:
+        print(f"fleetgen report: run {built.read.run!r} is not complete: the report shows what "
+              "is written so far", file=sys.stderr)
+        return exitcodes.INCOMPLETE
+    return exitcodes.OK
+
+
+def _bar() -> Any:
+    from tqdm import tqdm
+
+    return tqdm(desc="report", unit="B", unit_scale=True, file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,236 @@
+/* fleetgen's report and live page: builds the DOM from the JSON the page carries (or fetches)
+   and draws every chart with uPlot (vendored beside this file). Every text from the data is
+   set with textContent: ids, reasons and error messages are the user's data. */
+"use strict";
+
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+const fmt = new Intl.NumberFormat("en-US");
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const c of children) {
+    node.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+  }
+  return node;
+}
+
+function num(v) { return typeof v === "number" ? fmt.format(v) : (v == null ? "–" : String(v)); }
+function pct(v) { return (100 * v).toFixed(1) + " %"; }
+
+function section(root, title, note) {
+  const s = el("section", {}, el("h2", {}, title));
+  if (note) s.append(el("p", {class: "note"}, note));
+  root.append(s);
+  return s;
+}
+
+function chartBox(parent, id, title) {
+  const box = el("div", {class: "chart", id: id, "data-title": title});
+  parent.append(box);
+  return box;
+}
+
+function width(box) { return Math.max(320, Math.min(box.parentNode.clientWidth - 8, 1100)); }
+
+/* Vertical markers (the budget cap, the context), drawn over the plot. */
+function markers(list) {
+  return {hooks: {draw: [u => {
+    const ctx = u.ctx;
+    for (const [i, m] of list.entries()) {
+      if (m.value == null) continue;
+      const x = u.valToPos(m.value, "x", true);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.save();
+      ctx.strokeStyle = m.color; ctx.setLineDash([6, 4]); ctx.lineWidth = 2;
+      ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      ctx.fillStyle = m.color; ctx.font = 12 * devicePixelRatio + "px sans-serif";
+      ctx.fillText(m.label, x + 4, u.bbox.top + (14 + 14 * i) * devicePixelRatio);
+      ctx.restore();
+    }
+  }]}};
+}
+
+/* A histogram: bars from each bin's start, one series per count list. */
+function histogram(box, h, labels, xLabel, marks) {
+  const bars = uPlot.paths.bars({size: [1, Infinity], align: 1});
+  const series = [{label: xLabel}].concat(labels.map((label, i) => ({
+    label: label, stroke: COLORS[i], fill: COLORS[i] + (i ? "cc" : "66"), paths: bars,
+    points: {show: false}})));
+  const last = h.x.length ? h.x[h.x.length - 1] + h.width : 1;
+  const opts = {
+    width: width(box), height: 260, title: box.dataset.title, series: series,
+    scales: {x: {time: false, range: [0, Math.max(last, ...marks.map(m => m.value || 0))]}},
+    axes: [{label: xLabel}, {label: "rows", size: 70}],
+    plugins: [markers(marks)], legend: {live: false},
+  };
+  return new uPlot(opts, [h.x].concat(h.y), box);
+}
+
+/* Bars over named categories (finish reasons, workers): one series. */
+function categories(box, names, values, label) {
+  const idx = names.map((_, i) => i);
+  const series = [{label: "", value: (u, i) => names[i] ?? ""},
+                  {label: label, stroke: COLORS[0], fill: COLORS[0] + "99", points: {show: false},
+                   paths: uPlot.paths.bars({size: [0.6, 90]})}];
+  const axes = [{splits: () => idx, values: (u, s) => s.map(i => names[i] ?? ""),
+                 grid: {show: false}, rotate: names.length > 6 ? -30 : 0,
+                 size: names.length > 6 ? 90 : 50},
+                {label: label, size: 80}];
+  const opts = {width: width(box), height: 260, title: box.dataset.title, series: series,
+                scales: {x: {time: false, range: [-0.6, Math.max(names.length - 0.4, 0.4)]},
+                         y: {range: (u, mn, mx) => [0, mx * 1.1 || 1]}},
+                axes: axes, legend: {live: false}};
+  return new uPlot(opts, [idx, values], box);
+}
+
+/* Rows/s and tokens/s (or any two series) against time, each on its own axis. */
+function overTime(box, x, lists, labels) {
+  const series = [{}].concat(labels.map((label, i) => ({
+    label: label, stroke: COLORS[i], width: 2, scale: "s" + i,
+    fill: i ? undefined : COLORS[i] + "22"})));
+  const axes = [{}].concat(labels.map((label, i) => ({
+    label: label, scale: "s" + i, side: i ? 1 : 3, grid: {show: i === 0}, size: 80})));
+  const scales = {x: {time: true}};
+  labels.forEach((_, i) => { scales["s" + i] = {range: (u, mn, mx) => [0, mx * 1.1 || 1]}; });
+  const opts = {width: width(box), height: 260, title: box.dataset.title, series: series,
+                axes: axes, scales: scales};
+  return new uPlot(opts, [x].concat(lists), box);
+}
+
+function table(parent, heads, rows, attrs) {
+  const t = el("table", attrs || {});
+  t.append(el("thead", {}, el("tr", {}, ...heads.map(h => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const r of rows) body.append(el("tr", {}, ...r.map(c => c instanceof Node ? c : el("td", {}, c))));
+  t.append(body);
+  parent.append(t);
+  return t;
+}
+
+function figureCell(name, value) { return el("td", {"data-figure": name, class: "n"}, num(value)); }
+
+/* -- the report ---------------------------------------------------------------------------- */
+function report(root, d) {
+  const head = el("header", {}, el("h1", {}, "fleetgen report: run ", el("code", {}, d.run)));
+  const state = d.complete ? "complete" : (d.stopped ? "stopped early: " + d.stopped : "NOT complete");
+  head.append(el("p", {class: d.complete ? "ok" : "warn", id: "state"}, state));
+  for (const [name, bytes] of Object.entries(d.torn)) {
+    head.append(el("p", {class: "warn"}, name + " ends in a torn line (" + bytes +
+      " bytes, a drainer writing or killed mid-write): not counted"));
+  }
+  if (d.mismatch.length) {
+    head.append(el("p", {class: "warn", id: "mismatch"}, "summary.json differs from the files on: " +
+      d.mismatch.join(", ") + " (the files are the truth; the drainer rewrites summary.json when it ends)"));
+  }
+  root.append(head);
+
+  const f = d.figures, s = section(root, "Outcomes");
+  table(s, ["total", "done", "failed", "rejected", "truncated", "prompt tokens",
+            "completion tokens", "empty", "unfinished reasoning", "JSON invalid"],
+        [["total", "done", "failed", "rejected", "truncated", "prompt_tokens", "completion_tokens",
+          "empty", "reasoning_unfinished", "json_invalid"].map(n => figureCell(n, f[n]))],
+        {id: "figures"});
+  table(s, ["truncated (finish length)", "unfinished reasoning", "empty", "JSON invalid",
+            "failed (of answers)"],
+        [["truncated", "reasoning_unfinished", "empty", "json_invalid", "failed"].map(
+          n => el("td", {"data-share": n, class: "n"}, pct(d.shares[n])))], {id: "shares"});
+  const t = d.timing;
+  if (t.wall_s != null) {
+    s.append(el("p", {}, "wall time " + num(t.wall_s) + " s · " + num(t.rows_per_s) +
+      " rows/s · " + num(t.completion_tokens_per_s) + " output tokens/s (summary.json)"));
+  }
+
+  const a = section(root, "Answers", "completion tokens of every result; bars of answers cut at " +
+    "their budget (finish_reason length) drawn over them. The budget of each request is " +
+    "min(cap, room its prompt leaves); the median budget sent is marked.");
+  const marks = [{value: d.cap, label: "cap " + d.cap, color: "#dc2626"},
+                 {value: d.max_tokens_median, label: "median budget " + d.max_tokens_median,
+                  color: "#9333ea"}];
+  histogram(chartBox(a, "chart-completion", "Answer length"), d.completion,
+            ["answers", "truncated"], "completion tokens", d.cap ? marks : marks.slice(1));
+  if (d.reasoning) {
+    histogram(chartBox(a, "chart-reasoning", "Reasoning length"), d.reasoning,
+              ["answers"], "reasoning tokens", d.cap ? marks.slice(0, 1) : []);
+    histogram(chartBox(a, "chart-reasoning-share", "Share of each answer that is reasoning"),
+              d.reasoning_share, ["answers"], "% of output tokens", []);
+  }
+  categories(chartBox(a, "chart-finish", "Finish reasons"), Object.keys(d.finish),
+             Object.values(d.finish), "results");
+
+  const p = section(root, "Prompts", "prompt tokens of every request sent (results and failures), " +
+    "and of the rejected rows whose length is known (too long for the context)" +
+    (d.prompt_rejected_without_length ? "; " + num(d.prompt_rejected_without_length) +
+     " rejected rows have no length (bad input)" : ""));
+  histogram(chartBox(p, "chart-prompt", "Prompt length"), d.prompt, ["sent", "rejected"],
+            "prompt tokens", [{value: d.context, label: "context " + d.context, color: "#dc2626"}]);
+
+  const w = section(root, "Workers (GPUs)");
+  const names = d.workers.map(x => x.name);
+  categories(chartBox(w, "chart-worker-rows", "Results per worker"), names,
+             d.workers.map(x => x.done), "results");
+  categories(chartBox(w, "chart-worker-tokens", "Output tokens per worker"), names,
+             d.workers.map(x => x.completion_tokens), "output tokens");
+  table(w, ["worker", "results", "failures", "prompt tokens", "output tokens"],
+        d.workers.map(x => [x.name, el("td", {class: "n"}, num(x.done)),
+                            el("td", {class: "n"}, num(x.failed)),
+                            el("td", {class: "n"}, num(x.prompt_tokens)),
+                            el("td", {class: "n"}, num(x.completion_tokens))]), {id: "workers"});
+
+  const th = section(root, "Throughput over the run");
+  if (d.throughput) {
+    th.append(el("p", {class: "note"}, "outcomes written per second and output tokens per second, " +
+      "from each record's finished_at, in buckets of " + d.throughput.width_s + " s"));
+    overTime(chartBox(th, "chart-throughput", "Throughput"), d.throughput.x,
+             [d.throughput.rows_per_s, d.throughput.tokens_per_s], ["rows/s", "output tokens/s"]);
+  } else {
+    th.append(el("p", {class: "note", id: "no-throughput"}, "the records carry no finished_at " +
+      "(written by a fleetgen older than the report): no throughput over time"));
+  }
+
+  const fl = section(root, "Failures by kind");
+  outcomeTable(fl, d.failures.map(x => [x.type, x.count, Object.entries(x.status).map(
+    ([k, v]) => (k || "no HTTP answer") + ": " + v).join(", "), x.examples.map(
+    e => e.id + " (line " + e.line + ", " + e.attempts + " attempts): " + e.message)]),
+    ["kind", "rows", "HTTP status", "examples"], "failures");
+  const rj = section(root, "Rejections by reason");
+  outcomeTable(rj, d.rejections.map(x => [x.reason, x.count, "", x.examples.map(
+    e => e.id + " (line " + e.line + "): " + e.reason)]), ["reason", "rows", "", "examples"],
+    "rejections");
+
+  const st = section(root, "Settings");
+  const rows = Object.entries(d.settings).map(([k, v]) => [k, typeof v === "object" ? JSON.stringify(v) : String(v)]);
+  for (const k of ["started_at", "finished_at"]) {
+    if (t[k]) rows.push([k, new Date(t[k] * 1000).toISOString()]);
+  }
+  table(st, ["setting", "value"], rows, {id: "settings"});
+}
+
+function outcomeTable(parent, rows, heads, id) {
+  if (!rows.length) { parent.append(el("p", {class: "note", id: id}, "none")); return; }
+  const cols = heads[2] ? heads : [heads[0], heads[1], heads[3]];
+  table(parent, cols, rows.map(r => {
+    const ex = el("td", {}, el("ul", {}, ...r[3].map(e => el("li", {}, e))));
+    const cells = [r[0], el("td", {class: "n", "data-count": r[0]}, num(r[1]))];
+    if (heads[2]) cells.push(r[2]);
+    cells.push(ex);
+    return cells;
+  }), {id: id});
+}
+
+window.fleetgen = {el, num, pct, section, chartBox, histogram, categories, overTime, table,
+                   figureCell, report};
+
+document.addEventListener("DOMContentLoaded", () => {
+  const data = document.getElementById("page-data");
+  const root = document.getElementById("root");
+  if (data && root) {
+    const d = JSON.parse(data.textContent);
+    if (d.kind === "report") report(root, d);
+    else if (window.fleetgenLive) window.fleetgenLive(root, d);
+  }
+  document.body.dataset.ready = "1";
+});
