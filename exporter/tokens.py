@@ -31,6 +31,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exporter import shape
 from exporter.finished import Selection
 from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
@@ -107,12 +108,42 @@ def _rows(groups: Iterator[list[Any]], prompt_ids: PromptIds,
           selection: Selection) -> Iterator[dict[str, Any]]:
     for group in groups:
         prompt: list[int] | None = None  # a row's samples share their prompt
+        earlier: dict[Any, list[dict[str, Any]]] = {}  # --turns all: by sample, turns so far
         for outcome in group:
-            if not selection.admit(outcome.record):
+            record = outcome.record
+            if record.get("turn") is not None:
+                before = earlier.setdefault(record.get("sample"), [])
+                before.append(record)
+                if selection.admit(record):
+                    yield token_row(record, _prompt(turn_record(before), prompt_ids))
+                continue
+            if not selection.admit(record):
                 continue
             if prompt is None:
-                prompt = _prompt(outcome.record, prompt_ids)
-            yield token_row(outcome.record, prompt)
+                prompt = _prompt(record, prompt_ids)
+            yield token_row(record, prompt)
+
+
+def turn_record(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last of these results (turns 1..k of one conversation) as a row whose `messages`
+    are turn k's prompt as it was sent: the user turns with this run's answers between them
+    (the producer's producer/turns.py `turn_messages`), the input's own answers discarded."""
+    record = turns[-1]
+    if [int(t["turn"]) for t in turns] != list(range(1, len(turns) + 1)):
+        raise InputError(f"{_where(record)}: turn {record['turn']} is written but an earlier "
+                         "turn of its conversation is not")
+    _, given = shape.conversation(record)
+    asked = shape.user_turns([shape.role_turn(t) for t in given])
+    messages: list[Any] = []
+    for question, answer in zip(asked, turns[:-1], strict=False):
+        reply = {"role": "assistant", "content": str(answer.get("completion") or "")}
+        if isinstance(answer.get("reasoning"), str):
+            reply["reasoning_content"] = answer["reasoning"]
+        messages += [*question, reply]
+    messages += asked[len(turns) - 1] if len(turns) <= len(asked) else []
+    row = {k: v for k, v in record.items() if k not in shape.CONVERSATION_FIELDS}
+    row["messages"] = messages
+    return row
 
 
 def _prompt(record: Mapping[str, Any], prompt_ids: PromptIds) -> list[int]:
