@@ -232,7 +232,9 @@ class Producer:
                 settled = self.written.settled()
                 if on_tick:
                     on_tick(settled, total)
-                if settled >= total:
+                # A turn `fleetgen retry` sent back is settled in the files (its failure) but
+                # not done: its conversation may go on.
+                if settled >= total and not self.redis.scard(self.keys.retrying):
                     break
                 if time.monotonic() >= next_check:
                     lost = self._lost_turns()

@@ -114,9 +114,11 @@ def run_turns(fleet: LocalFleet, prompts: Path, run: str, out: Path,
     return produced
 
 
-def expected_keys(convs: dict[str, dict[str, Any]]) -> set[str]:
+def expected_keys(convs: dict[str, dict[str, Any]],
+                  bad: list[dict[str, Any]] | tuple[()] = ()) -> set[str]:
+    """Every (id, turn) of the run; a bad row has one turn, rejected."""
     return {f"{i}@{k}" for i, c in convs.items() for k in range(1, len(c["users"]) + 1)} | \
-        {f"{r['id']}@1" for r in BAD}  # a bad row: one turn, rejected
+        {f"{r['id']}@1" for r in bad}
 
 
 def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
@@ -126,7 +128,7 @@ def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
                           + BAD)
     out = tmp_path / "out"
     run_turns(fleet2, prompts, "turns", out, "--token-ids", "--max-output-tokens", "200")
-    data = assert_exactly_once(out, expected_keys(convs))
+    data = assert_exactly_once(out, expected_keys(convs, BAD))
     results = data["results"]
     # Every turn of every good conversation, the long one's first turn only.
     assert len(results) == sum(len(c["users"]) for c in convs.values()) - 2
@@ -153,7 +155,7 @@ def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
                      "--turns", "all", "--out", str(out), "--redis", fleet2.redis_url,
                      "--token-ids", "--max-output-tokens", "200")
     assert "already complete" in again.stdout
-    assert_exactly_once(out, expected_keys(convs))
+    assert_exactly_once(out, expected_keys(convs, BAD))
 
     # conversations: the whole regenerated conversation, the input's own answers gone.
     fleetgen("export", str(out), "--format", "conversations")
@@ -162,9 +164,9 @@ def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
     assert set(rows) == set(convs), "one row per conversation that has a first turn"
     for row_id, row in rows.items():
         answers = sorted((r for r in results if r["id"] == row_id), key=lambda r: r["turn"])
-        want = prompt_of(convs[row_id], answers[:-1]) + [
-            {"role": "assistant", "content": answers[-1]["completion"],
-             "reasoning_content": answers[-1]["reasoning"]}]
+        last = {"role": "assistant", "content": answers[-1]["completion"],
+                "reasoning_content": answers[-1]["reasoning"]}
+        want = [*prompt_of(convs[row_id], answers[:-1]), last]
         assert row["conversations"] == want, row_id
         assert row["turns"] == len(answers) and row["status"] == "success"
         assert "ORIGINAL ANSWER" not in orjson.dumps(row).decode()
