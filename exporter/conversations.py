@@ -68,7 +68,7 @@ def regenerated_row(records: list[dict[str, Any]], reasoning: str) -> dict[str, 
             answer["reasoning_content"] = thought
         messages += [*question, answer]
     row: dict[str, Any] = {"id": records[0]["id"], COLUMN: messages}
-    row.update(shape.row_fields(records[0]))
+    row.update(shape.row_fields(records[0], turns_all=True))
     if records[0].get("sample") is not None:
         row["sample"] = records[0]["sample"]
     row["turns"] = len(records)
@@ -77,14 +77,15 @@ def regenerated_row(records: list[dict[str, Any]], reasoning: str) -> dict[str, 
     return row
 
 
-def rows(outcomes: list[Any], reasoning: str, selection: Selection) -> Iterator[dict[str, Any]]:
+def rows(outcomes: list[Any], reasoning: str, selection: Selection,
+         turns_all: bool = False) -> Iterator[dict[str, Any]]:
     """The rows of one input line: one per result, or with --turns all one per conversation
     (sample), holding its turns from the first up to the first that is missing (rejected,
     failed, or left out by `selection`: later turns were built on it)."""
     conversations: dict[Any, list[dict[str, Any] | None]] = {}
     for outcome in outcomes:
         record = outcome.record
-        if record.get("turn") is None:
+        if not turns_all:
             if selection.admit(record):
                 yield conversation_row(record, reasoning)
             continue
@@ -105,7 +106,7 @@ def write(source: OutputDir, out: BinaryIO, reasoning: str,
     index = source.index((KIND_RESULT,))
     written = 0
     for group in index.groups():
-        for row in rows(group, reasoning, selection):
+        for row in rows(group, reasoning, selection, source.info.turns_all):
             out.write(orjson.dumps(row) + b"\n")
             written += 1
     return written, index.superseded

@@ -110,9 +110,12 @@ def answer(record: dict[str, Any], reasoning: str) -> tuple[str, str | None]:
     return THINK_OPEN + thought + THINK_CLOSE + completion, None
 
 
-def row_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """The input row's own fields, less its conversation and a Batch line's transport."""
+def row_fields(record: dict[str, Any], turns_all: bool = False) -> dict[str, Any]:
+    """The input row's own fields, less its conversation and a Batch line's transport (and,
+    from a `--turns all` run, fleetgen's `turn` and `turns`)."""
     skip = RESULT_FIELDS | BATCH_FIELDS | set(CONVERSATION_FIELDS)
+    if turns_all:
+        skip |= outcomes.TURN_FIELDS
     return {k: v for k, v in record.items() if k not in skip}
 
 

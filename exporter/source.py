@@ -50,6 +50,11 @@ class RunInfo:
         return bool(self.summary and self.summary.get("complete"))
 
     @property
+    def turns_all(self) -> bool:
+        """Every assistant turn was regenerated (`--turns all`): results carry `turn`."""
+        return ((self.summary or {}).get("settings") or {}).get("turns") == "all"
+
+    @property
     def model(self) -> str | None:
         model = (self.summary or {}).get("model")
         return str(model) if model else None
@@ -171,7 +176,8 @@ class OutputDir:
             sample = record.get("sample")
             columns["line"].append(int(record["line"]))
             columns["sample"].append(NO_SAMPLE if sample is None else int(sample))
-            columns["turn"].append(int(record.get("turn") or 0))  # --turns all: 1..
+            turn = record.get("turn") if self.info.turns_all else None
+            columns["turn"].append(int(turn or 0))  # --turns all: 1..
             columns["kind"].append(code)
             columns["priority"].append(priority)
             columns["offset"].append(offset)

@@ -181,6 +181,7 @@ def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
         answers = [r for r in results if r["id"] == result["id"] and r["turn"] < result["turn"]]
         answers.sort(key=lambda r: r["turn"])
         prompt = tok.encode_batch([tok.render(prompt_of(convs[result["id"]], answers))])[0]
+        assert (line["id"], line["turn"]) == (result["id"], result["turn"])
         assert line["input_ids"] == prompt + result["output_ids"]
         assert line["loss_mask"] == [0] * len(prompt) + [1] * len(result["output_ids"])
 
