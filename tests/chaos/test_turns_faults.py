@@ -152,6 +152,12 @@ def test_failed_turn_stops_its_conversation_and_retry_resumes_it(
     held_back = sum(f["turns"] - f["turn"] for f in data["failures"])
     assert summary["blocked"] == held_back
     assert held_back > 0, "no failure held a later turn back"
+    status = subprocess.run(fleetgen_cli("status", "--run", "tr", "--json", "--redis",
+                                         fleet.redis_url), capture_output=True, text=True,
+                            timeout=60)
+    shown = orjson.loads(status.stdout)
+    shown = shown[0] if isinstance(shown, list) else shown
+    assert (shown["blocked"], shown["total"]) == (held_back, turns)
     # Nothing of a conversation after its failed turn was generated.
     failed_at = {f["id"]: f["turn"] for f in data["failures"]}
     assert not [r for r in data["results"] if r["turn"] > failed_at.get(r["id"], 99)]
