@@ -84,8 +84,8 @@ def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
     served = generated(fleet)
     print(f"\n--turns all, {len(convs)} conversations, {turns} turns: gpu1 SIGKILLed at "
           f"{at_worker_kill} written, drainer at {at_drainer_kill}, producer at "
-          f"{at_producer_kill}; {turns} results exactly once, {served} completions served "
-          f"(gpu1's in-flight ones again elsewhere); {output(producer).strip()}")
+          f"{at_producer_kill}; {turns} results exactly once, {served} completions served by "
+          f"the simulators; {output(producer).strip()}")
 
 
 def test_turns_converge_after_valkey_restored_from_an_older_copy(
