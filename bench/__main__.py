@@ -18,6 +18,7 @@ BENCHES = {
     "ceiling": "bench.ceiling",
     "fleet": "bench.fleet",
     "ordering": "bench.ordering",
+    "turns": "bench.turns",
 }
 
 

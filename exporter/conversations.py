@@ -25,6 +25,7 @@ at their budget or inside their reasoning (exporter/finished.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import orjson
@@ -54,6 +55,49 @@ def conversation_row(record: dict[str, Any], reasoning: str) -> dict[str, Any]:
     return row
 
 
+def regenerated_row(records: list[dict[str, Any]], reasoning: str) -> dict[str, Any]:
+    """A `--turns all` conversation as regenerated: its user turns, each followed by the answer
+    this run generated for it (the input's own answers discarded), for the turns 1..k given."""
+    _, turns = shape.conversation(records[0])
+    asked = shape.user_turns([shape.role_turn(t) for t in turns])
+    messages: list[dict[str, Any]] = []
+    for record, question in zip(records, asked, strict=False):
+        content, thought = shape.answer(record, reasoning)
+        answer: dict[str, Any] = {"role": "assistant", "content": content}
+        if thought is not None:
+            answer["reasoning_content"] = thought
+        messages += [*question, answer]
+    row: dict[str, Any] = {"id": records[0]["id"], COLUMN: messages}
+    row.update(shape.row_fields(records[0], turns_all=True))
+    if records[0].get("sample") is not None:
+        row["sample"] = records[0]["sample"]
+    row["turns"] = len(records)
+    row["finish_reason"] = records[-1].get("finish_reason")
+    row["status"] = STATUS
+    return row
+
+
+def rows(outcomes: list[Any], reasoning: str, selection: Selection,
+         turns_all: bool = False) -> Iterator[dict[str, Any]]:
+    """The rows of one input line: one per result, or with --turns all one per conversation
+    (sample), holding its turns from the first up to the first that is missing (rejected,
+    failed, or left out by `selection`: later turns were built on it)."""
+    conversations: dict[Any, list[dict[str, Any] | None]] = {}
+    for outcome in outcomes:
+        record = outcome.record
+        if not turns_all:
+            if selection.admit(record):
+                yield conversation_row(record, reasoning)
+            continue
+        turns = conversations.setdefault(record.get("sample"), [])
+        if len(turns) == int(record["turn"]) - 1 and (not turns or turns[-1] is not None):
+            turns.append(record if selection.admit(record) else None)
+    for turns in conversations.values():
+        whole = turns[:turns.index(None)] if None in turns else turns
+        if whole:
+            yield regenerated_row([t for t in whole if t is not None], reasoning)
+
+
 def write(source: OutputDir, out: BinaryIO, reasoning: str,
           selection: Selection | None = None) -> tuple[int, int]:
     """Every result (every finished one, by `selection`), in input order; returns (lines
@@ -62,10 +106,9 @@ def write(source: OutputDir, out: BinaryIO, reasoning: str,
     index = source.index((KIND_RESULT,))
     written = 0
     for group in index.groups():
-        for outcome in group:
-            if selection.admit(outcome.record):
-                out.write(orjson.dumps(conversation_row(outcome.record, reasoning)) + b"\n")
-                written += 1
+        for row in rows(group, reasoning, selection, source.info.turns_all):
+            out.write(orjson.dumps(row) + b"\n")
+            written += 1
     return written, index.superseded
 
 

@@ -77,6 +77,7 @@ def export(directory: Path, options: Options,
     selection = Selection(options.only_finished)
     with OutputDir(directory, progress) as source:
         _refuse_drainer_files(directory, out)
+        _refuse_turns(source, options, out)
         prompt_ids = _prompt_ids(source, options)  # tokens: refused before anything is written
         on_open(2 * source.size(KINDS if options.format == "openai-batch" else (KIND_RESULT,)))
         with atomic_file(out) as f:
@@ -103,6 +104,22 @@ def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,
                                model=options.model or source.info.model,
                                reasoning=options.reasoning)
     return openai_batch.write(source, f, ctx)
+
+
+def _refuse_turns(source: OutputDir, options: Options, out: Path) -> None:
+    """openai-batch has one response per request line; a `--turns all` conversation is several
+    requests, each built on the answer before it, which no Batch input line asked for."""
+    settings = (source.info.summary or {}).get("settings") or {}
+    if settings.get("turns") != "all":
+        return
+    if options.format == "openai-batch":
+        raise ConfigError(f"run {source.info.run!r} regenerated every turn (--turns all): "
+                          "OpenAI Batch output has one response per request line, and these "
+                          "turns were requests of fleetgen's own; export --format "
+                          "conversations (whole conversations) or tokens (one line per turn)")
+    if options.format == "conversations" and writes_parquet(options.format, out):
+        raise ConfigError("--format conversations of a --turns all run is written as JSONL "
+                          "only for now; give --out a .jsonl name")
 
 
 def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:

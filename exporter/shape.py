@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from fleetgen.base import outcomes
+
 # The fields fleetgen adds to a result line (README "Output"); everything else in a result is
 # the input row's own, carried through.
-RESULT_FIELDS: Final = frozenset({
-    "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-    "max_tokens", "latency_s", "attempts", "worker", "line", "sample", "slot", "reasoning",
-    "reasoning_tokens", "reasoning_unfinished", "logprobs", "json_valid", "json_error", "file",
-    "position", "output_ids", "prompt_ids_digest", "finished_at"})
+RESULT_FIELDS: Final = outcomes.RESULT_FIELDS
 # The transport fields of an OpenAI Batch input line, carried through as row fields; `body`
 # holds the request itself.
 BATCH_FIELDS: Final = frozenset({"custom_id", "method", "url", "body"})
@@ -112,7 +110,23 @@ def answer(record: dict[str, Any], reasoning: str) -> tuple[str, str | None]:
     return THINK_OPEN + thought + THINK_CLOSE + completion, None
 
 
-def row_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """The input row's own fields, less its conversation and a Batch line's transport."""
+def row_fields(record: dict[str, Any], turns_all: bool = False) -> dict[str, Any]:
+    """The input row's own fields, less its conversation and a Batch line's transport (and,
+    from a `--turns all` run, fleetgen's `turn` and `turns`)."""
     skip = RESULT_FIELDS | BATCH_FIELDS | set(CONVERSATION_FIELDS)
+    if turns_all:
+        skip |= outcomes.TURN_FIELDS
     return {k: v for k, v in record.items() if k not in skip}
+
+
+def user_turns(turns: list[Any]) -> list[list[Any]]:
+    """Role/content turns cut at their assistant turns (which are dropped): the messages each
+    regenerated turn of a `--turns all` run answered (the producer's producer/turns.py rule)."""
+    asked: list[list[Any]] = [[]]
+    for turn in turns:
+        if isinstance(turn, dict) and turn.get("role") == "assistant":
+            if asked[-1]:
+                asked.append([])
+            continue
+        asked[-1].append(turn)
+    return [a for a in asked if a]

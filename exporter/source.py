@@ -50,6 +50,11 @@ class RunInfo:
         return bool(self.summary and self.summary.get("complete"))
 
     @property
+    def turns_all(self) -> bool:
+        """Every assistant turn was regenerated (`--turns all`): results carry `turn`."""
+        return ((self.summary or {}).get("settings") or {}).get("turns") == "all"
+
+    @property
     def model(self) -> str | None:
         model = (self.summary or {}).get("model")
         return str(model) if model else None
@@ -69,13 +74,14 @@ class Index:
         return len(self.order)
 
     def groups(self) -> Iterator[list[Outcome]]:
-        """One list per input line, its samples in order, one outcome per sample."""
-        lines, samples = self.columns["line"], self.columns["sample"]
+        """One list per input line, its samples in order, one outcome per sample (per
+        sample and turn, turns in order, for a --turns all run)."""
+        lines, samples, turns = (self.columns[k] for k in ("line", "sample", "turn"))
         kinds, offsets, lengths = (self.columns[k] for k in ("kind", "offset", "length"))
         group: list[Outcome] = []
-        current = (-1, -1)  # no line has this key
+        current = (-1, -1, -1)  # no line has this key
         for position in _positions(self.order):
-            key = (lines[position], samples[position])
+            key = (lines[position], samples[position], turns[position])
             if key == current:
                 self.superseded += 1
                 continue
@@ -143,7 +149,7 @@ class OutputDir:
         """Scan the files of `kinds` once; `observe` sees every result record on the way, with
         the size of its line."""
         columns: dict[str, array[int]] = {
-            "line": array("q"), "sample": array("q"), "kind": array("b"),
+            "line": array("q"), "sample": array("q"), "turn": array("q"), "kind": array("b"),
             "priority": array("b"), "offset": array("q"), "length": array("I")}
         files: dict[int, BinaryIO] = {}
         for kind in kinds:
@@ -152,6 +158,7 @@ class OutputDir:
                 self._scan(kind, columns, observe if kind == KIND_RESULT else None)
         # lexsort: the last key is the primary one; it is stable, so a tie keeps file order.
         order = np.lexsort((np.frombuffer(columns["priority"], dtype=np.int8),
+                            np.frombuffer(columns["turn"], dtype=np.int64),
                             np.frombuffer(columns["sample"], dtype=np.int64),
                             np.frombuffer(columns["line"], dtype=np.int64)))
         return Index(files, columns, order, self.progress)
@@ -169,6 +176,8 @@ class OutputDir:
             sample = record.get("sample")
             columns["line"].append(int(record["line"]))
             columns["sample"].append(NO_SAMPLE if sample is None else int(sample))
+            turn = record.get("turn") if self.info.turns_all else None
+            columns["turn"].append(int(turn or 0))  # --turns all: 1..
             columns["kind"].append(code)
             columns["priority"].append(priority)
             columns["offset"].append(offset)

@@ -31,6 +31,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exporter import shape
 from exporter.finished import Selection
 from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
@@ -41,6 +42,8 @@ PARQUET_SUFFIX = ".parquet"
 SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()),
                     ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
                     ("finish_reason", pa.string())])
+# A --turns all run's lines say which turn they are (one line per turn).
+TURNS_SCHEMA = SCHEMA.insert(2, pa.field("turn", pa.int64()))
 GROUP_TOKENS = 4 << 20  # tokens per Parquet row group (about 20 MB in memory)
 
 
@@ -98,21 +101,55 @@ def write(source: OutputDir, out: BinaryIO, prompt_ids: PromptIds,
     """Every result (the finished ones under --only-finished), in input order, as JSONL (or
     Parquet); returns (lines written, outcomes superseded)."""
     index = source.index((KIND_RESULT,))
-    rows = _rows(index.groups(), prompt_ids, selection or Selection())
-    written = _write_parquet(rows, out) if parquet else _write_jsonl(rows, out)
+    rows = _rows(index.groups(), prompt_ids, selection or Selection(), source.info.turns_all)
+    schema = TURNS_SCHEMA if source.info.turns_all else SCHEMA
+    written = _write_parquet(rows, out, schema) if parquet else _write_jsonl(rows, out)
     return written, index.superseded
 
 
-def _rows(groups: Iterator[list[Any]], prompt_ids: PromptIds,
-          selection: Selection) -> Iterator[dict[str, Any]]:
+def _rows(groups: Iterator[list[Any]], prompt_ids: PromptIds, selection: Selection,
+          turns_all: bool = False) -> Iterator[dict[str, Any]]:
     for group in groups:
         prompt: list[int] | None = None  # a row's samples share their prompt
+        earlier: dict[Any, list[dict[str, Any]]] = {}  # --turns all: by sample, turns so far
         for outcome in group:
-            if not selection.admit(outcome.record):
+            record = outcome.record
+            if turns_all:
+                before = earlier.setdefault(record.get("sample"), [])
+                before.append(record)
+                if selection.admit(record):
+                    row = token_row(record, _prompt(turn_record(before), prompt_ids))
+                    yield {"id": row.pop("id"), **({"sample": row.pop("sample")}
+                                                   if "sample" in row else {}),
+                           "turn": record["turn"], **row}
+                continue
+            if not selection.admit(record):
                 continue
             if prompt is None:
-                prompt = _prompt(outcome.record, prompt_ids)
-            yield token_row(outcome.record, prompt)
+                prompt = _prompt(record, prompt_ids)
+            yield token_row(record, prompt)
+
+
+def turn_record(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last of these results (turns 1..k of one conversation) as a row whose `messages`
+    are turn k's prompt as it was sent: the user turns with this run's answers between them
+    (the producer's producer/turns.py `turn_messages`), the input's own answers discarded."""
+    record = turns[-1]
+    if [int(t["turn"]) for t in turns] != list(range(1, len(turns) + 1)):
+        raise InputError(f"{_where(record)}: turn {record['turn']} is written but an earlier "
+                         "turn of its conversation is not")
+    _, given = shape.conversation(record)
+    asked = shape.user_turns([shape.role_turn(t) for t in given])
+    messages: list[Any] = []
+    for question, answer in zip(asked, turns[:-1], strict=False):
+        reply = {"role": "assistant", "content": str(answer.get("completion") or "")}
+        if isinstance(answer.get("reasoning"), str):
+            reply["reasoning_content"] = answer["reasoning"]
+        messages += [*question, reply]
+    messages += asked[len(turns) - 1] if len(turns) <= len(asked) else []
+    row = {k: v for k, v in record.items() if k not in shape.CONVERSATION_FIELDS}
+    row["messages"] = messages
+    return row
 
 
 def _prompt(record: Mapping[str, Any], prompt_ids: PromptIds) -> list[int]:
@@ -130,19 +167,20 @@ def _write_jsonl(rows: Iterator[dict[str, Any]], out: BinaryIO) -> int:
     return written
 
 
-def _write_parquet(rows: Iterator[dict[str, Any]], out: BinaryIO) -> int:
+def _write_parquet(rows: Iterator[dict[str, Any]], out: BinaryIO,
+                   schema: pa.Schema = SCHEMA) -> int:
     written = tokens = 0
     batch: list[dict[str, Any]] = []
-    with pq.ParquetWriter(out, SCHEMA) as writer:
+    with pq.ParquetWriter(out, schema) as writer:
         for row in rows:
             batch.append(row)
             tokens += len(row["input_ids"])
             if tokens >= GROUP_TOKENS:
-                writer.write_table(pa.Table.from_pylist(batch, schema=SCHEMA))
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
                 written += len(batch)
                 batch, tokens = [], 0
         if batch or not written:
-            writer.write_table(pa.Table.from_pylist(batch, schema=SCHEMA))
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
             written += len(batch)
     return written
 

@@ -36,13 +36,15 @@ class Enqueuer:
         self.fixed_high_water = high_water
         self._high_water_cache: tuple[float, int] = (0.0, MIN_HIGH_WATER)
 
-    def send(self, payloads: list[TaskPayload]) -> None:
-        """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out).
+    def send(self, payloads: list[TaskPayload], *, front: bool = False) -> None:
+        """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out);
+        `front`: next to be taken (RPUSH), for the next turns of conversations under way.
         MULTI makes a batch atomic: a row is queued and marked sent, or neither."""
         if not payloads:
             return
         pipe = self.redis.pipeline(transaction=True)
-        pipe.lpush(QUEUE, *[task_message(payload) for payload in payloads])
+        push = pipe.rpush if front else pipe.lpush
+        push(QUEUE, *[task_message(payload) for payload in payloads])
         set_bits(pipe, self.keys.sent, [slot_of(payload) for payload in payloads])
         pipe.execute()
 
@@ -77,8 +79,12 @@ class Enqueuer:
         return value
 
     def wait_for_room(self, should_stop: Callable[[], bool] = lambda: False,
-                      poll_s: float = 0.05) -> None:
+                      poll_s: float = 0.05, while_full: Callable[[], object] | None = None) -> None:
+        """Wait while the queue is at the high-water mark; `while_full` runs at every look
+        (the next turns of conversations, which do not wait for room)."""
         while self.queue_depth() >= self.high_water() and not should_stop():
+            if while_full is not None:
+                while_full()
             time.sleep(poll_s)
 
 

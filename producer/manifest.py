@@ -21,7 +21,7 @@ from fleetgen.base.redisconn import read_hash
 # Settings that change what a row becomes; a resumed run must keep them.
 PINNED = ("input", "files", "tokenizer", "context_length", "max_output_tokens",
           "min_output_tokens", "margin", "reserved_tokens", "max_req_input_len", "sampling", "n",
-          "logprobs", "token_ids", "json_schema", "chat_template_kwargs", "reasoning")
+          "logprobs", "token_ids", "json_schema", "chat_template_kwargs", "reasoning", "turns")
 
 
 class RunManifest:

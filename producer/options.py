@@ -30,6 +30,9 @@ class Request:
     slot: int
     sample: int | None
     line: int
+    # `--turns all`: the assistant turn this request generates (1-based) of `turns`.
+    turn: int | None = None
+    turns: int | None = None
 
     def mark(self, record: dict[str, Any]) -> dict[str, Any]:
         """An outcome record of this request: `sample` when there are several, and `slot`
@@ -38,7 +41,16 @@ class Request:
             record["sample"] = self.sample
         if self.slot != self.line:
             record["slot"] = self.slot
+        if self.turn is not None and self.turns is not None:
+            record["turn"], record["turns"] = self.turn, self.turns
         return record
+
+    def later(self) -> list[Request]:
+        """The turns of this request's conversation after it (none outside `--turns all`)."""
+        if self.turn is None or self.turns is None:
+            return []
+        return [Request(self.slot + k, self.sample, self.line, self.turn + k, self.turns)
+                for k in range(1, self.turns - self.turn + 1)]
 
 
 class RequestOptions:
@@ -62,6 +74,8 @@ class RequestOptions:
             payload["sample"] = request.sample
         if request.slot != row.line:
             payload["slot"] = request.slot
+        if request.turn is not None and request.turns is not None:
+            payload["turn"], payload["turns"] = request.turn, request.turns
         if row.source is not None and row.position is not None:
             payload["file"], payload["position"] = row.source, row.position
         if self.split_reasoning:

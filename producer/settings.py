@@ -49,6 +49,11 @@ class ProducerSettings:
     ignore_stop: bool = False
     high_water: int | None = None  # None: derived from the live fleet's concurrency
     batch_size: int = 512
+    # `last`: regenerate a conversation's last assistant turn; `all`: every turn in order, each
+    # built from the answers this run wrote before it, read back from `out` (the drainer's
+    # output directory: the files are the truth of what each next turn is built from).
+    turns: str = "last"
+    out: Path | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.engine_url, str):
@@ -71,6 +76,11 @@ class ProducerSettings:
             raise ConfigError(f"--high-water must be at least 1, got {self.high_water}")
         if not 1 <= self.batch_size <= 100_000:
             raise ConfigError(f"--batch-size must be in 1..100000, got {self.batch_size}")
+        if self.turns not in ("last", "all"):
+            raise ConfigError(f"--turns must be last or all, got {self.turns!r}")
+        if self.turns == "all" and self.out is None:
+            raise ConfigError("--turns all needs --out DIR, the drainer's output directory: "
+                              "each next turn is built from the answers written there")
 
     def _check_length_rule(self) -> None:
         if self.reserved_tokens < 0:
@@ -129,5 +139,6 @@ class ProducerSettings:
             "json_schema": self.json_schema,
             "chat_template_kwargs": self.chat_template_kwargs,
             "reasoning": self.reasoning,
+            "turns": self.turns,
             "redis": redact(self.redis_url),
         }

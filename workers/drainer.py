@@ -20,6 +20,7 @@ from fleetgen.base.contract import (
     KIND_RESULT,
     KINDS,
     RunKeys,
+    blocked_by,
     slot_of,
 )
 from fleetgen.base.errors import ConfigError
@@ -57,10 +58,18 @@ class Tally:
     completion_tokens: int = 0
     # empty, reasoning_unfinished, json_invalid: read from each result record.
     quality: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUALITY_COUNTS, 0))
+    # --turns all: failed slot -> the later turns of its conversation it holds back (they have
+    # no outcome while the failure stands, and count as settled until a retry succeeds).
+    blocked: dict[int, int] = field(default_factory=dict)
+    turns: bool = False  # a --turns all run's records seen: `blocked` is counted
 
     @property
     def written(self) -> int:
-        return sum(self.by_kind.values())
+        return sum(self.by_kind.values()) + self.held_back
+
+    @property
+    def held_back(self) -> int:
+        return sum(self.blocked.values())
 
     def kind_of(self, line: int) -> str | None:
         code = self.kinds[line] if line < len(self.kinds) else 0
@@ -78,6 +87,10 @@ class Tally:
         if (line >> 3) >= len(self.bits):
             self.bits.extend(bytes((line >> 3) + 1 - len(self.bits)))
         self.bits[line >> 3] |= 0x80 >> (line & 7)
+        self.blocked.pop(line, None)
+        self.turns = self.turns or "turn" in record
+        if kind == KIND_FAILURE and blocked_by(record):
+            self.blocked[line] = blocked_by(record)
         if kind == KIND_RESULT:
             self.truncated += record.get("finish_reason") == "length"
             self.prompt_tokens += int(record.get("prompt_tokens", 0))
@@ -404,6 +417,7 @@ class Drainer:
             "done": self.tally.by_kind[KIND_RESULT],
             "failed": self.tally.by_kind[KIND_FAILURE],
             "rejected": self.tally.by_kind[KIND_REJECTED],
+            **({"blocked": self.tally.held_back} if self.tally.turns else {}),
             "truncated": self.tally.truncated,
             "prompt_tokens": self.tally.prompt_tokens,
             "completion_tokens": self.tally.completion_tokens,
@@ -440,7 +454,7 @@ class Drainer:
 # after `fleetgen purge`) knows how prompts were rendered (`--format tokens` re-renders them).
 # What changes a row, never a URL or anything that may hold a secret.
 SUMMARY_SETTINGS = ("tokenizer", "chat_template_kwargs", "token_ids", "logprobs", "reasoning",
-                    "n", "sampling", "context_length", "max_output_tokens")
+                    "n", "sampling", "context_length", "max_output_tokens", "turns")
 
 
 def summary_settings(manifest: dict[str, str]) -> dict[str, Any] | None:

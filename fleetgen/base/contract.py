@@ -103,6 +103,11 @@ class TaskPayload(TypedDict):
     # Absent: one sample, and the slot is the line.
     sample: NotRequired[int]  # 0-based sample index
     slot: NotRequired[int]
+    # `--turns all`: which assistant turn of the conversation this request generates (1-based)
+    # and how many the conversation has. A conversation's turns take consecutive slots (per
+    # sample), so turn k+1's slot is turn k's + 1. Absent: `--turns last`, one turn.
+    turn: NotRequired[int]
+    turns: NotRequired[int]
     # Split the answer on </think> into `reasoning` and `completion` (the engine is asked to
     # keep special tokens in the text); `think_open`: the rendered prompt itself ends inside an
     # open <think> block, so the answer starts in reasoning even without a <think> of its own.
@@ -125,6 +130,17 @@ def slot_of(item: TaskPayload | dict[str, Any]) -> int:
 
 
 def request_key(item: TaskPayload | dict[str, Any]) -> str:
-    """The key of one request among a run's outcomes: the id, or `id#sample` for a sample."""
+    """The key of one request among a run's outcomes: the id, or `id#sample` for a sample,
+    and `@turn` after it for one turn of a `--turns all` conversation."""
     sample = item.get("sample")
-    return str(item["id"]) if sample is None else f"{item['id']}#{sample}"
+    key = str(item["id"]) if sample is None else f"{item['id']}#{sample}"
+    turn = item.get("turn")
+    return key if turn is None else f"{key}@{turn}"
+
+
+def blocked_by(record: dict[str, Any]) -> int:
+    """The later turns of its conversation a failed turn holds back (0 for a request that is
+    not one turn of several): they have no outcome while the failure stands, and count as
+    settled until `fleetgen retry` turns it into a result."""
+    turn, turns = record.get("turn"), record.get("turns")
+    return 0 if turn is None or turns is None else max(int(turns) - int(turn), 0)

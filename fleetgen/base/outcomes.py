@@ -19,7 +19,17 @@ from fleetgen.base.structured import json_error
 
 # The fields of a task payload that name which request of its row a record answers, and
 # where the row is in a run of several input files.
-_REQUEST_FIELDS = ("sample", "slot", "file", "position")
+_REQUEST_FIELDS = ("sample", "slot", "file", "position", "turn", "turns")
+# Every field fleetgen writes into a result line (README "Output"); everything else in a
+# result is the input row's own, carried through (the exporter and `--turns all` read the
+# row back from a result by leaving these out). TURN_FIELDS are fleetgen's only in a
+# `--turns all` run: in a `--turns last` run a field of that name is the input's own.
+RESULT_FIELDS = frozenset({
+    "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+    "max_tokens", "latency_s", "attempts", "worker", "line", "sample", "slot", "reasoning",
+    "reasoning_tokens", "reasoning_unfinished", "logprobs", "json_valid", "json_error", "file",
+    "position", "output_ids", "prompt_ids_digest", "finished_at"})
+TURN_FIELDS = frozenset({"turn", "turns"})
 
 # A stream entry is two fields: the kind, and the record as orjson bytes. The drainer writes
 # those bytes to the file as they came, so a record is serialised exactly once.

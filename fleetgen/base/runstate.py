@@ -31,7 +31,8 @@ def run_complete(client: redis.Redis, run: str, written: int | None = None,
         return False
     if written is None:
         counts = read_hash(client, keys.written)
-        written = sum(int(counts.get(k, 0)) for k in ("done", "failed", "rejected"))
+        # `blocked`: later turns held back by a failed turn (--turns all), settled for now.
+        written = sum(int(counts.get(k, 0)) for k in ("done", "failed", "rejected", "blocked"))
     if written < int(manifest["total"]):
         return False
     # Rows that `fleetgen retry` sent back to work are not final until they land again, and

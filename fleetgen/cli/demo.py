@@ -162,8 +162,9 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path,
     from workers.drainer import Drainer
 
     run_name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    options = {**request_options_from(args), "out": args.out}
     settings = ProducerSettings(
-        **request_options_from(args), input=prompts, run=run_name,
+        **options, input=prompts, run=run_name,
         redis_url=fleet.redis_url, tokenizer=args.tokenizer,
         context_length=args.context_length, max_output_tokens=args.max_output_tokens,
         min_output_tokens=args.min_output_tokens, margin=args.margin,
@@ -200,7 +201,8 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path,
 
 def _produce_in_thread(settings: Any, errors: list[BaseException]) -> None:
     try:
-        produce(settings)
+        # --turns all: the producer stays to build each next turn from the answers written.
+        produce(settings, wait=settings.turns == "all")
     except BaseException as exc:  # handed to the main thread, which reports it
         errors.append(exc)
 

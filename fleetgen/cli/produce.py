@@ -59,6 +59,13 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                        "row has an outcome and re-enqueueing rows lost to a Redis crash")
         p.add_argument("--reconcile-interval", type=float, default=30.0, metavar="S",
                        help="seconds between checks for lost rows while waiting (30)")
+        p.add_argument("--out", type=Path, metavar="DIR",
+                       help="with --turns all: the drainer's output directory (`fleetgen "
+                       "drain --out DIR`), where each next turn's history is read from")
+    p.add_argument("--turns", choices=("last", "all"), default="last",
+                   help="last: regenerate each conversation's last assistant turn (default); "
+                   "all: every assistant turn in order, each from the answers this run wrote "
+                   "before it (the input's own answers are discarded); one result per turn")
     p.add_argument("--tokenizer", default="qwen3.6", metavar="PATH|qwen3.6",
                    help="a local Hugging Face tokenizer directory, or qwen3.6 (built offline; "
                    "default)")
@@ -123,6 +130,7 @@ def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
     return {"n": args.n, "logprobs": args.logprobs, "token_ids": args.token_ids,
             "reasoning": args.reasoning,
             "stop_if": tuple(args.stop_if), "stop_after": args.stop_after,
+            "turns": args.turns, "out": getattr(args, "out", None),
             "ignore_stop": args.ignore_stop,
             "json_schema": read_json_schema(args.json_schema),
             "chat_template_kwargs": _json_object(args.chat_template_kwargs,
@@ -176,6 +184,9 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     url = redis_url(args.redis)
     settings = settings_from(args, url)
+    if settings.turns == "all" and args.no_wait:
+        raise ConfigError("--turns all cannot take --no-wait: the waiting producer builds "
+                          "each next turn from the answers written; drop --no-wait")
     report = produce(settings, show_progress=sys.stderr.isatty(), wait=not args.no_wait,
                      reconcile_interval_s=args.reconcile_interval)
     if report.stopped is not None:

@@ -40,4 +40,8 @@ def run(args: argparse.Namespace) -> int:
     more = f" and {len(payloads) - 5} more" if len(payloads) > 5 else ""
     print(f"fleetgen retry: {len(payloads)} failed row(s) of run {args.run!r} re-enqueued "
           f"({ids}{more})")
+    if any("turn" in p for p in payloads):
+        print("fleetgen retry: a --turns all run: the conversations go on from each retried "
+              "turn that succeeds; run the same `fleetgen produce` command (it builds the next "
+              "turns) with `fleetgen drain`")
     return exitcodes.OK

@@ -59,6 +59,8 @@ class RunStatus:
     empty: int = 0
     unfinished: int = 0
     stop_reason: str | None = None
+    # --turns all: later turns held back by a failed turn (settled until `fleetgen retry`).
+    blocked: int = 0
 
     @property
     def truncation_rate(self) -> float:
@@ -73,7 +75,7 @@ class RunStatus:
     def remaining(self) -> int | None:
         if self.total is None:
             return None
-        return max(self.total - self.done - self.failed - self.rejected, 0)
+        return max(self.total - self.done - self.failed - self.rejected - self.blocked, 0)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -105,19 +107,21 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     # The exact count once the producer has read everything; until then the input's size.
     total = int(manifest.get("total") or manifest.get("expected") or 0) or None
     rate = (done + failed) / elapsed
-    remaining = (total if total is not None else n(manifest, "read")) - finished
+    blocked = n(written, "blocked")
+    remaining = (total if total is not None else n(manifest, "read")) - finished - blocked
     status = RunStatus(
         run=run, state=manifest.get("state", "?"), total=total, read=n(manifest, "read"),
         queued=queued, in_flight=max(sent - finished - queued, 0), done=done, failed=failed,
         rejected=rejected, truncated=n(stats, "truncated"), retries=n(stats, "retries"),
         prompt_tokens=n(stats, "prompt_tokens"), completion_tokens=n(stats, "completion_tokens"),
-        written=n(written, "done") + n(written, "failed") + n(written, "rejected"),
+        written=n(written, "done") + n(written, "failed") + n(written, "rejected") + blocked,
         elapsed_s=round(elapsed, 1), rows_per_s=round(rate, 2),
         tokens_per_s=round(n(stats, "completion_tokens") / elapsed, 1),
         eta_s=round(remaining / rate, 1) if rate > 0 and remaining > 0 else None, at=now,
     )
     status.empty, status.unfinished = n(stats, "empty"), n(stats, "reasoning_unfinished")
     status.stop_reason = manifest.get("stop_reason")
+    status.blocked = blocked
     status.workers = _workers(client, stats, elapsed)
     return status
 
@@ -195,7 +199,8 @@ def render(s: RunStatus) -> str:
         f"  rows    total {total}  read {s.read}  queue depth {s.queued}  "
         f"in flight {s.in_flight}  written {s.written}",
         f"  outcome done {s.done}  failed {s.failed}  rejected {s.rejected}  "
-        f"truncated {s.truncated} ({s.truncation_rate:.1%})  retries {s.retries}",
+        f"truncated {s.truncated} ({s.truncation_rate:.1%})  retries {s.retries}"
+        + (f"  held back by failed turns {s.blocked}" if s.blocked else ""),
         f"  early   truncated {s.share(s.truncated):.1%}  empty {s.share(s.empty):.1%}  "
         f"unfinished reasoning {s.share(s.unfinished):.1%}  failed {s.share(s.failed):.1%}"
         " of answers",
