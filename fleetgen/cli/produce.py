@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from fleetgen.base import exitcodes
+from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redact, redis_url
@@ -42,7 +41,7 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                        "context, input limit, speculative reserve. Repeat it for every server "
                        "of the fleet: the smallest limits win")
         p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                       default=os.environ.get("FLEETGEN_ENGINE_PROTOCOL") or None,
+                       default=envvars.ENGINE_PROTOCOL.value(),
                        help="sglang (native /generate) or openai (/v1/completions: vLLM, "
                        "llama.cpp); picks the length rule. Default: $FLEETGEN_ENGINE_PROTOCOL, "
                        "else detected from the --engine-url server, else sglang")
@@ -167,7 +166,7 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
         context_length=args.context_length, engine_url=tuple(args.engine_url or ()),
         reserved_tokens=args.reserved_tokens, max_req_input_len=args.max_req_input_len,
         engine_protocol=args.engine_protocol,
-        engine_api_key=os.environ.get("FLEETGEN_ENGINE_API_KEY") or None,
+        engine_api_key=envvars.ENGINE_API_KEY.value(),
         max_output_tokens=args.max_output_tokens, min_output_tokens=args.min_output_tokens,
         margin=args.margin, sampling=sampling_from(args), high_water=args.high_water,
         batch_size=args.batch_size)
