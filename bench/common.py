@@ -14,13 +14,15 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.envvars import BENCH_FIGURES, BENCH_RUN
+
 # Tracked: docs/performance.md and the README's table are generated from these files
 # (tools/perf_tables.py). FLEETGEN_BENCH_FIGURES moves them elsewhere (the smoke test must
 # not overwrite a real run's figures).
-FIGURES_DIR = Path(os.environ.get("FLEETGEN_BENCH_FIGURES")
+FIGURES_DIR = Path(BENCH_FIGURES.value()
                    or Path(__file__).resolve().parent / "figures")
 # Set by `python -m bench` when it runs every bench, so each file says which run it is from.
-RUN_ENV = "FLEETGEN_BENCH_RUN"
+RUN_ENV = BENCH_RUN.name
 
 # Words that tokenize to about one Qwen3.6 token each, plus a few multi-token snippets so
 # the text is not all ASCII (the tokenizer's slow paths must be exercised too).

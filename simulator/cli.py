@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_CANNOT_SERVE = 1  # e.g. the port is taken
-EXIT_BAD_CONFIG = 2  # same code argparse uses for a usage error
+EXIT_BAD_CONFIG = 3  # a bad setting, as every fleetgen command (fleetgen/base/exitcodes.py)
 
+# Listed in fleetgen/base/envvars.py with every other variable (the simulator imports no
+# product code; tests/base/test_envvars.py checks the two agree).
 API_KEY_ENV = "FLEETGEN_SIM_API_KEY"
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from fleetgen.base import envvars
 from fleetgen.local.valkey import EmbeddedValkey
 from simulator import SimConfig, SimThread, run_in_thread
 from tests.simulator.sim_helpers import StartSim
@@ -25,7 +26,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # Set by .ci/run, which installs every system package the suite needs: there a missing one is
 # a broken CI image, and a skip would hide it behind a green run.
-CI_FLAG = "FLEETGEN_CI"
+CI_FLAG = envvars.CI.name
 
 
 def require_binary(name: str, path: str | None = None, why: str = "") -> str:

@@ -18,13 +18,12 @@ from workers import runtime, startup
 from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.handback import RememberConsumer
-from workers.settings import WorkerSettings
 from workers.startup import StartupRefused
 
 log = logging.getLogger("fleetgen.worker")
 
 try:
-    _settings = WorkerSettings.from_env()
+    _settings = runtime.settings()
 except ConfigError as exc:
     # A misconfigured worker is a user mistake: one line and exit code 3, no traceback.
     print(f"fleetgen worker: {exc}", file=sys.stderr)
@@ -86,7 +85,7 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    concurrency = getattr(sender, "concurrency", None) or 16
+    concurrency = getattr(sender, "concurrency", None) or runtime.DEFAULT_CONCURRENCY
     runtime.configure(getattr(sender, "hostname", None) or "worker", int(concurrency))
 
 

@@ -12,9 +12,11 @@ from uuid import uuid4
 
 from fleetgen.base import errors
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
+from fleetgen.base.envvars import BACKOFF_BASE_S, BACKOFF_CAP_S, ENGINE_GONE_S, MAX_ATTEMPTS
 from fleetgen.base.errors import EngineGone
 from fleetgen.base.outcomes import Generation, failure_record, quality_counts, result_record
 from fleetgen.engine import Engine, GenerateOptions
+from workers.settings import WorkerSettings
 from workers.sink import Sink
 
 log = logging.getLogger("fleetgen.worker")
@@ -25,10 +27,14 @@ PROBE_EVERY_S = 0.5
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 5
-    base_s: float = 1.0
-    cap_s: float = 30.0
-    gone_s: float = 10.0  # an engine down this long is gone: hand the prompt back
+    max_attempts: int = MAX_ATTEMPTS.default
+    base_s: float = BACKOFF_BASE_S.default
+    cap_s: float = BACKOFF_CAP_S.default
+    gone_s: float = ENGINE_GONE_S.default  # an engine down this long is gone: hand it back
+
+    @classmethod
+    def of(cls, s: WorkerSettings) -> RetryPolicy:
+        return cls(s.max_attempts, s.backoff_base_s, s.backoff_cap_s, s.engine_gone_s)
 
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
         """Exponential backoff with full jitter, so retries from 128 threads don't align."""

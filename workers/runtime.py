@@ -74,10 +74,14 @@ class LazyEngine:
             self._client.close()
 
 
+# The pool size until Celery reports its own (configure): the engine client's pool limits.
+DEFAULT_CONCURRENCY = 16
+
 _lock = threading.Lock()
 _runtime: Runtime | None = None
+_settings: WorkerSettings | None = None
 _worker_name = f"worker@{socket.gethostname()}"
-_concurrency = 16
+_concurrency = DEFAULT_CONCURRENCY
 
 
 _protocol: engine.EngineProtocol | None = None
@@ -131,6 +135,15 @@ def concurrency() -> int:
     return _concurrency
 
 
+def settings() -> WorkerSettings:
+    """The worker's settings, read from the environment once per process: first by the
+    Celery app at import (a bad one is exit 3 before Celery starts), then shared by `get`."""
+    global _settings
+    if _settings is None:
+        _settings = WorkerSettings.from_env()
+    return _settings
+
+
 def get() -> Runtime:
     """Built on first use and then shared by every pool thread of the process."""
     global _runtime
@@ -138,15 +151,14 @@ def get() -> Runtime:
         return _runtime
     with _lock:
         if _runtime is None:
-            s = WorkerSettings.from_env()
+            s = settings()
             client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
             _runtime = Runtime(
                 settings=s,
                 engine=LazyEngine(s, _concurrency),
                 redis=client,
                 sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
-                policy=RetryPolicy(s.max_attempts, s.backoff_base_s, s.backoff_cap_s,
-                                   s.engine_gone_s),
+                policy=RetryPolicy.of(s),
                 worker=_worker_name,
                 watch=Watch(s.engine_url, interval_s=s.health_interval_s,
                             gone_after_s=s.engine_gone_s, api_key=s.engine_api_key),

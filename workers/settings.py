@@ -1,85 +1,80 @@
-"""Worker settings: one frozen dataclass built from FLEETGEN_* environment variables."""
+"""Worker settings: one frozen dataclass built from FLEETGEN_* environment variables.
+
+Each field names its variable (fleetgen/base/envvars.py), which gives its default, its parsing
+and whether it is a secret; `from_env` reads them all from that one mapping."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from fleetgen import engine
-from fleetgen.base.celeryconf import DEFAULT_VISIBILITY_TIMEOUT_S
+from fleetgen.base import envvars as ev
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redis_url
+
+T = TypeVar("T")
+ENV = "env"  # the field metadata that names a field's variable
+
+
+def _setting(var: ev.EnvVar[T], *, required: bool = False) -> Any:
+    """A field read from `var`: its default (unless `required`), hidden from repr if secret."""
+    meta = {ENV: var}
+    if required:
+        return field(repr=not var.secret, metadata=meta)
+    return field(default=var.default, repr=not var.secret, metadata=meta)
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    redis_url: str = field(repr=False)
-    engine_url: str
-    engine_api_key: str | None = field(default=None, repr=False)
+    redis_url: str = _setting(ev.REDIS_URL, required=True)
+    engine_url: str = _setting(ev.ENGINE_URL, required=True)
+    engine_api_key: str | None = _setting(ev.ENGINE_API_KEY)
     # sglang | openai; None: detected from what the engine answers at start-up.
-    engine_protocol: str | None = None
-    visibility_timeout_s: float = DEFAULT_VISIBILITY_TIMEOUT_S
-    request_timeout_s: float = 900.0
-    max_attempts: int = 5
-    backoff_base_s: float = 1.0
-    backoff_cap_s: float = 30.0
-    health_interval_s: float = 2.0
+    engine_protocol: str | None = _setting(ev.ENGINE_PROTOCOL)
+    visibility_timeout_s: float = _setting(ev.VISIBILITY_TIMEOUT_S)
+    request_timeout_s: float = _setting(ev.REQUEST_TIMEOUT_S)
+    max_attempts: int = _setting(ev.MAX_ATTEMPTS)
+    backoff_base_s: float = _setting(ev.BACKOFF_BASE_S)
+    backoff_cap_s: float = _setting(ev.BACKOFF_CAP_S)
+    health_interval_s: float = _setting(ev.HEALTH_INTERVAL_S)
     # Refused or not ready without a break for this long = the engine is gone: the worker
     # stops taking prompts and hands back what it holds. Shorter outages are ridden out.
-    engine_gone_s: float = 10.0
+    engine_gone_s: float = _setting(ev.ENGINE_GONE_S)
     # How long a worker started without -c waits for its engine to answer at start-up
     # (SGLang keeps its port closed while it loads weights) before exiting with code 4.
-    engine_wait_s: float = 600.0
-    wait_aof: bool = False
+    engine_wait_s: float = _setting(ev.ENGINE_WAIT_S)
+    wait_aof: bool = _setting(ev.WAIT_AOF)
     # A worker stopped with SIGTERM finishes its prompts for this long, then hands back to the
     # queue whatever is still running and exits (workers/handback.py).
-    handback_s: float = 30.0
+    handback_s: float = _setting(ev.HANDBACK_S)
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
-            raise ConfigError("FLEETGEN_ENGINE_URL must be an http(s) URL, "
+            raise ConfigError(f"{ev.ENGINE_URL.name} must be an http(s) URL, "
                               f"got {self.engine_url!r}")
         if self.engine_protocol is not None:
             engine.protocol(self.engine_protocol)  # ConfigError naming the known ones
-        for name in ("health_interval_s", "engine_gone_s", "engine_wait_s", "handback_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"FLEETGEN_{name.upper()} must be > 0, "
-                                  f"got {getattr(self, name):g}")
+        for var, value in ((ev.HEALTH_INTERVAL_S, self.health_interval_s),
+                           (ev.ENGINE_GONE_S, self.engine_gone_s),
+                           (ev.ENGINE_WAIT_S, self.engine_wait_s),
+                           (ev.HANDBACK_S, self.handback_s)):
+            if value <= 0:
+                raise ConfigError(f"{var.name} must be > 0, got {value:g}")
         if self.max_attempts < 1:
-            raise ConfigError(f"FLEETGEN_MAX_ATTEMPTS must be >= 1, got {self.max_attempts}")
+            raise ConfigError(f"{ev.MAX_ATTEMPTS.name} must be >= 1, got {self.max_attempts}")
         if self.visibility_timeout_s <= self.request_timeout_s:
             raise ConfigError(
-                f"FLEETGEN_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g}) must exceed "
-                f"FLEETGEN_REQUEST_TIMEOUT_S ({self.request_timeout_s:g}), or every slow "
+                f"{ev.VISIBILITY_TIMEOUT_S.name} ({self.visibility_timeout_s:g}) must exceed "
+                f"{ev.REQUEST_TIMEOUT_S.name} ({self.request_timeout_s:g}), or every slow "
                 "prompt would be delivered twice")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> WorkerSettings:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
         env = dict(os.environ if env is None else env)
-        return cls(
-            redis_url=redis_url(env.get("FLEETGEN_REDIS_URL")),
-            engine_url=env.get("FLEETGEN_ENGINE_URL", "http://127.0.0.1:30000"),
-            engine_api_key=env.get("FLEETGEN_ENGINE_API_KEY") or None,
-            engine_protocol=env.get("FLEETGEN_ENGINE_PROTOCOL") or None,
-            visibility_timeout_s=_num(env, "FLEETGEN_VISIBILITY_TIMEOUT_S",
-                                      DEFAULT_VISIBILITY_TIMEOUT_S),
-            request_timeout_s=_num(env, "FLEETGEN_REQUEST_TIMEOUT_S", 900.0),
-            max_attempts=int(_num(env, "FLEETGEN_MAX_ATTEMPTS", 5)),
-            backoff_base_s=_num(env, "FLEETGEN_BACKOFF_BASE_S", 1.0),
-            backoff_cap_s=_num(env, "FLEETGEN_BACKOFF_CAP_S", 30.0),
-            health_interval_s=_num(env, "FLEETGEN_HEALTH_INTERVAL_S", 2.0),
-            engine_gone_s=_num(env, "FLEETGEN_ENGINE_GONE_S", 10.0),
-            engine_wait_s=_num(env, "FLEETGEN_ENGINE_WAIT_S", 600.0),
-            wait_aof=env.get("FLEETGEN_WAIT_AOF", "0").lower() in ("1", "true", "yes"),
-            handback_s=_num(env, "FLEETGEN_HANDBACK_S", 30.0),
-        )
-
-
-def _num(env: dict[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return float(default)
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+        values = {f.name: f.metadata[ENV].value(env) for f in fields(cls)}
+        # --redis has no worker flag; the URL is checked (and defaulted) as every command's.
+        values["redis_url"] = redis_url(env.get(ev.REDIS_URL.name))
+        return cls(**values)

@@ -8,12 +8,6 @@ from celery import Celery
 
 from fleetgen.base.contract import QUEUE, TASK_NAME
 
-# Default visibility timeout: longer than the worst task (every attempt timing out plus
-# backoff, see WorkerSettings). A SIGKILLed worker's prompts come back after this; a worker
-# stopped with SIGTERM hands back what it still runs after FLEETGEN_HANDBACK_S
-# (workers/handback.py; Celery's warm shutdown alone would wait for every running task).
-DEFAULT_VISIBILITY_TIMEOUT_S = 7200
-
 
 def celery_config(
     redis_url: str, *, visibility_timeout_s: float, max_connections: int = 64

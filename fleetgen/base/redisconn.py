@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from fleetgen.base.envvars import REDIS_URL
 from fleetgen.base.errors import ConfigError
-
-ENV_REDIS_URL = "FLEETGEN_REDIS_URL"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def redis_url(flag: str | None) -> str:
     """The --redis flag wins over FLEETGEN_REDIS_URL; the default is a local Redis."""
-    url = flag or os.environ.get(ENV_REDIS_URL) or DEFAULT_REDIS_URL
+    url = flag or REDIS_URL.value()
     if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{ENV_REDIS_URL} must be a redis://, rediss:// or unix:// URL, "
+        raise ConfigError(f"{REDIS_URL.name} must be a redis://, rediss:// or unix:// URL, "
                           f"got {redact(url)}")
     return url
 

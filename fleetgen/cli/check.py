@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import time
 from typing import Any
 
 import redis
 
-from fleetgen.base import exitcodes
+from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import read_hash, redact, redis_url
 from fleetgen.engine.preflight import Check, readiness
@@ -57,7 +56,7 @@ def check_redis(client: redis.Redis, url: str) -> Check:
 def check_engine(url: str, timeout_s: float) -> Check:
     """The readiness probe (/ready, instant), not SGLang's /health, which generates a token
     and takes at least a second (http_server.py `health_generate`)."""
-    return readiness(url, timeout_s, os.environ.get("FLEETGEN_ENGINE_API_KEY") or None)
+    return readiness(url, timeout_s, envvars.ENGINE_API_KEY.value())
 
 
 def check_worker(client: redis.Redis, name: str, max_age_s: float,
@@ -81,7 +80,7 @@ def check_worker(client: redis.Redis, name: str, max_age_s: float,
 
 def run_checks(args: argparse.Namespace, url: str, client: redis.Redis) -> list[Check]:
     checks = [check_redis(client, url)]
-    engine = args.engine_url or os.environ.get("FLEETGEN_ENGINE_URL")
+    engine = args.engine_url or envvars.ENGINE_URL.given()
     if engine:
         checks.append(check_engine(engine, args.timeout_s))
     if args.worker and checks[0].ok:

@@ -11,21 +11,20 @@ import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect
-from fleetgen.cli.produce import (
-    add_producer_options,
-    produce,
-    request_options_from,
-    sampling_from,
-)
+from fleetgen.cli.produce import add_producer_options, request_options_from, sampling_from
+from fleetgen.cli.progress import Bar
+from fleetgen.cli.signals import sigterm_flag
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.procs import sigterm_flag
+
+if TYPE_CHECKING:
+    from producer.settings import ProducerSettings
 
 OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json",
                 "report.html")
@@ -177,40 +176,33 @@ def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path,
           flush=True)
     drainer = Drainer(connect(fleet.redis_url), run_name, args.out)
     drainer.recover()
-    bar = _progress_bar()
+    bar = Bar("rows written")
 
     def on_progress(d: Drainer) -> None:
         if errors:
             raise errors[0]
         manifest = d.manifest()
         total = manifest.get("total") or manifest.get("expected")
-        if bar is not None:
-            bar.total = int(total) if total else None
-            bar.update(d.tally.written - bar.n)
+        bar.advance_to(d.tally.written, int(total) if total else None)
 
     try:
         drainer.run_until_complete(on_progress=on_progress, should_stop=should_stop)
     finally:
         drainer.close()
-        if bar is not None:
-            bar.close()
+        bar.close()
     if not should_stop():  # stopped: the producer thread (a daemon) dies with the process
         thread.join(timeout=5)
     return drainer.write_summary()
 
 
-def _produce_in_thread(settings: Any, errors: list[BaseException]) -> None:
+def _produce_in_thread(settings: ProducerSettings, errors: list[BaseException]) -> None:
+    from producer.runner import produce
+
     try:
         # --turns all: the producer stays to build each next turn from the answers written.
         produce(settings, wait=settings.turns == "all")
     except BaseException as exc:  # handed to the main thread, which reports it
         errors.append(exc)
-
-
-def _progress_bar() -> Any:
-    from tqdm import tqdm
-
-    return tqdm(desc="rows written", unit=" rows", file=sys.stderr, dynamic_ncols=True)
 
 
 def summary_table(s: dict[str, Any], out: Path) -> str:

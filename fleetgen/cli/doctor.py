@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import orjson
 
 from fleetgen import engine
-from fleetgen.base import errors, exitcodes
+from fleetgen.base import envvars, errors, exitcodes
 from fleetgen.cli.produce import _json_object as json_object
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
@@ -74,7 +73,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server of the fleet (repeat for each)")
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=os.environ.get("FLEETGEN_ENGINE_PROTOCOL") or None,
+                   default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                    help="per request; the tiny generation may wait in a busy server's queue (60)")
@@ -171,7 +170,7 @@ def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    api_key = os.environ.get("FLEETGEN_ENGINE_API_KEY") or None
+    api_key = envvars.ENGINE_API_KEY.value()
     try:
         proto = engine.resolve(args.engine_protocol, args.engine_url[0], api_key)
     except errors.EngineError:  # unreachable: each server's report says so

@@ -11,7 +11,7 @@ import orjson
 
 from fleetgen.base import exitcodes
 from fleetgen.base.redisconn import connect, redis_url
-from fleetgen.local.procs import sigterm_flag
+from fleetgen.cli.signals import sigterm_flag
 
 
 def add_parser(sub: Any) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.base import exitcodes
+from fleetgen.cli.progress import Bar
 
 
 def add_parser(sub: Any) -> None:
@@ -57,17 +58,15 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from exporter.export import Options, export, writes_parquet
 
-    bar = _bar() if sys.stderr.isatty() else None
+    bar = Bar("export", show=sys.stderr.isatty(), unit="B", unit_scale=True)
     try:
         report = export(args.dir, Options(format=args.format, out=args.out,
                                           reasoning=args.reasoning, model=args.model,
                                           only_finished=args.only_finished,
                                           prompt_ids=prompt_ids),
-                        progress=bar.update if bar is not None else lambda n: None,
-                        on_open=_set_total(bar))
+                        progress=bar.add, on_open=bar.set_total)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     unit = "rows" if writes_parquet(args.format, report.out) else "lines"
     print(f"fleetgen export: {report.written} {unit} of run {report.run!r} -> {report.out}"
           f"{_left_out(report.left_out) if args.only_finished else ''}")
@@ -120,16 +119,3 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
 
     return ids
 
-
-def _bar() -> Any:
-    from tqdm import tqdm
-
-    return tqdm(desc="export", unit="B", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
-
-
-def _set_total(bar: Any) -> Any:
-    def on_open(total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.refresh()
-    return on_open

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import exitcodes
+from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import connect, redact, redis_url
-from fleetgen.base.runstate import run_complete
-from fleetgen.local.procs import sigterm_flag
+from fleetgen.base.redisconn import redact, redis_url
+from fleetgen.cli.progress import Bar
+from fleetgen.cli.signals import sigterm_flag
+
+if TYPE_CHECKING:
+    from producer.runner import Resume
+    from producer.settings import ProducerSettings
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +46,7 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                        "context, input limit, speculative reserve. Repeat it for every server "
                        "of the fleet: the smallest limits win")
         p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                       default=os.environ.get("FLEETGEN_ENGINE_PROTOCOL") or None,
+                       default=envvars.ENGINE_PROTOCOL.value(),
                        help="sglang (native /generate) or openai (/v1/completions: vLLM, "
                        "llama.cpp); picks the length rule. Default: $FLEETGEN_ENGINE_PROTOCOL, "
                        "else detected from the --engine-url server, else sglang")
@@ -167,7 +171,7 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     return value
 
 
-def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
+def settings_from(args: argparse.Namespace, redis_url_value: str) -> ProducerSettings:
     from producer.settings import ProducerSettings
 
     return ProducerSettings(**request_options_from(args),
@@ -175,20 +179,27 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> Any:
         context_length=args.context_length, engine_url=tuple(args.engine_url or ()),
         reserved_tokens=args.reserved_tokens, max_req_input_len=args.max_req_input_len,
         engine_protocol=args.engine_protocol,
-        engine_api_key=os.environ.get("FLEETGEN_ENGINE_API_KEY") or None,
+        engine_api_key=envvars.ENGINE_API_KEY.value(),
         max_output_tokens=args.max_output_tokens, min_output_tokens=args.min_output_tokens,
         margin=args.margin, sampling=sampling_from(args), high_water=args.high_water,
         batch_size=args.batch_size)
 
 
 def run(args: argparse.Namespace) -> int:
+    from producer.runner import produce
+
     url = redis_url(args.redis)
     settings = settings_from(args, url)
     if settings.turns == "all" and args.no_wait:
         raise ConfigError("--turns all cannot take --no-wait: the waiting producer builds "
                           "each next turn from the answers written; drop --no-wait")
-    report = produce(settings, show_progress=sys.stderr.isatty(), wait=not args.no_wait,
-                     reconcile_interval_s=args.reconcile_interval)
+    terminal = Terminal(settings.run, show_progress=sys.stderr.isatty())
+    report = produce(settings, wait=not args.no_wait,
+                     reconcile_interval_s=args.reconcile_interval, hooks=terminal)
+    if terminal.stopped():
+        # Stopped, not finished: main says "interrupted; run the same command again to
+        # resume" and exits 130, so no script takes a stopped producer for a finished run.
+        raise KeyboardInterrupt
     if report.stopped is not None:
         print(f"fleetgen produce: run {settings.run!r} stopped early: {report.stopped}; "
               f"what was queued before the stop has finished ({report.enqueued} sent by this "
@@ -202,71 +213,44 @@ def run(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def produce(settings: Any, *, show_progress: bool = False, wait: bool = False,
-            reconcile_interval_s: float = 30.0) -> Any:
-    """Build the producer and run it; shared by `produce` and `demo`. With `wait`, stay until
-    every row has an outcome, re-enqueueing rows lost on the way."""
-    from producer.build import build_producer
-    from producer.inputs import resolve_input
-    from producer.manifest import RunManifest
-    from producer.pipeline import Progress
-    from producer.rows import count_rows
+class Terminal:
+    """`fleetgen produce` on a terminal (the producer's Hooks): the resume messages, the
+    progress bars (on a tty), and SIGTERM."""
 
-    inputs = resolve_input(settings.input)  # a missing input or an empty glob: one line, exit 3
-    # Closed at once: an idle connection held for the whole run would keep a dead Redis's
-    # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
-    with connect(settings.redis_url) as client:
-        # Before "already complete": a finished run given a new file must say so.
-        manifest = RunManifest(client, settings.run)
-        manifest.check_files(inputs.names)
-        complete = run_complete(client, settings.run)
-        size = inputs.size_bytes()
-        then = manifest.input_changed(size) if complete else None
-    if then is not None:
-        # Rows appended to a finished run's file are rows to generate, not "nothing to do":
-        # the pass below skips every row already done and sends the rest.
-        print(f"fleetgen produce: run {settings.run!r} is complete, but its input has changed "
-              f"since ({then:,} bytes then, {size:,} now): reading it again; rows already "
-              f"done are skipped")
-    elif complete:
-        print(f"fleetgen produce: run {settings.run!r} is already complete; nothing to do "
-              "(use a new --run name to generate again)")
-        return Progress()
-    producer = build_producer(settings)
-    bar = _bar(show_progress, total=count_rows(settings.input))
-    # SIGTERM: stop between batches, or between two looks at the run while waiting (within
-    # a second either way; a call blocked on Redis is interrupted, see sigterm_flag).
-    should_stop = sigterm_flag()
-    try:
-        report = producer.run(on_batch=lambda p: _advance(bar, p.read, None),
-                              should_stop=should_stop)
-        if wait and not should_stop() and report.stopped is None:
-            done_bar = _bar(show_progress, "generated")
-            report.requeued = producer.wait_until_generated(
-                reconcile_interval_s, should_stop=should_stop,
-                on_tick=lambda n, total: _advance(done_bar, n, total))
-            if done_bar is not None:
-                done_bar.close()
-    finally:
-        if bar is not None:  # (a tqdm without a total refuses bool())
+    def __init__(self, run: str, show_progress: bool) -> None:
+        self.run = run
+        self.show_progress = show_progress
+        self._bars: dict[str, Bar] = {}
+        self._stop: Callable[[], bool] | None = None
+
+    def resuming(self, resume: Resume) -> None:
+        if resume.grown_from is not None:
+            print(f"fleetgen produce: run {self.run!r} is complete, but its input has changed "
+                  f"since ({resume.grown_from:,} bytes then, {resume.size_bytes:,} now): "
+                  "reading it again; rows already done are skipped")
+        elif resume.complete:
+            print(f"fleetgen produce: run {self.run!r} is already complete; nothing to do "
+                  "(use a new --run name to generate again)")
+
+    def stop_flag(self) -> Callable[[], bool]:
+        # Within a second either way; a call blocked on Redis is interrupted (sigterm_flag).
+        self._stop = sigterm_flag()
+        return self._stop
+
+    def stopped(self) -> bool:
+        return self._stop is not None and self._stop()
+
+    def read(self, rows: int, total: int) -> None:
+        self._bar("produce").advance_to(rows, total)
+
+    def generated(self, rows: int, total: int) -> None:
+        self._bar("generated").advance_to(rows, total)
+
+    def close(self) -> None:
+        for bar in self._bars.values():
             bar.close()
-    if should_stop():
-        # Stopped, not finished: main says "interrupted; run the same command again to
-        # resume" and exits 130, so no script takes a stopped producer for a finished run.
-        raise KeyboardInterrupt
-    return report
 
-
-def _bar(show: bool, desc: str = "produce", total: int | None = None) -> Any:
-    if not show:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(desc=desc, unit=" rows", total=total, dynamic_ncols=True)
-
-
-def _advance(bar: Any, n: int, total: int | None) -> None:
-    if bar is not None:
-        if total is not None:
-            bar.total = total
-        bar.update(n - bar.n)
+    def _bar(self, desc: str) -> Bar:
+        if desc not in self._bars:
+            self._bars[desc] = Bar(desc, show=self.show_progress)
+        return self._bars[desc]

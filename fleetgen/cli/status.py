@@ -12,7 +12,7 @@ from fleetgen.base import exitcodes
 from fleetgen.base.contract import runs_index_key
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redis_url, text
-from fleetgen.local.procs import sigterm_flag
+from fleetgen.cli.signals import sigterm_flag
 from fleetgen.monitor import status
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from fleetgen.base.envvars import ENGINE_PROTOCOL
 from fleetgen.base.errors import ConfigError, EngineError
 from fleetgen.engine.api import (
     PLAIN,
@@ -20,7 +21,6 @@ from fleetgen.engine.sglang import PROTOCOL as SGLANG
 
 PROTOCOLS: dict[str, EngineProtocol] = {SGLANG.name: SGLANG, OPENAI.name: OPENAI}
 DEFAULT_PROTOCOL = SGLANG.name
-ENV_PROTOCOL = "FLEETGEN_ENGINE_PROTOCOL"
 
 __all__ = ["PLAIN", "PROTOCOLS", "Engine", "EngineProtocol", "GenerateOptions", "LengthRule",
            "ServerLimits", "protocol", "resolve"]
@@ -34,7 +34,7 @@ def protocol(name: str = DEFAULT_PROTOCOL) -> EngineProtocol:
     except KeyError:
         known = ", ".join(sorted(PROTOCOLS))
         raise ConfigError(f"unknown engine protocol {name!r} (known: {known}); set "
-                          f"{ENV_PROTOCOL} or --engine-protocol to one of them") from None
+                          f"{ENGINE_PROTOCOL.name} or --engine-protocol to one of them") from None
 
 
 def resolve(name: str | None, base_url: str | None, api_key: str | None = None,
@@ -65,4 +65,4 @@ def _confirm(chosen: EngineProtocol, base_url: str, api_key: str | None) -> None
         return  # not reachable yet, or not saying: the caller's own reads report that
     if found.protocol != SGLANG.name:
         raise ConfigError(f"{base_url} does not speak SGLang's native protocol ({found.evidence})"
-                          f"; use {ENV_PROTOCOL}=openai (or --engine-protocol openai)")
+                          f"; use {ENGINE_PROTOCOL.name}=openai (or --engine-protocol openai)")

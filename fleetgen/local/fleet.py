@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetgen.base import envvars
 from fleetgen.engine.health import probe_url
 from fleetgen.local.procs import (
     Child,
@@ -124,8 +125,9 @@ class LocalFleet:
     def worker_env(self, gpu: int) -> dict[str, str]:
         # A simulator is back (or dead) within a second, not a real server's minutes: call it
         # gone after 3 s instead of 10, so a local fleet fails over quickly.
-        return {"FLEETGEN_REDIS_URL": self.redis_url, "FLEETGEN_ENGINE_URL": self.engine_url(gpu),
-                "FLEETGEN_HEALTH_INTERVAL_S": "1", "FLEETGEN_ENGINE_GONE_S": "3",
+        return {envvars.REDIS_URL.name: self.redis_url,
+                envvars.ENGINE_URL.name: self.engine_url(gpu),
+                envvars.HEALTH_INTERVAL_S.name: "1", envvars.ENGINE_GONE_S.name: "3",
                 **self.spec.worker_env}
 
     def start_worker(self, gpu: int, name: str | None = None) -> Child:

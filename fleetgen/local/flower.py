@@ -6,6 +6,7 @@ import os
 import secrets
 import signal
 
+from fleetgen.base.envvars import REDIS_URL
 from fleetgen.base.errors import ConfigError
 from fleetgen.local.ports import (
     PortInUse,
@@ -41,7 +42,7 @@ def start_flower(procs: ProcessGroup, redis_url: str, port: int, credentials: st
                  address: str = "127.0.0.1", timeout_s: float = 60.0) -> Child:
     """Start Flower against `redis_url` and wait until it serves (/healthcheck needs no auth)
     from our process: PortInUse (with Flower stopped) if the port is another's."""
-    env = {"FLEETGEN_REDIS_URL": redis_url, ENV_BASIC_AUTH: credentials}
+    env = {REDIS_URL.name: redis_url, ENV_BASIC_AUTH: credentials}
     log_path = procs.log_dir / "flower.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
     child = procs.start("flower", flower_argv(port, address), env=env)

@@ -13,9 +13,9 @@ import orjson
 
 from fleetgen.base.contract import request_key
 from fleetgen.base.redisconn import connect
-from fleetgen.cli.produce import produce as produce_run
 from fleetgen.local.fleet import LocalFleet
 from producer.pipeline import Progress
+from producer.runner import produce as produce_run
 from producer.settings import ProducerSettings
 from workers.drainer import Drainer
 

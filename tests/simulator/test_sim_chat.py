@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from producer.tokenizer import QWEN_TEMPLATE_FILE, load_tokenizer
+from producer.qwen_build import QWEN_TEMPLATE_FILE
+from producer.tokenizer import load_tokenizer
 from simulator import SimConfig
 from simulator.chat import DEFAULT_TEMPLATE
 from simulator.cli import add_arguments, config_from_args

@@ -104,10 +104,10 @@ def test_ready_line_then_drain_on_sigterm(port_pair: int, processes: list[SimPro
     assert "Traceback" not in sim.stderr()
 
 
-def test_bad_flag_value_exits_2_with_a_named_field(processes: list[SimProcess]) -> None:
+def test_bad_flag_value_exits_3_with_a_named_field(processes: list[SimProcess]) -> None:
     sim = SimProcess("--port", "0", "--error-rate", "1.5")
     processes.append(sim)
-    assert sim.proc.wait(timeout=15) == 2
+    assert sim.proc.wait(timeout=15) == 3  # a bad setting, as in every other command
     stderr = sim.stderr()
     assert "SimConfig.error_rate must be in [0, 1], got 1.5" in stderr
     assert "Traceback" not in stderr

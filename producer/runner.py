@@ -1,0 +1,116 @@
+"""One producer run, start to end, without a terminal: whether the run resumes (its file list,
+whether it is already complete, whether its input grew since), the pass over the input, and
+the wait until every row has an outcome. `fleetgen produce` shows it through `Hooks`
+(messages, progress bars, SIGTERM); the demo and the tests call the same function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from fleetgen.base.redisconn import connect
+from fleetgen.base.runstate import run_complete
+from producer.build import build_producer
+from producer.inputs import resolve_input
+from producer.manifest import RunManifest
+from producer.pipeline import Progress
+from producer.rows import count_rows
+from producer.settings import ProducerSettings
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What the run's state says about starting it (again)."""
+
+    complete: bool  # every row of the run already has an outcome
+    size_bytes: int  # the input's size now
+    grown_from: int | None = None  # complete, but the input changed since: its size then
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.complete and self.grown_from is None
+
+
+def check_resume(settings: ProducerSettings) -> Resume:
+    """InputError for a missing input or an empty glob (one line, exit 3); ConfigError for a
+    resume that finds another file list than the run was started on."""
+    inputs = resolve_input(settings.input)
+    # Closed at once: an idle connection held for the whole run would keep a dead Redis's
+    # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
+    with connect(settings.redis_url) as client:
+        # Before "already complete": a finished run given a new file must say so.
+        manifest = RunManifest(client, settings.run)
+        manifest.check_files(inputs.names)
+        complete = run_complete(client, settings.run)
+        size = inputs.size_bytes()
+        then = manifest.input_changed(size) if complete else None
+    return Resume(complete, size, then)
+
+
+class Hooks(Protocol):
+    """What a caller sees of a run and how it stops it: `Quiet` for the demo's thread and the
+    tests, the terminal's for `fleetgen produce` (fleetgen/cli/produce.py)."""
+
+    def resuming(self, resume: Resume) -> None:
+        """The run's state is known; nothing is built yet."""
+
+    def stop_flag(self) -> Callable[[], bool]:
+        """Called once the producer is built: what tells the run to stop between batches."""
+        ...
+
+    def read(self, rows: int, total: int) -> None:
+        """Rows read so far, of the input's total."""
+
+    def generated(self, rows: int, total: int) -> None:
+        """Rows with an outcome so far, of the run's total, while waiting for the run."""
+
+    def close(self) -> None:
+        """The run has ended, or failed."""
+
+
+class Quiet:
+    """Shows nothing; never stops the run."""
+
+    def resuming(self, resume: Resume) -> None:
+        pass
+
+    def stop_flag(self) -> Callable[[], bool]:
+        return lambda: False
+
+    def read(self, rows: int, total: int) -> None:
+        pass
+
+    def generated(self, rows: int, total: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def produce(settings: ProducerSettings, *, wait: bool = False,
+            reconcile_interval_s: float = 30.0, hooks: Hooks | None = None) -> Progress:
+    """Build the producer and run it; with `wait`, stay until every row has an outcome,
+    re-enqueueing rows lost on the way. A run already complete (and not grown) is nothing to
+    do: an empty Progress."""
+    hooks = hooks or Quiet()
+    resume = check_resume(settings)
+    hooks.resuming(resume)
+    if resume.nothing_to_do:
+        return Progress()
+    # Rows appended to a finished run's file are rows to generate, not "nothing to do": the
+    # pass below skips every row already done and sends the rest.
+    producer = build_producer(settings)
+    total = count_rows(settings.input)
+    # SIGTERM (the CLI's flag): stop between batches, or between two looks at the run while
+    # waiting.
+    should_stop = hooks.stop_flag()
+    try:
+        report = producer.run(on_batch=lambda p: hooks.read(p.read, total),
+                              should_stop=should_stop)
+        if wait and not should_stop() and report.stopped is None:
+            report.requeued = producer.wait_until_generated(
+                reconcile_interval_s, should_stop=should_stop, on_tick=hooks.generated)
+    finally:
+        hooks.close()
+    return report

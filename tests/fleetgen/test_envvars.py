@@ -1,0 +1,104 @@
+"""fleetgen/base/envvars.py is the one table of FLEETGEN_* variables: every name in the tree is
+in it, the README's table is generated from it, and the worker settings take their names and
+defaults from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetgen.base import envvars
+from fleetgen.base.errors import ConfigError
+from simulator import cli as sim_cli
+from workers.generate import RetryPolicy
+from workers.settings import ENV, WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import envvars_table  # noqa: E402
+
+NAME = re.compile(r"\bFLEETGEN_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
+REDIS = {envvars.REDIS_URL.name: "redis://127.0.0.1:1/0"}
+
+
+def test_the_readme_table_is_generated_from_the_table() -> None:
+    # Fails when someone edits the README's table by hand or adds a variable without
+    # regenerating it (python tools/envvars_table.py).
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "envvars_table.py"), "--check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_tool_rewrites_only_its_block(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- envvars -->\n| stale |\n<!-- /envvars -->\nafter\n")
+    assert envvars_table.main(["--check", str(doc)]) == envvars_table.EXIT_DIFFERS
+    assert envvars_table.main([str(doc)]) == envvars_table.EXIT_OK
+    text = doc.read_text()
+    assert "stale" not in text and text.startswith("before\n<!-- envvars -->\n| variable |")
+    assert "| `FLEETGEN_ENGINE_PROTOCOL` | workers, `produce`, `doctor` | sglang\\|openai |" in text
+    assert text.endswith("<!-- /envvars -->\nafter\n")
+    assert envvars_table.main(["--check", str(doc)]) == envvars_table.EXIT_OK
+    doc.write_text("no block\n")
+    assert envvars_table.main([str(doc)]) == envvars_table.EXIT_ERROR
+
+
+def test_every_variable_named_in_the_tree_is_in_the_table() -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    named: dict[str, str] = {}
+    for name in files:
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for found in NAME.findall(text):
+            named.setdefault(found, name)
+    known = {var.name for var in envvars.TABLE}
+    assert len(known) == len(envvars.TABLE)
+    missing = {n: where for n, where in named.items() if n not in known}
+    assert not missing, f"add these to fleetgen/base/envvars.py: {missing}"
+    assert envvars.REDIS_URL.name in named  # the scan reads the tree at all
+
+
+def test_the_simulator_spells_its_variable_as_the_table_does() -> None:
+    # The simulator imports no product code, so it keeps its own copy of the name.
+    assert envvars.SIM_API_KEY.name == sim_cli.API_KEY_ENV
+
+
+def test_worker_settings_take_names_and_defaults_from_the_table() -> None:
+    defaults = WorkerSettings.from_env(REDIS)
+    for f in dataclasses.fields(WorkerSettings):
+        var = f.metadata[ENV]
+        assert var in envvars.TABLE
+        assert f.repr is not var.secret, f.name
+        if f.name != "redis_url":
+            assert getattr(defaults, f.name) == var.default, f.name
+    policy = RetryPolicy.of(defaults)
+    assert policy == RetryPolicy()
+    given = WorkerSettings.from_env({**REDIS, envvars.REQUEST_TIMEOUT_S.name: "12",
+                                     envvars.MAX_ATTEMPTS.name: "3",
+                                     envvars.WAIT_AOF.name: "yes",
+                                     envvars.ENGINE_API_KEY.name: "k"})
+    assert (given.request_timeout_s, given.max_attempts, given.wait_aof) == (12.0, 3, True)
+    assert given.engine_api_key == "k" and "'k'" not in repr(given)
+
+
+def test_values_parse_and_blanks_count_as_unset() -> None:
+    assert envvars.HANDBACK_S.value({envvars.HANDBACK_S.name: ""}) == 30.0
+    assert envvars.ENGINE_API_KEY.value({envvars.ENGINE_API_KEY.name: ""}) is None
+    assert envvars.ENGINE_URL.given({}) is None
+    # An empty engine URL is reported, not replaced by localhost.
+    with pytest.raises(ConfigError, match="FLEETGEN_ENGINE_URL must be an http"):
+        WorkerSettings.from_env({**REDIS, envvars.ENGINE_URL.name: ""})
+    with pytest.raises(ConfigError, match="FLEETGEN_ENGINE_GONE_S must be a number, got 'x'"):
+        envvars.ENGINE_GONE_S.value({envvars.ENGINE_GONE_S.name: "x"})
+    assert envvars.CACHE_DIR.value({envvars.CACHE_DIR.name: "/c"}) == Path("/c")
