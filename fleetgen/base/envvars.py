@@ -137,6 +137,10 @@ SIM_API_KEY: EnvVar[str | None] = EnvVar(
     "FLEETGEN_SIM_API_KEY", "text", None, _optional_text, "`sim`",
     "the simulator requires `Authorization: Bearer` with it (the default of `--api-key`)",
     default_text="none", secret=True)
+STATUS_AUTH: EnvVar[str | None] = EnvVar(
+    "FLEETGEN_STATUS_AUTH", "text", None, _optional_text, "`status --serve`",
+    "`user:password` of the live page's basic auth", default_text="generated and printed",
+    secret=True)
 IMAGE: EnvVar[str] = EnvVar(
     "FLEETGEN_IMAGE", "text", "fleetgen:latest", str, "compose/docker-compose.yml",
     "the image the compose file runs")
@@ -158,6 +162,6 @@ BENCH_RUN: EnvVar[str | None] = EnvVar(
 TABLE: tuple[EnvVar[Any], ...] = (
     REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
     BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
-    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, CACHE_DIR, SIM_API_KEY, IMAGE, CI,
+    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, CACHE_DIR, SIM_API_KEY, STATUS_AUTH, IMAGE, CI,
     LLAMA_SERVER, BENCH_FIGURES, BENCH_RUN,
 )

@@ -14,7 +14,6 @@ import base64
 import binascii
 import hmac
 import logging
-import os
 import secrets
 import threading
 import time
@@ -27,13 +26,14 @@ from typing import Any
 
 import redis
 
+from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
 from fleetgen.monitor import status
 from fleetgen.monitor.page import asset, embed_json, render
 
 log = logging.getLogger("fleetgen.status")
 
-ENV_AUTH = "FLEETGEN_STATUS_AUTH"
+ENV_AUTH = envvars.STATUS_AUTH.name
 DEFAULT_HOST = "127.0.0.1"  # the page is for whoever can reach the port: loopback unless told
 WINDOW_S = 900.0  # the history the page draws: the last 15 minutes
 # No network for the page but its own origin: scripts and styles are inline, data is fetched
@@ -68,7 +68,7 @@ class Credentials:
 
 def credentials_from_env(env: dict[str, str] | None = None) -> tuple[Credentials, bool]:
     """`user:password` from FLEETGEN_STATUS_AUTH, or generated; and whether it was made up."""
-    value = (os.environ if env is None else env).get(ENV_AUTH, "")
+    value = envvars.STATUS_AUTH.given(env)
     if not value:
         return Credentials("fleetgen", secrets.token_urlsafe(12)), True
     user, sep, password = value.partition(":")
