@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 
 from fleetgen.base import errors
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# The header of a body serialized with orjson (`content=`), as httpx's `json=` would set it.
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def from_transport(exc: httpx.HTTPError) -> errors.EngineError:
@@ -36,6 +39,16 @@ def error_message(response: httpx.Response) -> str:
         if "message" in body:
             return str(body["message"])
     return str(body)[:500]
+
+
+def response_json(response: httpx.Response) -> Any:
+    """The body as JSON: orjson (~5x the stdlib on an answer), the stdlib's reading for what
+    orjson refuses (a server that writes NaN or Infinity, as Python's json module does).
+    ValueError if it is not JSON at all."""
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.json()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import httpx
+import orjson
 
 from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
@@ -16,6 +17,7 @@ from fleetgen.base.reasoning import THINK_END, THINK_START
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import (
+    JSON_HEADERS,
     RETRYABLE_STATUSES,
     auth_headers,
     error_message,
@@ -23,6 +25,7 @@ from fleetgen.engine.http import (
     get_json,
     optional_json,
     positive_int,
+    response_json,
 )
 from fleetgen.engine.sglang import PROBE_TIMEOUT_S
 from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
@@ -162,14 +165,14 @@ class OpenAIClient:
             # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`:
             # its logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the
             # body) and llama.cpp's server (tools/server) never read the header.
-            response = self._http.post("/v1/completions", json=body,
-                                       headers={"X-Request-Id": rid})
+            response = self._http.post("/v1/completions", content=orjson.dumps(body),
+                                       headers={**JSON_HEADERS, "X-Request-Id": rid})
         except httpx.HTTPError as exc:
             raise from_transport(exc) from exc
         if response.status_code != 200:
             raise from_response(response)
         try:
-            data = response.json()
+            data = response_json(response)
         except ValueError as exc:
             raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
         return parse_completion(data, options.logprobs)

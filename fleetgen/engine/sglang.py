@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import orjson
 
 from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
@@ -17,12 +18,14 @@ from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import (
+    JSON_HEADERS,
     RETRYABLE_STATUSES,
     auth_headers,
     error_message,
     from_transport,
     get_json,
     positive_int,
+    response_json,
 )
 from fleetgen.engine.preflight import combine
 
@@ -115,13 +118,15 @@ class SGLangClient:
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
-            response = self._http.post(path, json=body)
+            # orjson both ways: httpx's `json=` and `.json()` are the stdlib's, ~5x slower
+            # on a body of token ids.
+            response = self._http.post(path, content=orjson.dumps(body), headers=JSON_HEADERS)
         except httpx.HTTPError as exc:
             raise from_transport(exc) from exc
         if response.status_code != 200:
             raise from_response(response)
         try:
-            return response.json()
+            return response_json(response)
         except ValueError as exc:
             raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
 
