@@ -114,12 +114,12 @@ def _check_alive(fleet: LocalFleet) -> None:
 
 
 def run(requests: int, rounds: int, work: Path, output_tokens_mean: int,
-        worker_env: dict[str, str]) -> dict[str, Any]:
+        worker_env: dict[str, str], loglevel: str = "WARNING") -> dict[str, Any]:
     concurrency = SLOTS + 1
     fleet = LocalFleet(work / "fleet", FleetSpec(
         gpus=1, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
         output_tokens_mean=output_tokens_mean, concurrency=concurrency,
-        worker_env=worker_env))
+        worker_env=worker_env, worker_loglevel=loglevel))
     fleet.start()
     rounds_out: list[dict[str, Any]] = []
     try:
@@ -152,7 +152,7 @@ def run(requests: int, rounds: int, work: Path, output_tokens_mean: int,
                                          "client phase": per_req_ms("client_phase", "simulator")},
         "worker_requests_per_s": total / worker_s,
         "client_requests_per_s": total / client_s,
-        "worker_env": worker_env,
+        "worker_env": worker_env, "worker_loglevel": loglevel,
         "per_round": rounds_out,
     }
 
@@ -164,12 +164,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output-tokens-mean", type=int, default=200)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the worker (repeatable)")
+    parser.add_argument("--loglevel", default="WARNING",
+                        help="the worker's -l (the Procfile runs INFO)")
     parser.add_argument("--no-save", action="store_true",
                         help="print only; leave bench/figures/ as it is")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
-        r = run(args.requests, args.rounds, Path(tmp), args.output_tokens_mean, env)
+        r = run(args.requests, args.rounds, Path(tmp), args.output_tokens_mean, env,
+              args.loglevel)
     print(table(f"worker CPU: {args.rounds} x {args.requests:,} requests of {PROMPT_TOKENS} "
                 f"tokens, one zero-latency simulator ({SLOTS} slots), -c {r['concurrency']}, "
                 f"{psutil.cpu_count()} cores",

@@ -34,6 +34,10 @@ class WorkerSettings:
     # A worker stopped with SIGTERM finishes its prompts for this long, then hands back to the
     # queue whatever is still running and exits (workers/handback.py).
     handback_s: float = 30.0
+    # Celery's two INFO lines per task ("Task ... received", "... succeeded in ..."): off by
+    # default, as a successful prompt needs no line (failures and retries log their own,
+    # with the prompt id); FLEETGEN_TASK_LOG=1 brings them back at `-l INFO`.
+    task_log: bool = False
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -72,6 +76,7 @@ class WorkerSettings:
             engine_wait_s=_num(env, "FLEETGEN_ENGINE_WAIT_S", 600.0),
             wait_aof=env.get("FLEETGEN_WAIT_AOF", "0").lower() in ("1", "true", "yes"),
             handback_s=_num(env, "FLEETGEN_HANDBACK_S", 30.0),
+            task_log=env.get("FLEETGEN_TASK_LOG", "0").lower() in ("1", "true", "yes"),
         )
 
 
