@@ -114,7 +114,8 @@ def _check_alive(fleet: LocalFleet) -> None:
 
 
 def run(requests: int, rounds: int, work: Path, output_tokens_mean: int,
-        worker_env: dict[str, str], loglevel: str = "WARNING") -> dict[str, Any]:
+        worker_env: dict[str, str], loglevel: str = "WARNING",
+        warmup: int = WARMUP) -> dict[str, Any]:
     concurrency = SLOTS + 1
     fleet = LocalFleet(work / "fleet", FleetSpec(
         gpus=1, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
@@ -123,7 +124,8 @@ def run(requests: int, rounds: int, work: Path, output_tokens_mean: int,
     fleet.start()
     rounds_out: list[dict[str, Any]] = []
     try:
-        warm = prompts(WARMUP, seed=1)
+        # Connections, pool threads and the simulator's first answers before the clock.
+        warm = prompts(warmup, seed=1)
         worker_phase(fleet, "warm", warm, timeout_s=120)
         client_phase(fleet, warm, work, concurrency)
         for r in range(rounds):
@@ -164,6 +166,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output-tokens-mean", type=int, default=200)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the worker (repeatable)")
+    parser.add_argument("--warmup", type=int, default=WARMUP,
+                        help="requests of each kind sent before anything is measured")
     parser.add_argument("--loglevel", default="WARNING",
                         help="the worker's -l (the Procfile runs INFO)")
     parser.add_argument("--no-save", action="store_true",
@@ -172,7 +176,7 @@ def main(argv: list[str]) -> int:
     env = dict(item.split("=", 1) for item in args.env)
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
         r = run(args.requests, args.rounds, Path(tmp), args.output_tokens_mean, env,
-              args.loglevel)
+              args.loglevel, args.warmup)
     print(table(f"worker CPU: {args.rounds} x {args.requests:,} requests of {PROMPT_TOKENS} "
                 f"tokens, one zero-latency simulator ({SLOTS} slots), -c {r['concurrency']}, "
                 f"{psutil.cpu_count()} cores",
