@@ -1,4 +1,4 @@
-"""Task events are off in a worker by default (they cost about a third of its CPU per prompt and
+"""Task events are off in a worker by default (they cost about a sixth of its CPU per prompt and
 nothing in fleetgen reads them), and Flower's `enable_events` broadcast still turns them on:
 the worker's event dispatcher is there for its heartbeats, with the task group left out."""
 
