@@ -16,6 +16,7 @@ BENCHES = {
     "drainer": "bench.drain",
     "memory": "bench.memory",
     "ceiling": "bench.ceiling",
+    "worker": "bench.worker_cpu",
     "fleet": "bench.fleet",
     "ordering": "bench.ordering",
     "turns": "bench.turns",

@@ -29,7 +29,8 @@ EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 Figures = dict[str, dict[str, Any]]
 # The arguments that set a bench's size, named in each table's provenance.
-SIZE_ARGUMENTS = ("rows", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets")
+SIZE_ARGUMENTS = ("rows", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets",
+                  "requests", "rounds")
 
 
 def num(value: float, digits: int = 0) -> str:
@@ -225,6 +226,18 @@ def ceiling_table(figs: Figures) -> str:
                     [[num(c["rows"]), num(c["rows_per_s"]), num(c["gpus_fed"]), cpu]])
 
 
+def worker_table(figs: Figures) -> str:
+    w = figs["worker"]
+    sim = w["simulator_cpu_ms_per_request"]
+    rows = [["fleetgen worker (Celery, threads pool)", num(w["worker_cpu_ms_per_request"], 2),
+             f"{w['worker_over_client']:.2f}", num(w["worker_requests_per_s"]),
+             num(sim["worker phase"], 2)],
+            ["plain asyncio client (httpx)", num(w["client_cpu_ms_per_request"], 2), "1.00",
+             num(w["client_requests_per_s"]), num(sim["client phase"], 2)]]
+    return md_table(["who sends the requests", "CPU ms / request", "× the plain client",
+                     "requests/s", "simulator CPU ms / request"], "lrrrr", rows)
+
+
 # block name -> (benches it reads, the function that renders it)
 TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "summary": ((), summary_table),  # renders what there is, names what is missing
@@ -235,6 +248,7 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "valkey": (("memory",), valkey_table),
     "drainer": (("drainer",), drainer_table),
     "ceiling": (("ceiling",), ceiling_table),
+    "worker": (("worker",), worker_table),
 }
 
 

@@ -83,6 +83,16 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
         log.warning("%s", why)
 
 
+@signals.after_setup_logger.connect
+def _quiet_task_lines(**_: Any) -> None:
+    """Celery logs two INFO lines per task (strategy: received; trace: succeeded), each
+    formatting the request: at hundreds of prompts a second that is CPU for lines nobody
+    reads. Both modules decide once, when their loop is built, whether INFO is on."""
+    if not _settings.task_log:
+        for name in ("celery.worker.strategy", "celery.app.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     concurrency = getattr(sender, "concurrency", None) or runtime.DEFAULT_CONCURRENCY

@@ -50,6 +50,10 @@ class WorkerSettings:
     # A worker stopped with SIGTERM finishes its prompts for this long, then hands back to the
     # queue whatever is still running and exits (workers/handback.py).
     handback_s: float = _setting(ev.HANDBACK_S)
+    # Celery's two INFO lines per task ("Task ... received", "... succeeded in ..."): off by
+    # default, as a successful prompt needs no line (failures and retries log their own,
+    # with the prompt id); FLEETGEN_TASK_LOG=1 brings them back at `-l INFO`.
+    task_log: bool = _setting(ev.TASK_LOG)
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):

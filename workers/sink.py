@@ -10,6 +10,10 @@ import redis
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys, request_key
 from fleetgen.base.outcomes import stream_entry
 
+# The counters `status` shows per worker (fleetgen/monitor/status.py `_workers`); the others
+# are kept for the run only. Every HINCRBY is a command in the MULTI of every outcome.
+PER_WORKER = frozenset({"done", "failed", "completion_tokens"})
+
 
 class Sink(Protocol):
     def is_done(self, run: str, line: int) -> bool: ...
@@ -38,8 +42,11 @@ class StreamSink:
         pipe.setbit(keys.done, line, 1)
         pipe.srem(keys.retrying, line)
         for name, value in stats.items():
+            if not value:  # a counter that did not move costs no command
+                continue
             pipe.hincrby(keys.stats, name, value)
-            pipe.hincrby(keys.stats, f"{self._worker}|{name}", value)
+            if name in PER_WORKER:
+                pipe.hincrby(keys.stats, f"{self._worker}|{name}", value)
         if kind == KIND_FAILURE and payload is not None:
             # Kept so `fleetgen retry` can re-enqueue it without the input file.
             pipe.hset(keys.failed, request_key(record), orjson.dumps(payload))

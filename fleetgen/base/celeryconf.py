@@ -60,7 +60,13 @@ def celery_config(
         "worker_enable_soft_shutdown_on_idle": True,
         # After a Redis blip, don't keep running prompts that will be redelivered anyway.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_send_task_events": True,
+        # Task events cost a worker about a sixth of its CPU per prompt (an event per
+        # received/started/succeeded, and a Redis publish per flush) and nothing in fleetgen
+        # reads them: `status`, `metrics` and the health gate use the run's counters and the
+        # worker heartbeat key. Flower turns them on by itself while it runs (its
+        # `enable_events` broadcast, every 5 s, which the worker's heartbeat dispatcher
+        # accepts); `celery worker -E` turns them on from the start.
+        "worker_send_task_events": False,
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "broker_channel_error_retry": True,

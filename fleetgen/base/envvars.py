@@ -129,6 +129,10 @@ WAIT_AOF: EnvVar[bool] = EnvVar(
 HANDBACK_S: EnvVar[float] = EnvVar(
     "FLEETGEN_HANDBACK_S", "seconds", 30.0, _seconds, WORKERS,
     "a SIGTERMed worker finishes its prompts for this long, then hands the rest back")
+TASK_LOG: EnvVar[bool] = EnvVar(
+    "FLEETGEN_TASK_LOG", "0/1", False, _flag, "workers",
+    "1: Celery's two INFO lines per task (received, succeeded) at `-l INFO`; off, failures "
+    "and retries still log their own line with the prompt id")
 CACHE_DIR: EnvVar[Path] = EnvVar(
     "FLEETGEN_CACHE_DIR", "path", Path("~/.cache/fleetgen"), Path, "`produce`, `doctor`, tests",
     "where the built qwen3.6 tokenizer (`tokenizers/`) and the tests' llama.cpp model "
@@ -162,6 +166,6 @@ BENCH_RUN: EnvVar[str | None] = EnvVar(
 TABLE: tuple[EnvVar[Any], ...] = (
     REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
     BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
-    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, CACHE_DIR, SIM_API_KEY, STATUS_AUTH, IMAGE, CI,
+    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, CACHE_DIR, SIM_API_KEY, STATUS_AUTH, IMAGE, CI,
     LLAMA_SERVER, BENCH_FIGURES, BENCH_RUN,
 )

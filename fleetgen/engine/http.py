@@ -3,13 +3,17 @@ protocol (engines differ in what their 400s mean, not in how a timeout looks).""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import httpx
+import orjson
 
 from fleetgen.base import errors
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# The header of a body serialized with orjson (`content=`), as httpx's `json=` would set it.
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def from_transport(exc: httpx.HTTPError) -> errors.EngineError:
@@ -36,6 +40,16 @@ def error_message(response: httpx.Response) -> str:
         if "message" in body:
             return str(body["message"])
     return str(body)[:500]
+
+
+def response_json(response: httpx.Response) -> Any:
+    """The body as JSON: orjson (~5x the stdlib on an answer), the stdlib's reading for what
+    orjson refuses (a server that writes NaN or Infinity, as Python's json module does).
+    ValueError if it is not JSON at all."""
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.json()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -75,3 +89,35 @@ def positive_int(value: Any) -> int | None:
     0, null or a boolean where they have no limit to give."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
         else None
+
+
+class ThreadClients:
+    """One `httpx.Client` per calling thread, each with one kept-alive connection to the
+    engine, for the generation requests of a pool of threads that each hold one request at
+    a time. A single Client shared by 128 threads costs every request a scan of the whole
+    pool under one lock (httpcore `ConnectionPool._assign_requests_to_connections` polls
+    every idle socket for expiry): about 15 % of a worker's CPU per request at -c 33. Same
+    connections, same reuse, no shared lock."""
+
+    def __init__(self, base_url: str, *, headers: dict[str, str], timeout: httpx.Timeout
+                 ) -> None:
+        self._kwargs: dict[str, Any] = {
+            "base_url": base_url, "headers": headers, "timeout": timeout,
+            "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1)}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[httpx.Client] = []
+
+    def get(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(**self._kwargs)
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all = self._all, []
+        for client in clients:
+            client.close()

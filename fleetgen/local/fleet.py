@@ -37,6 +37,7 @@ class FleetSpec:
     gpu_sim_args: dict[int, list[str]] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
+    worker_loglevel: str = "WARNING"
     redis_password: str | None = None
     redis_url: str | None = None  # an existing Redis (e.g. rediss://); else an embedded Valkey
 
@@ -133,7 +134,8 @@ class LocalFleet:
     def start_worker(self, gpu: int, name: str | None = None) -> Child:
         concurrency = self.spec.concurrency or self.spec.max_running_requests
         child = self.procs.start(name or f"gpu{gpu}",
-                                 celery_worker_argv(f"gpu{gpu}", concurrency, "WARNING"),
+                                 celery_worker_argv(f"gpu{gpu}", concurrency,
+                                                    self.spec.worker_loglevel),
                                  env=self.worker_env(gpu))
         if gpu < len(self.workers):
             self.workers[gpu] = child

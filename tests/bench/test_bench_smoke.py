@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bench import ceiling, drain, fleet, memory, ordering, produce
+from bench import ceiling, drain, fleet, memory, ordering, produce, worker_cpu
 
 # Makespan / ideal of fleetgen at 40 rows on 2 GPUs. The tail is a larger share of so short a
 # run than of the real bench (1.03 at 5,000 rows), so the bound is loose, but a dispatcher
@@ -81,3 +81,15 @@ def test_drainer_memory_ceiling_ordering(figures_dir: Path) -> None:
     assert len(ratios["input order"]) == 2
     # No order can beat the ideal (total service / slots); none should idle half the fleet.
     assert all(0.999 <= v < 2 for values in ratios.values() for v in values)
+
+
+def test_worker_and_plain_client_cpu_in_one_run(figures_dir: Path) -> None:
+    assert worker_cpu.main(["--requests", "60", "--rounds", "1", "--warmup", "20"]) == 0
+    w = _figures(figures_dir, "worker")
+    # Both phases ran every request (the worker phase waits for its `done` counter, the
+    # client phase raises on a missing answer) and each used some CPU of its own.
+    assert w["worker_cpu_ms_per_request"] > 0 and w["client_cpu_ms_per_request"] > 0
+    assert w["worker_requests_per_s"] > 0 and w["client_requests_per_s"] > 0
+    assert w["worker_over_client"] == pytest.approx(
+        w["worker_cpu_ms_per_request"] / w["client_cpu_ms_per_request"])
+

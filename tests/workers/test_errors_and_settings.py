@@ -92,6 +92,12 @@ def test_settings_validation_names_the_variable() -> None:
         WorkerSettings.from_env({**base, "FLEETGEN_ENGINE_URL": "localhost:30000"})
 
 
+def test_celerys_per_task_lines_are_off_unless_asked() -> None:
+    base = {"FLEETGEN_ENGINE_URL": "http://127.0.0.1:30000"}
+    assert WorkerSettings.from_env(base).task_log is False
+    assert WorkerSettings.from_env({**base, "FLEETGEN_TASK_LOG": "1"}).task_log is True
+
+
 def test_a_misconfigured_worker_says_one_line_and_exits_3() -> None:
     done = subprocess.run([sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q",
                            "fleetgen"], capture_output=True, text=True, timeout=60,

@@ -37,7 +37,9 @@ def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) 
          "-l", "INFO"],
         env={"PATH": "/usr/bin:/bin", "FLEETGEN_REDIS_URL": redis_url,
              "FLEETGEN_ENGINE_URL": f"http://127.0.0.1:{port}",
-             "FLEETGEN_HEALTH_INTERVAL_S": "0.5"},
+             "FLEETGEN_HEALTH_INTERVAL_S": "0.5",
+             # Celery's per-task lines (off by default) are what shows a task was taken.
+             "FLEETGEN_TASK_LOG": "1"},
         stdout=log.open("wb"), stderr=subprocess.STDOUT)
     key = worker_key(f"gate@{socket.gethostname()}")
     try:

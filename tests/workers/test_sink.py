@@ -1,0 +1,35 @@
+"""The stream sink's bookkeeping: what `status` reads per worker is written, a counter that did
+not move costs no command, and the outcome, its done bit and its counters land together."""
+
+from __future__ import annotations
+
+import redis
+
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys
+from fleetgen.monitor.status import gather
+from workers.sink import StreamSink
+
+
+def test_counters_status_reads_per_worker_and_no_zero_increments(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.hset(RunKeys("s").manifest, mapping={"total": 3, "started_at": 0})
+    sink = StreamSink(client, worker="gpu0@h")
+    result = {"id": "a", "line": 1, "completion": "x"}
+    sink.emit("s", KIND_RESULT, 1, result, {"done": 1, "truncated": 0, "retries": 0,
+                                             "prompt_tokens": 30, "completion_tokens": 7})
+    sink.emit("s", KIND_RESULT, 2, {**result, "id": "b", "line": 2},
+              {"done": 1, "truncated": 1, "retries": 2, "prompt_tokens": 30,
+               "completion_tokens": 9})
+    sink.emit("s", KIND_FAILURE, 3, {"id": "c", "line": 3}, {"failed": 1, "retries": 0},
+              {"id": "c", "line": 3})
+    stats = {k.decode(): int(v) for k, v in client.hgetall(RunKeys("s").stats).items()}
+    assert stats == {"done": 2, "truncated": 1, "retries": 2, "prompt_tokens": 60,
+                     "completion_tokens": 16, "failed": 1, "gpu0@h|done": 2,
+                     "gpu0@h|completion_tokens": 16, "gpu0@h|failed": 1}
+    assert client.xlen(RunKeys("s").stream) == 3
+    assert [client.getbit(RunKeys("s").done, line) for line in (1, 2, 3)] == [1, 1, 1]
+    status = gather(client, "s")
+    assert status is not None
+    (worker,) = status.workers
+    assert (worker.name, worker.done, worker.failed, worker.completion_tokens) == \
+        ("gpu0@h", 2, 1, 16)
