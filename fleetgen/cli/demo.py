@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     _prepare_out(args.out)
     spec = FleetSpec(gpus=args.gpus, context_length=args.context_length,
                      max_running_requests=args.slots, tpot_ms=args.tpot_ms,
-                     output_tokens_mean=args.output_tokens_mean)
+                     output_tokens_mean=args.output_tokens_mean,
+                     task_events=bool(args.flower))
     # SIGTERM: the drainer stops within half a second and everything the demo started is
     # stopped with a short grace (its data is thrown away). The long escalation grace keeps
     # that cleanup from being interrupted; a second SIGTERM still forces the exit.

@@ -38,6 +38,7 @@ class FleetSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
     worker_loglevel: str = "WARNING"
+    task_events: bool = False  # workers send task events from the start (-E): Flower watches
     redis_password: str | None = None
     redis_url: str | None = None  # an existing Redis (e.g. rediss://); else an embedded Valkey
 
@@ -135,7 +136,8 @@ class LocalFleet:
         concurrency = self.spec.concurrency or self.spec.max_running_requests
         child = self.procs.start(name or f"gpu{gpu}",
                                  celery_worker_argv(f"gpu{gpu}", concurrency,
-                                                    self.spec.worker_loglevel),
+                                                    self.spec.worker_loglevel,
+                                                    self.spec.task_events),
                                  env=self.worker_env(gpu))
         if gpu < len(self.workers):
             self.workers[gpu] = child

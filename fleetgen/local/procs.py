@@ -90,7 +90,11 @@ def python_argv(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def celery_worker_argv(name: str, concurrency: int, loglevel: str = "INFO") -> list[str]:
+def celery_worker_argv(name: str, concurrency: int, loglevel: str = "INFO",
+                       task_events: bool = False) -> list[str]:
+    # -E: task events from the first task, for a fleet Flower watches from its start (Flower
+    # would turn them on itself at its first broadcast, missing what ran before it).
     return python_argv("-m", "celery", "-A", "workers", "worker", "-Q", "fleetgen",
                        "-n", f"{name}@%h", "-P", "threads", "-c", str(concurrency),
-                       "--without-mingle", "--without-gossip", "-l", loglevel)
+                       "--without-mingle", "--without-gossip", "-l", loglevel,
+                       *(["-E"] if task_events else []))

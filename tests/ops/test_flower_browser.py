@@ -33,7 +33,8 @@ def flower_fleet(tmp_path_factory: pytest.TempPathFactory
         require_binary(name, path, "Debian's chromium and chromium-driver drive the browser")
     fleet = LocalFleet(tmp_path_factory.mktemp("flower"),
                        FleetSpec(gpus=2, context_length=4096, max_running_requests=8,
-                                 ttft_ms=5, tpot_ms=0.5, output_tokens_mean=100))
+                                 ttft_ms=5, tpot_ms=0.5, output_tokens_mean=100,
+                                 task_events=True))
     lease = None
     try:
         fleet.start()
