@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,20 +160,9 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                           block_ms=50)
         drainer.recover()
         died: dict[int, float] = {}
-        errors: list[BaseException] = []
         t0 = time.perf_counter()
         kill_later(fleet, local, t0, died)
-        thread = threading.Thread(target=_produce, args=(producer, errors), daemon=True)
-        thread.start()
-
-        def check(_: Drainer) -> None:
-            if errors:
-                raise errors[0]
-
-        drainer.run_until_complete(on_progress=check)
-        end = time.perf_counter()
-        drainer.close()
-        thread.join()
+        end = drain_alongside(drainer, producer.run)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
         service = _service_s(model, work / f"fg-{fleet.name}-out" / "results.jsonl")
@@ -192,11 +182,29 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
             "completion_tokens": summary["completion_tokens"]}
 
 
-def _produce(producer: Any, errors: list[BaseException]) -> None:
-    try:
-        producer.run()
-    except BaseException as exc:  # handed to the drainer's loop, which raises it
-        errors.append(exc)
+def drain_alongside(drainer: Any, produce: Callable[[], object]) -> float:
+    """Drain until the run is complete while `produce` runs in a thread; an error of the
+    producer's is raised in the drainer's loop. Returns when the run was complete
+    (perf_counter), before the drainer and the thread are closed."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            produce()
+        except BaseException as exc:  # handed to the drainer's loop, which raises it
+            errors.append(exc)
+
+    def check(_: Any) -> None:
+        if errors:
+            raise errors[0]
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    drainer.run_until_complete(on_progress=check)
+    end = time.perf_counter()
+    drainer.close()
+    thread.join(timeout=30)
+    return end
 
 
 def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]], work: Path,

@@ -18,7 +18,6 @@ import heapq
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import orjson
 
 from bench.common import save, table
-from bench.fleet import CONTEXT, Fleet, Model, Poller, spec
+from bench.fleet import CONTEXT, Fleet, Model, Poller, drain_alongside, spec
 from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import LocalFleet
 
@@ -96,27 +95,13 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
         drainer = Drainer(connect(local.redis_url), "bench-turns", out, block_ms=50)
         drainer.recover()
         producer = build_producer(settings, tokenizer=tokenizer)
-        errors: list[BaseException] = []
         t0 = time.perf_counter()
 
         def produce() -> None:
-            try:
-                producer.run()
-                producer.wait_until_generated(2.0)
-            except BaseException as exc:  # handed to the drainer's loop
-                errors.append(exc)
+            producer.run()
+            producer.wait_until_generated(2.0)  # it builds every next turn while it waits
 
-        thread = threading.Thread(target=produce, daemon=True)
-        thread.start()
-
-        def check(_: Drainer) -> None:
-            if errors:
-                raise errors[0]
-
-        drainer.run_until_complete(on_progress=check)
-        end = time.perf_counter()
-        drainer.close()
-        thread.join(timeout=30)
+        end = drain_alongside(drainer, produce)
         summary = drainer.write_summary()
         busy = poller.finish({})
         series = [(round(t - t0, 2), n) for t, n in poller.series if t >= t0]
