@@ -76,7 +76,7 @@ def export(directory: Path, options: Options,
     out = options.out or default_out(directory, options.format)
     selection = Selection(options.only_finished)
     with OutputDir(directory, progress) as source:
-        _refuse_drainer_files(directory, out)
+        refuse_drainer_files(directory, out)
         _refuse_turns(source, options, out)
         prompt_ids = _prompt_ids(source, options)  # tokens: refused before anything is written
         on_open(2 * source.size(KINDS if options.format == "openai-batch" else (KIND_RESULT,)))
@@ -129,7 +129,9 @@ def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:
     return tokens.prompt_ids_for(settings, source.info.run, options.prompt_ids)
 
 
-def _refuse_drainer_files(directory: Path, out: Path) -> None:
+def refuse_drainer_files(directory: Path, out: Path) -> None:
+    """A file written from an output directory (an export, a report) may not replace one of
+    the drainer's own files, nor be a directory."""
     ours = {(directory / name).resolve() for name in (*FILES.values(), RUN_MARKER, SUMMARY)}
     if out.resolve() in ours:
         raise ConfigError(f"--out {out} is one of the drainer's own files; pick another path")

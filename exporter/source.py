@@ -163,16 +163,26 @@ class OutputDir:
                             np.frombuffer(columns["line"], dtype=np.int64)))
         return Index(files, columns, order, self.progress)
 
-    def _scan(self, kind: str, columns: dict[str, array[int]],
-              observe: Observer | None) -> None:
+    def records(self, kind: str) -> Iterator[tuple[dict[str, Any], int]]:
+        """Every record of `kind`'s file in file order, with the size of its line: whole
+        lines only, as the file was when opened (none when the file does not exist)."""
+        if kind not in self._files:
+            return
         f, end, name = self._files[kind], self._ends[kind], FILES[kind]
         f.seek(0)
         offset = 0
-        code, priority = KINDS.index(kind), PRIORITY[kind]
         for number, raw in enumerate(f, start=1):
             if offset + len(raw) > end:
-                break  # past the whole lines seen at open: a torn tail or a newer line
-            record = _parse(raw, name, number)
+                return  # past the whole lines seen at open: a torn tail or a newer line
+            yield _parse(raw, name, number), len(raw)
+            offset += len(raw)
+            self.progress(len(raw))
+
+    def _scan(self, kind: str, columns: dict[str, array[int]],
+              observe: Observer | None) -> None:
+        offset = 0
+        code, priority = KINDS.index(kind), PRIORITY[kind]
+        for record, size in self.records(kind):
             sample = record.get("sample")
             columns["line"].append(int(record["line"]))
             columns["sample"].append(NO_SAMPLE if sample is None else int(sample))
@@ -181,11 +191,10 @@ class OutputDir:
             columns["kind"].append(code)
             columns["priority"].append(priority)
             columns["offset"].append(offset)
-            columns["length"].append(len(raw))
+            columns["length"].append(size)
             if observe is not None:
-                observe(record, len(raw))
-            offset += len(raw)
-            self.progress(len(raw))
+                observe(record, size)
+            offset += size
 
 
 def _check_is_output(path: Path) -> None:

@@ -11,19 +11,16 @@ failures.jsonl can leave both) from a real one.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import orjson
-
+from exporter.export import atomic_file, refuse_drainer_files
+from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, slot_of
-from fleetgen.base.errors import InputError
 from fleetgen.base.outcomes import quality_counts
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, whole_lines_end
 
 EXAMPLES = 3  # examples kept per failure or rejection kind
 EXAMPLE_CHARS = 300  # of a message or reason
@@ -146,66 +143,18 @@ class Read:
 
 def read_dir(path: Path, progress: Callable[[int], None] = lambda n: None) -> Read:
     """Scan the output directory: results first (so a failure they supersede is known), each
-    file up to its last whole line as it was when opened."""
-    _check_is_output(path)
+    file up to its last whole line as it was when opened (the exporter's reader, so the
+    report and an export see the same records)."""
     scan = Scan()
-    torn: dict[str, int] = {}
     total = 0
     adders = {KIND_RESULT: scan.add_result, KIND_FAILURE: scan.add_failure,
               KIND_REJECTED: scan.add_rejected}
-    for kind in (KIND_RESULT, KIND_FAILURE, KIND_REJECTED):
-        file_path = path / FILES[kind]
-        if not file_path.exists():
-            continue
-        with file_path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            end = whole_lines_end(f, size)
-            if end < size:
-                torn[FILES[kind]] = size - end
-            for number, raw in _lines(f, end):
-                adders[kind](_parse(raw, FILES[kind], number))
-                total += len(raw)
-                progress(len(raw))
-    run = (path / RUN_MARKER).read_text(encoding="utf-8").strip()
-    return Read(scan, run, _summary(path), torn, total)
-
-
-def _lines(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
-    f.seek(0)
-    offset = 0
-    for number, raw in enumerate(f, start=1):
-        offset += len(raw)
-        if offset > end:
-            return  # a torn tail, or a line written after we opened the file
-        yield number, raw
-
-
-def _parse(raw: bytes, name: str, number: int) -> dict[str, Any]:
-    try:
-        record = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"{name}: line {number} is not valid JSON ({exc}): the file is "
-                         "damaged (only a torn last line is expected after a crash)") from exc
-    if not isinstance(record, dict) or not isinstance(record.get("line"), int):
-        raise InputError(f"{name}: line {number} is not a fleetgen record (no line number)")
-    return record
-
-
-def _check_is_output(path: Path) -> None:
-    hint = "pass the directory given to `fleetgen drain --out`"
-    if not path.is_dir():
-        raise InputError(f"no such directory: {path}; {hint}")
-    if not (path / RUN_MARKER).exists():
-        raise InputError(f"{path} is not a drained output directory (no {RUN_MARKER} marker, "
-                         f"which `fleetgen drain` writes first); {hint}")
-
-
-def _summary(path: Path) -> dict[str, Any] | None:
-    try:
-        loaded = orjson.loads((path / SUMMARY).read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
+    with OutputDir(path, progress) as source:
+        for kind in (KIND_RESULT, KIND_FAILURE, KIND_REJECTED):
+            for record, size in source.records(kind):
+                adders[kind](record)
+                total += size
+        return Read(scan, source.info.run, source.info.summary, dict(source.torn), total)
 
 
 # -- what the page draws ---------------------------------------------------------------------
@@ -335,18 +284,15 @@ class Built:
 
 def build(path: Path, out: Path | None = None,
           progress: Callable[[int], None] = lambda n: None) -> Built:
-    """Read `path` and write its report (default `path/report.html`) whole or not at all: a
-    temporary name, then a rename."""
+    """Read `path` and write its report (default `path/report.html`) whole or not at all, as
+    an export is written (a temporary name, fsync, rename)."""
     from fleetgen.monitor.page import render
 
     read = read_dir(path, progress)
     data = page_data(read)
     target = out or path / REPORT_NAME
-    if target.resolve().parent == path.resolve() and target.name in (
-            *FILES.values(), SUMMARY, RUN_MARKER):
-        raise InputError(f"--out {target} would overwrite a file the drainer writes")
+    refuse_drainer_files(path, target)
     page = render(f"fleetgen report: {read.run}", data).encode()
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_bytes(page)
-    os.replace(tmp, target)
+    with atomic_file(target) as f:
+        f.write(page)
     return Built(target, len(page), read, data)
