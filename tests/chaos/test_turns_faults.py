@@ -61,7 +61,10 @@ def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
     assert gpu1.proc.wait(timeout=10) == -signal.SIGKILL
     at_worker_kill = written(out)
 
-    wait_for(lambda: written(out) >= at_worker_kill + turns // 5, 90, "more turns written")
+    events = redis.Redis.from_url(fleet.redis_url)
+    wait_for(lambda: written(out) >= at_worker_kill + turns // 5
+             and events.xlen("fleetgen:run:tk:events") > 0, 90,
+             "more turns written, outcomes in the stream the drainer has not written yet")
     assert drainer.poll() is None, output(drainer)
     drainer.kill()
     assert drainer.wait() == -signal.SIGKILL
