@@ -38,7 +38,7 @@ def budgets(rows: int) -> list[int]:
 
 
 def study(model: Model, max_tokens: list[int], seeds: int) -> dict[str, list[float]]:
-    from simulator.model import natural_length
+    from fleetgen.simulator.model import natural_length
 
     slots = model.gpus * model.slots
     speeds, ends = [1.0] * slots, [float("inf")] * slots

@@ -14,7 +14,7 @@ import redis
 
 from fleetgen.base import envvars
 from fleetgen.local.valkey import EmbeddedValkey
-from simulator import SimConfig, SimThread, run_in_thread
+from fleetgen.simulator import SimConfig, SimThread, run_in_thread
 from tests.simulator.sim_helpers import StartSim
 
 # A suite started in the background (`nohup make flaky &`, a CI step in a background job)

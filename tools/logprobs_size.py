@@ -19,7 +19,7 @@ from fleetgen.base.contract import TaskPayload
 from fleetgen.base.outcomes import result_record
 from fleetgen.engine import GenerateOptions
 from fleetgen.engine.sglang import SGLangClient
-from simulator import SimConfig, run_in_thread
+from fleetgen.simulator import SimConfig, run_in_thread
 
 
 def measure(url: str, rows: int, top: int) -> tuple[float, float, int]:

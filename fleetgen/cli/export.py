@@ -13,8 +13,8 @@ from fleetgen.cli.progress import Bar
 
 
 def add_parser(sub: Any) -> None:
-    from exporter import FORMATS
-    from exporter.shape import REASONING_MODES
+    from fleetgen.exporter import FORMATS
+    from fleetgen.exporter.shape import REASONING_MODES
 
     p = sub.add_parser(
         "export", help="convert a drained output directory (conversations, OpenAI Batch, "
@@ -56,7 +56,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.export import Options, export, writes_parquet
+    from fleetgen.exporter.export import Options, export, writes_parquet
 
     bar = Bar("export", show=sys.stderr.isatty(), unit="B", unit_scale=True)
     try:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _left_out(counts: dict[str, int]) -> str:
     """The summary line's tail under --only-finished: how many were left out, and why."""
-    from exporter.finished import REASONS
+    from fleetgen.exporter.finished import REASONS
 
     why = ", ".join(f"{counts[r]} {r}" for r in REASONS if counts.get(r))
     return f"; left out {sum(counts.values())} unfinished" + (f" ({why})" if why else "")
@@ -102,7 +102,7 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
     chat_template_kwargs, the row's own over them) from the input row's fields that the record
     carries. The exporter may not import the producer (tests/layout/test_layers.py), so it is
     built here, one floor up, and handed over as a callable."""
-    from exporter.shape import RESULT_FIELDS
+    from fleetgen.exporter.shape import RESULT_FIELDS
     from producer.pipeline import render_row
     from producer.rows import BadRow, parse_row
     from producer.tokenizer import load_tokenizer

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    from simulator import cli
+    from fleetgen.simulator import cli
 
     p = sub.add_parser("sim", help="serve simulated SGLang servers (no GPU needed)",
                        description="An SGLang-protocol server with real error bodies, context "
@@ -17,6 +17,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator import cli
+    from fleetgen.simulator import cli
 
     return cli.main(args)

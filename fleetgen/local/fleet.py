@@ -17,8 +17,8 @@ from fleetgen.local.procs import (
 )
 from fleetgen.local.valkey import EmbeddedValkey
 
-# The simulator's ready line (simulator/cli.py): "serving N server(s) on URL", "URL..LAST_PORT"
-# or "URL, URL, ...", then the limits in parentheses.
+# The simulator's ready line (fleetgen/simulator/cli.py): "serving N server(s) on URL",
+# "URL..LAST_PORT" or "URL, URL, ...", then the limits in parentheses.
 SIM_READY = re.compile(r"fleetgen sim: serving (\d+) server\(s\) on (.+?) \(context")
 
 
@@ -74,7 +74,7 @@ class LocalFleet:
         s = self.spec
         # Port 0: each server binds a port of the kernel's choosing and reports it in its
         # ready line, so no two fleets (or anything else) can ever be handed the same one.
-        return python_argv("-m", "simulator", "--port", "0", "--count", str(count),
+        return python_argv("-m", "fleetgen.simulator", "--port", "0", "--count", str(count),
                            "--context-length", str(s.context_length),
                            "--max-running-requests", str(s.max_running_requests),
                            "--ttft-ms", str(s.ttft_ms), "--tpot-ms", str(s.tpot_ms),

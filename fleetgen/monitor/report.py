@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.export import atomic_file, refuse_drainer_files
-from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, slot_of
 from fleetgen.base.outcomes import quality_counts
+from fleetgen.exporter.export import atomic_file, refuse_drainer_files
+from fleetgen.exporter.source import OutputDir
 
 EXAMPLES = 3  # examples kept per failure or rejection kind
 EXAMPLE_CHARS = 300  # of a message or reason

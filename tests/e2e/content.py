@@ -11,7 +11,7 @@ prompt rendered differently from what the producer sent fails here.
 With the issue-12 options (`options`: the payload's `think`, `think_open`, `json_schema`,
 `logprobs`, `token_ids`) the reasoning split, `reasoning_tokens`, `json_valid`, the compact
 logprobs and the output ids are recomputed too, from the simulator's own token structure
-(simulator/answers.py): the reasoning is the tokens before `</think>`, not a re-run of
+(fleetgen/simulator/answers.py): the reasoning is the tokens before `</think>`, not a re-run of
 fleetgen's split.
 """
 
@@ -27,10 +27,7 @@ from typing import Any
 import jsonschema
 
 from fleetgen.local.fleet import LocalFleet
-from producer.options import sample_seed
-from producer.rows import Row, read_rows
-from producer.tokenizer import PromptTokenizer, load_tokenizer
-from simulator.answers import (
+from fleetgen.simulator.answers import (
     THINK_END_ID,
     Opening,
     Style,
@@ -40,10 +37,13 @@ from simulator.answers import (
     reasons,
     token_logprobs,
 )
-from simulator.cli import add_arguments, config_from_args
-from simulator.config import SimConfig
-from simulator.model import Completion, request_key
-from simulator.protocol import schedule_limit, vllm_limit
+from fleetgen.simulator.cli import add_arguments, config_from_args
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.model import Completion, request_key
+from fleetgen.simulator.protocol import schedule_limit, vllm_limit
+from producer.options import sample_seed
+from producer.rows import Row, read_rows
+from producer.tokenizer import PromptTokenizer, load_tokenizer
 
 CHECKED = ("completion", "completion_tokens", "finish_reason", "prompt_tokens")
 REQUIRED = ("id", "line", "worker", "max_tokens", *CHECKED)
@@ -88,7 +88,8 @@ def input_ids(prompts: Path, wanted: set[str],
 
 
 def sim_config(argv: Iterable[str]) -> SimConfig:
-    """The SimConfig a `python -m simulator` command line builds (simulator/cli.py)."""
+    """The SimConfig a `python -m fleetgen.simulator` command line builds
+    (fleetgen/simulator/cli.py)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return config_from_args(parser.parse_args(list(argv)))
@@ -99,7 +100,7 @@ def fleet_configs(fleet: LocalFleet) -> ConfigFor:
     configs: dict[str, SimConfig] = {}
     for gpu in range(fleet.spec.gpus):
         argv = fleet._sim_argv(1, fleet.spec.gpu_sim_args.get(gpu, []))
-        configs[f"gpu{gpu}"] = sim_config(argv[argv.index("simulator") + 1:])
+        configs[f"gpu{gpu}"] = sim_config(argv[argv.index("fleetgen.simulator") + 1:])
 
     def config_for(worker: str) -> SimConfig:
         return configs[worker.split("@")[0]]
@@ -110,8 +111,9 @@ def fleet_configs(fleet: LocalFleet) -> ConfigFor:
 def expected(ids: list[int], max_tokens: int, config: SimConfig,
              sampling: Mapping[str, Any], options: Mapping[str, Any] | None = None,
              ) -> dict[str, Any]:
-    """What the simulator answers for these ids under this budget (simulator/protocol.py
-    `_build_job` and `style_of`, simulator/server.py `_answer`), as a result record holds it."""
+    """What the simulator answers for these ids under this budget (fleetgen/simulator/protocol.py
+    `_build_job` and `style_of`, fleetgen/simulator/server.py `_answer`), as a result record
+    holds it."""
     options = options or {}
     prompt_tokens = len(ids) + config.extra_prompt_tokens
     max_new = vllm_limit(prompt_tokens, max_tokens, config) if config.flavor == "vllm" \

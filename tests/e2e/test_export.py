@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from exporter import shape
+from fleetgen.exporter import shape
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from tests.e2e.pipeline import run_pipeline
 
@@ -146,7 +146,8 @@ def _check_openai_batch(out: Path, data: dict[str, list[dict[str, Any]]],
             (choice,) = body["choices"]
             if "prompt" in record:
                 # A completions choice has no reasoning field: kept, it stays in the text
-                # (exporter/openai_batch.py `_text_choice`), as vLLM's completions text has it.
+                # (fleetgen/exporter/openai_batch.py `_text_choice`), as vLLM's completions text
+                # has it.
                 text, want = choice["text"], shape.answer(record, "inline")[0]
             else:
                 text, want = choice["message"]["content"], record["completion"]

@@ -17,8 +17,8 @@ from fleetgen.engine.health import State, Watch
 from fleetgen.engine.openai import parse_completion
 from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
 from fleetgen.local.procs import wait_for
-from simulator.config import SimConfig
-from simulator.server import run_in_thread
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.server import run_in_thread
 from tests.simulator.sim_helpers import StartSim
 
 RUNNING_ABORT = {"text": "the model answers", "output_ids": [1, 2, 3], "meta_info": {

@@ -17,8 +17,8 @@ from fleetgen.engine import GenerateOptions
 from fleetgen.engine.openai import PROTOCOL as OPENAI
 from fleetgen.engine.openai import completion_body, parse_completion
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
-from simulator.answers import Style, compose, token_logprobs
-from simulator.model import request_key
+from fleetgen.simulator.answers import Style, compose, token_logprobs
+from fleetgen.simulator.model import request_key
 from tests.simulator.sim_helpers import StartSim
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
@@ -31,7 +31,7 @@ MEAN = 12
 
 
 def expected(style: Style, budget: int, top: int) -> tuple[Any, dict[str, Any]]:
-    """The simulator's answer and its compact logprobs (simulator/answers.py)."""
+    """The simulator's answer and its compact logprobs (fleetgen/simulator/answers.py)."""
     key = request_key(0, PROMPT, 0, None)
     answer = compose(key, MEAN, budget, PROMPT, style)
     scored = token_logprobs(key, answer.output_ids, top)

@@ -17,12 +17,12 @@ from fleetgen.engine.openai import PROTOCOL as OPENAI
 from fleetgen.engine.openai import completion_body, parse_completion
 from fleetgen.engine.preflight import returns_token_ids
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
+from fleetgen.simulator.answers import compose
+from fleetgen.simulator.model import request_key
 from producer.build import check_token_ids as producer_check
 from producer.manifest import check_same_settings
 from producer.rows import BadRow, Row, parse_row
 from producer.settings import ProducerSettings
-from simulator.answers import compose
-from simulator.model import request_key
 from tests.simulator.sim_helpers import StartSim
 from workers.generate import check_token_ids as worker_check
 

@@ -19,7 +19,7 @@ from fleetgen.cli import main as cli
 from fleetgen.engine.health import probe_url
 from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import wait_for
-from simulator import SimConfig, SimThread, run_in_thread
+from fleetgen.simulator import SimConfig, SimThread, run_in_thread
 from tests.e2e.content import assert_content
 from tests.e2e.pipeline import assert_exactly_once, make_prompts
 from tests.workers.workerproc import start_worker, stop

@@ -11,8 +11,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from exporter import shape
 from fleetgen.base import exitcodes
+from fleetgen.exporter import shape
 from producer.conversation import SHAREGPT_ROLES
 from tests.exporter.conftest import Export
 from tests.exporter.outdir import MESSAGES_1, SYSTEM, read_jsonl, result

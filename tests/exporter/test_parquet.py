@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from exporter import parquet
+from fleetgen.exporter import parquet
 from tests.exporter.conftest import Export
 from tests.exporter.outdir import RUN, records, result
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from exporter.source import OutputDir
 from fleetgen.base.contract import KINDS
+from fleetgen.exporter.source import OutputDir
 from tests.exporter.outdir import result
 
 

@@ -15,7 +15,7 @@ import pytest
 from fleetgen.base import exitcodes
 from fleetgen.cli.doctor import COLUMNS, DISAGREES
 from fleetgen.cli.main import main
-from simulator import SimConfig, SimThread, run_in_thread
+from fleetgen.simulator import SimConfig, SimThread, run_in_thread
 
 StartSim = Callable[..., SimThread]
 EAGLE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4,

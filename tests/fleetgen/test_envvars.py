@@ -14,7 +14,7 @@ import pytest
 
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
-from simulator import cli as sim_cli
+from fleetgen.simulator import cli as sim_cli
 from workers.generate import RetryPolicy
 from workers.settings import ENV, WorkerSettings
 

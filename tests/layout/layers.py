@@ -20,15 +20,15 @@ ROOMS: tuple[tuple[str, int], ...] = (
     ("fleetgen.engine", 2),
     ("producer", 3),
     ("workers", 3),
-    ("simulator", 3),
-    ("exporter", 3),
+    ("fleetgen.simulator", 3),
+    ("fleetgen.exporter", 3),
     ("fleetgen.cli", 4),
     ("fleetgen.local", 4),
     ("fleetgen.monitor", 4),
     ("fleetgen.__main__", 4),
 )
 ROLES_FLOOR = 3
-PRODUCT = ("fleetgen", "producer", "workers", "simulator", "exporter")
+PRODUCT = ("fleetgen", "producer", "workers")
 ABOVE_EVERYTHING = ("bench", "tests")
 
 
@@ -106,7 +106,7 @@ def _why_not(module: str, imported: str) -> str | None:
         return None  # the standard library or a dependency
     here, there = room(module), room(imported)
     assert here is not None and there is not None, (module, imported)
-    if here[0] == "simulator" and there[0] != "simulator":
+    if here[0] == "fleetgen.simulator" and there[0] != "fleetgen.simulator":
         return "the simulator imports no product code"
     if there[1] > here[1]:
         return f"floor {there[1]} ({there[0]}) is above floor {here[1]} ({here[0]})"

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # A path into one of this repository's folders (other projects' files are cited by their
 # project's name and no such folder, e.g. SGLang's `srt/...`).
-TOPS = ("fleetgen", "producer", "workers", "exporter", "simulator", "tests", "tools", "bench",
+TOPS = ("fleetgen", "producer", "workers", "tests", "tools", "bench",
         "docs", "compose")
 CITED = re.compile(r"(?<![\w./-])((?:" + "|".join(TOPS) + r")/[\w./-]*\w)")
 # docs/simulator.md is left out: it cites llama.cpp's own `tools/server/`, a folder name this

@@ -33,7 +33,7 @@ def test_every_product_module_has_a_room() -> None:
      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fleetgen.cli import main\n",
      "above floor 2"),
     # the simulator importing product code, relatively spelled from the base
-    ("simulator/model.py", "from fleetgen.base import contract\n", "no product code"),
+    ("fleetgen/simulator/model.py", "from fleetgen.base import contract\n", "no product code"),
     # a relative import that climbs to a higher floor
     ("fleetgen/base/outcomes.py", "from ..monitor import status\n", "above floor 1"),
     # the product importing a test helper

@@ -125,6 +125,6 @@ def test_fleetgen_commands_use_real_flags(services: dict[str, Any]) -> None:
 
 def test_dockerfile_installs_the_package() -> None:
     dockerfile = (REPO / "compose" / "Dockerfile").read_text()
-    for package in ("fleetgen", "producer", "workers", "simulator", "exporter"):
+    for package in ("fleetgen", "producer", "workers"):
         assert f"COPY {package} ./{package}" in dockerfile
     assert "pip install ." in dockerfile and "USER fleetgen" in dockerfile

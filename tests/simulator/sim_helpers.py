@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from simulator import SimThread
+from fleetgen.simulator import SimThread
 
 T = TypeVar("T")
 StartSim = Callable[..., SimThread]  # the type of the `start_sim` fixture

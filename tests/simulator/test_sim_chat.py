@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgen.simulator import SimConfig
+from fleetgen.simulator.chat import DEFAULT_TEMPLATE
+from fleetgen.simulator.cli import add_arguments, config_from_args
 from producer.qwen_build import QWEN_TEMPLATE_FILE
 from producer.tokenizer import load_tokenizer
-from simulator import SimConfig
-from simulator.chat import DEFAULT_TEMPLATE
-from simulator.cli import add_arguments, config_from_args
 from tests.simulator.sim_helpers import StartSim
 
 CONVERSATIONS: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [

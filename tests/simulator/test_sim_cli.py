@@ -19,19 +19,19 @@ import httpx
 import pytest
 
 from fleetgen.local.ports import lease_port
-from simulator.cli import add_arguments, config_from_args
+from fleetgen.simulator.cli import add_arguments, config_from_args
 from tests.simulator.sim_helpers import ENDLESS, generate, stats, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class SimProcess:
-    """`python -m simulator` with its stdout lines collected by a reader thread."""
+    """`python -m fleetgen.simulator` with its stdout lines collected by a reader thread."""
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "simulator", *flags], cwd=ROOT, env=env, text=True,
+            [sys.executable, "-m", "fleetgen.simulator", *flags], cwd=ROOT, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         self.lines: queue.Queue[str] = queue.Queue()

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from simulator.config import SimConfig
-from simulator.model import (
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.model import (
     STOP_TOKEN_ID,
     VOCAB_SIZE,
     count_text_tokens,

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgen.simulator.answers import THINK_END_ID, THINK_START_ID, Opening, opening
 from producer.tokenizer import load_tokenizer
-from simulator.answers import THINK_END_ID, THINK_START_ID, Opening, opening
 from tests.simulator.sim_helpers import StartSim
 
 CHATS = {

@@ -17,9 +17,9 @@ import redis
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload, worker_key
 from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import wait_for
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
-from simulator.config import SimConfig
-from simulator.server import run_in_thread
 from tests.workers.workerproc import heartbeat_key, start_worker, stop
 
 

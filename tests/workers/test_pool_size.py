@@ -13,8 +13,8 @@ import redis
 from fleetgen.base import exitcodes
 from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import wait_for
-from simulator.config import SimConfig
-from simulator.server import SimThread, run_in_thread
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.workers.workerproc import heartbeat_key, start_worker, stop
 
 

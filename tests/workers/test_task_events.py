@@ -12,8 +12,8 @@ import redis
 
 from fleetgen.base.celeryconf import make_app
 from fleetgen.local.procs import wait_for
-from simulator.config import SimConfig
-from simulator.server import SimThread, run_in_thread
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.workers.workerproc import heartbeat_key, start_worker, stop
 
 

@@ -12,8 +12,8 @@ import redis
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
 from fleetgen.base.wire import task_message
 from fleetgen.local.procs import wait_for
-from simulator.config import SimConfig
-from simulator.server import SimThread, run_in_thread
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.workers.workerproc import start_worker, stop
 
 

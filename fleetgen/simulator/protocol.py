@@ -1,6 +1,6 @@
 """SGLang's request rules and response shapes: parsing, validation, context limits, bodies.
 
-The checks run in SGLang 0.5.23's order: the contract gate (simulator/contract.py),
+The checks run in SGLang 0.5.23's order: the contract gate (fleetgen/simulator/contract.py),
 `GenerateReqInput.normalize_batch_and_arguments`, the duplicate-rid check of
 `TokenizerManager._init_req_state`, `_validate_one_request` (context rules, with
 the speculative reserve), `SamplingParams.verify`, then the scheduler's
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from simulator import answers
-from simulator.answers import Style
-from simulator.config import SimConfig
-from simulator.contract import generate_contract_error
-from simulator.model import MAX_INPUT_ID, Completion, count_text_tokens, request_key
-from simulator.schema import SchemaRefused, check_sglang, check_vllm
+from fleetgen.simulator import answers
+from fleetgen.simulator.answers import Style
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.contract import generate_contract_error
+from fleetgen.simulator.model import MAX_INPUT_ID, Completion, count_text_tokens, request_key
+from fleetgen.simulator.schema import SchemaRefused, check_sglang, check_vllm
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
 DEFAULT_MAX_NEW_TOKENS = 128  # native /generate: SamplingParams.max_new_tokens

@@ -22,10 +22,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exporter import shape
-from exporter.finished import Selection
-from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
+from fleetgen.exporter import shape
+from fleetgen.exporter.finished import Selection
+from fleetgen.exporter.source import OutputDir
 
 log = logging.getLogger("fleetgen.exporter")
 

@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable
 
-from simulator.config import SimConfig
+from fleetgen.simulator.config import SimConfig
 
 # A hung request sleeps this long: far past any sane client timeout, and still
 # cancellable, so a client that gives up frees it at once.

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from exporter import FORMATS, conversations, openai_batch, parquet, tokens
-from exporter.finished import Selection
-from exporter.shape import REASONING_MODES
-from exporter.source import KINDS, OutputDir
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
+from fleetgen.exporter import FORMATS, conversations, openai_batch, parquet, tokens
+from fleetgen.exporter.finished import Selection
+from fleetgen.exporter.shape import REASONING_MODES
+from fleetgen.exporter.source import KINDS, OutputDir
 
 
 @dataclass(frozen=True)

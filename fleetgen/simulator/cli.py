@@ -10,10 +10,10 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from simulator.config import SimConfig
+from fleetgen.simulator.config import SimConfig
 
 if TYPE_CHECKING:
-    from simulator.server import SimFleet
+    from fleetgen.simulator.server import SimFleet
 
 EXIT_OK = 0
 EXIT_CANNOT_SERVE = 1  # e.g. the port is taken
@@ -213,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def serve(config: SimConfig) -> int:
     """Run a fleet until the first signal; a second signal cuts the drain short."""
-    from simulator.server import SimFleet
+    from fleetgen.simulator.server import SimFleet
 
     fleet = SimFleet(config)
     await fleet.start()

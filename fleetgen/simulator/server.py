@@ -15,16 +15,16 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
-from simulator.answers import compose
-from simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
-from simulator.chat import parse_chat, render_chat, tokenize
-from simulator.config import SimConfig
-from simulator.faults import HANG_S, Availability, Fault, FaultInjector
-from simulator.info import server_info
-from simulator.metrics import ServerMetrics, render_prometheus
-from simulator.model import Completion, per_token_s, tokens_done, ttft_s
-from simulator.prefix_cache import PrefixCache, prefix_hashes
-from simulator.protocol import (
+from fleetgen.simulator.answers import compose
+from fleetgen.simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
+from fleetgen.simulator.chat import parse_chat, render_chat, tokenize
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.faults import HANG_S, Availability, Fault, FaultInjector
+from fleetgen.simulator.info import server_info
+from fleetgen.simulator.metrics import ServerMetrics, render_prometheus
+from fleetgen.simulator.model import Completion, per_token_s, tokens_done, ttft_s
+from fleetgen.simulator.prefix_cache import PrefixCache, prefix_hashes
+from fleetgen.simulator.protocol import (
     QUEUE_FULL_MESSAGE,
     RUNNING_ABORT_REASON,
     WAITING_ABORT_MESSAGE,
@@ -41,7 +41,7 @@ from simulator.protocol import (
     render_native,
     vllm_error_body,
 )
-from simulator.protocol import (
+from fleetgen.simulator.protocol import (
     InFlight as RidInFlight,
 )
 

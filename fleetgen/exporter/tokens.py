@@ -31,12 +31,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exporter import shape
-from exporter.finished import Selection
-from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError, InputError
 from fleetgen.base.outcomes import ids_digest
+from fleetgen.exporter import shape
+from fleetgen.exporter.finished import Selection
+from fleetgen.exporter.source import OutputDir
 
 PARQUET_SUFFIX = ".parquet"
 SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()),

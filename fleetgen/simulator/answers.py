@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simulator import schema as schemas
-from simulator.model import (
+from fleetgen.simulator import schema as schemas
+from fleetgen.simulator.model import (
     SPECIAL_IDS,
     STOP_TOKEN_ID,
     VOCAB_SIZE,

@@ -20,7 +20,7 @@ reasoning as `reasoning_content` (the field Qwen3 and DeepSeek chat templates re
 think block); `inline` writes that block into the content, `strip` leaves it out. Each line
 also holds `id`, the input row's own other fields (as SpecForge keeps them), `sample` for a row
 asked for several times, `finish_reason`, and `status`. `--only-finished` leaves out answers cut
-at their budget or inside their reasoning (exporter/finished.py).
+at their budget or inside their reasoning (fleetgen/exporter/finished.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from exporter import shape
-from exporter.finished import Selection
-from exporter.source import OutputDir
 from fleetgen.base.contract import KIND_RESULT
+from fleetgen.exporter import shape
+from fleetgen.exporter.finished import Selection
+from fleetgen.exporter.source import OutputDir
 
 COLUMN = "conversations"
 STATUS = "success"  # SpecForge's mark of a regenerated row; every exported row is a result
@@ -116,7 +116,7 @@ def write_parquet(source: OutputDir, out: BinaryIO, reasoning: str,
                   selection: Selection | None = None) -> tuple[int, int]:
     """The same rows as a Parquet table (`conversations` a list of structs); returns (rows
     written, outcomes superseded)."""
-    from exporter import parquet
+    from fleetgen.exporter import parquet
 
     return parquet.write_rows(source, out, lambda record: conversation_row(record, reasoning),
                               selection or Selection(), always=("id",))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.config import SGLANG_VERSION, SimConfig
+from fleetgen.simulator.config import SGLANG_VERSION, SimConfig
 
 
 def resolved_args(config: SimConfig, port: int) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def internal_state(config: SimConfig, port: int, started_at: float) -> dict[str,
 
 def server_info(config: SimConfig, port: int, started_at: float) -> dict[str, Any]:
     info = resolved_args(config, port)
-    info["launch_command"] = "python -m simulator (fleetgen SGLang simulator)"
+    info["launch_command"] = "python -m fleetgen.simulator (fleetgen SGLang simulator)"
     info["kv_events"] = None
     # Scheduler.get_init_info; with DP the controller's version has no "status".
     if config.dp_size == 1:

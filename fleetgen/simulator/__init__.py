@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from simulator.config import SimConfig
+from fleetgen.simulator.config import SimConfig
 
 if TYPE_CHECKING:
-    from simulator.server import SimFleet, SimServer, SimThread, run_in_thread
+    from fleetgen.simulator.server import SimFleet, SimServer, SimThread, run_in_thread
 
 __all__ = ["SimConfig", "SimFleet", "SimServer", "SimThread", "run_in_thread"]
 
@@ -37,7 +37,7 @@ __all__ = ["SimConfig", "SimFleet", "SimServer", "SimThread", "run_in_thread"]
 def __getattr__(name: str) -> Any:
     # The server pulls in aiohttp; `fleetgen --help` should not pay for that.
     if name in {"SimFleet", "SimServer", "SimThread", "run_in_thread"}:
-        from simulator import server
+        from fleetgen.simulator import server
 
         return getattr(server, name)
-    raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+    raise AttributeError(f"module 'fleetgen.simulator' has no attribute {name!r}")

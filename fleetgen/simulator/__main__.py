@@ -1,4 +1,4 @@
-"""`python -m simulator`: the simulator CLI without the rest of fleetgen."""
+"""`python -m fleetgen.simulator`: the simulator CLI without the rest of fleetgen."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import logging
 import sys
 
-from simulator.cli import add_arguments, main
+from fleetgen.simulator.cli import add_arguments, main
 
 
 def entrypoint() -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m simulator",
+        prog="python -m fleetgen.simulator",
         description="Serve simulated SGLang servers (native /generate, OpenAI completions, "
         "/metrics) with SGLang's limits and errors, a capacity model and fault injection.",
     )

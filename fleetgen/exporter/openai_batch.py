@@ -27,9 +27,9 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from exporter import shape
-from exporter.source import KINDS, Outcome, OutputDir
 from fleetgen.base.contract import KIND_REJECTED, KIND_RESULT
+from fleetgen.exporter import shape
+from fleetgen.exporter.source import KINDS, Outcome, OutputDir
 
 DEFAULT_MODEL = "fleetgen"
 REJECTED_STATUS = 400  # what the engine answers a request it cannot take

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.config import SimConfig
+from fleetgen.simulator.config import SimConfig
 
 # Qwen3-style vocabulary bounds: generated ids stay below the special tokens and
 # a natural stop reports the end-of-turn id, as a real Qwen3 server would.
@@ -47,8 +47,8 @@ class Completion:
     output_ids: list[int]
     finish_reason: dict[str, Any]
     # Each token's text, special tokens included, where the answer is not plain words joined
-    # by spaces (thinking, JSON; simulator/answers.py); `text` leaves out the special ones when
-    # `skip_special_tokens` (SGLang's and vLLM's default).
+    # by spaces (thinking, JSON; fleetgen/simulator/answers.py); `text` leaves out the special
+    # ones when `skip_special_tokens` (SGLang's and vLLM's default).
     pieces: tuple[str, ...] | None = None
     skip_special_tokens: bool = True
 
