@@ -15,8 +15,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("purge", help="delete a finished run's keys from Redis",
                        description="Removes the run's manifest, bitmaps, counters, stream and "
                        "retry data from Redis. The output files are not touched. A run that is "
-                       "not complete is kept unless --force: purging it loses its resume state, and "
-                       "its tasks still queued or held by workers are removed too.")
+                       "not complete is kept unless --force: purging it loses its resume state, "
+                       "and its tasks still queued or held by workers are removed too.")
     p.add_argument("--run", required=True)
     p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--force", action="store_true", help="purge even an incomplete run")
