@@ -98,7 +98,7 @@ def remove_tasks(client: redis.Redis, run: str) -> tuple[int, int]:
     for raw in client.lrange(QUEUE, 0, -1):
         payload = task_payload(orjson.loads(raw))
         if payload is not None and payload.get("run") == run:
-            queued += int(client.lrem(QUEUE, 1, raw))
+            queued += int(client.lrem(QUEUE, 1, raw))  # type: ignore[arg-type]  # bytes too
     unacked = 0
     for tag, raw in client.hgetall(KOMBU_UNACKED).items():
         payload = task_payload(orjson.loads(raw)[0])
