@@ -15,6 +15,7 @@ import redis
 
 from fleetgen.base.contract import (
     DRAINER_GROUP,
+    FINISHED_AT,
     KIND_FAILURE,
     KIND_REJECTED,
     KIND_RESULT,
@@ -427,15 +428,16 @@ class Drainer:
     def write_summary(self) -> dict[str, Any]:
         m = self.manifest()
         counts = self.counts()
+        complete, stopped = self.complete(m), self.stopped(m)
         started = float(m.get("started_at", "0") or 0)
-        finished = time.time()
+        finished = self._finished_at(m, ended=complete or stopped is not None)
         wall_s = max(finished - started, 1e-9) if started else None
         summary: dict[str, Any] = {
             "run": self.run,
             "total": int(m.get("total", "0") or 0) or self.tally.written,
             **counts,
-            "complete": self.complete(m),
-            "stopped": self.stopped(m),
+            "complete": complete,
+            "stopped": stopped,
             "started_at": started or None,
             "finished_at": finished,
             "wall_s": round(wall_s, 3) if wall_s else None,
@@ -448,6 +450,17 @@ class Drainer:
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
         os.replace(tmp, self.out / "summary.json")
         return summary
+
+    def _finished_at(self, m: dict[str, str], ended: bool) -> float:
+        """When the run ended, pinned in the manifest the first time it is seen ended, so
+        `status` stops its clock there and a later drain writes the same figures."""
+        if not ended:
+            return time.time()
+        if m.get(FINISHED_AT):
+            return float(m[FINISHED_AT])
+        now = time.time()
+        self.redis.hset(self.keys.manifest, FINISHED_AT, now)
+        return now
 
 
 # The run's settings copied into summary.json, so an export made from the files alone (long
