@@ -88,6 +88,23 @@ def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
     return lines
 
 
+def requeue_unacked(client: redis.Redis) -> int:
+    """Put every message kombu holds as unacked back at the front of its queue; returns how
+    many. Only for a Redis no worker is connected to (the demo's own, before its workers
+    start): each one is then a prompt a stopped worker held, which kombu would otherwise give
+    back only after the visibility timeout (hours)."""
+    requeued = 0
+    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
+        message, _exchange, routing_key = orjson.loads(raw)
+        pipe = client.pipeline(transaction=True)
+        pipe.rpush(routing_key or QUEUE, orjson.dumps(message))  # BRPOP takes the right end
+        pipe.hdel(KOMBU_UNACKED, tag)
+        pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+        pipe.execute()
+        requeued += 1
+    return requeued
+
+
 def remove_tasks(client: redis.Redis, run: str) -> tuple[int, int]:
     """Take every task of `run` out of the queue and out of kombu's unacked hash and index;
     returns (queued, unacked) removed. Each removal is of one exact message (LREM of its bytes,

@@ -121,6 +121,12 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
     p.add_argument("--batch-size", type=int, default=512, metavar="N",
                    help="rows tokenized and enqueued together (512)")
+    if demo:
+        # What `settings_from` reads that the demo does not ask: its fleet is its own, with a
+        # known context and no real server to read limits from.
+        # --batch-size: the demo picks its own (smaller with --stop-if) unless given.
+        p.set_defaults(engine_url=None, reserved_tokens=0, max_req_input_len=None,
+                       engine_protocol=None, batch_size=None)
 
 
 def sampling_from(args: argparse.Namespace) -> Sampling:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,11 +45,14 @@ class FleetSpec:
 
 
 class LocalFleet:
-    def __init__(self, work_dir: Path, spec: FleetSpec) -> None:
+    def __init__(self, work_dir: Path, spec: FleetSpec, valkey_dir: Path | None = None) -> None:
+        """`valkey_dir`: where the embedded Valkey keeps its AOF (default: in `work_dir`); one
+        that outlives the fleet keeps its runs for the next (the demo's resume)."""
         self.work_dir = work_dir
         self.spec = spec
         self.procs = ProcessGroup(work_dir / "logs")
-        self.valkey = EmbeddedValkey(work_dir / "valkey", password=spec.redis_password)
+        self.valkey = EmbeddedValkey(valkey_dir or work_dir / "valkey",
+                                     password=spec.redis_password)
         self.sim_ports: list[int] = []  # per GPU, as the simulators reported them
         self.sim: Child | None = None
         self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
@@ -61,9 +65,13 @@ class LocalFleet:
     def engine_url(self, gpu: int) -> str:
         return f"http://127.0.0.1:{self.sim_ports[gpu]}"
 
-    def start(self, timeout_s: float = 60.0) -> LocalFleet:
+    def start(self, timeout_s: float = 60.0,
+              before_workers: Callable[[str], object] | None = None) -> LocalFleet:
+        """`before_workers(redis_url)` runs once Redis is up and before any worker is."""
         if self.spec.redis_url is None:
             self.valkey.start()
+        if before_workers is not None:
+            before_workers(self.redis_url)
         self.start_sims(timeout_s)
         for gpu in range(self.spec.gpus):
             self.start_worker(gpu)
