@@ -243,8 +243,14 @@ def _run_pipeline(fleet: LocalFleet, settings: ProducerSettings,
     drainer = Drainer(connect(fleet.redis_url), run_name, settings.out)
     drainer.recover()
     errors: list[BaseException] = []
-    thread = threading.Thread(target=_produce_in_thread, args=(settings, errors), daemon=True)
+    opened = threading.Event()
+    thread = threading.Thread(target=_produce_in_thread, args=(settings, errors, opened),
+                              daemon=True)
     thread.start()
+    # The drainer ends a run that is stopped and settled: a resumed one with --ignore-stop
+    # still is until the producer has opened it again (its first batch).
+    while not (opened.wait(0.05) or not thread.is_alive() or should_stop()):
+        pass
     print(f"fleetgen demo: run {run_name}; watch it from another shell with\n"
           f"  FLEETGEN_REDIS_URL={fleet.redis_url} fleetgen status --run {run_name} --watch",
           flush=True)
@@ -267,12 +273,17 @@ def _run_pipeline(fleet: LocalFleet, settings: ProducerSettings,
     return drainer.write_summary()
 
 
-def _produce_in_thread(settings: ProducerSettings, errors: list[BaseException]) -> None:
-    from producer.runner import produce
+def _produce_in_thread(settings: ProducerSettings, errors: list[BaseException],
+                       opened: threading.Event) -> None:
+    from producer.runner import Quiet, produce
+
+    class Opened(Quiet):
+        def read(self, rows: int, total: int) -> None:
+            opened.set()
 
     try:
         # --turns all: the producer stays to build each next turn from the answers written.
-        produce(settings, wait=settings.turns == "all")
+        produce(settings, wait=settings.turns == "all", hooks=Opened())
     except BaseException as exc:  # handed to the main thread, which reports it
         errors.append(exc)
 
