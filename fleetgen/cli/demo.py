@@ -37,8 +37,9 @@ STATE_DIR = ".fleetgen-demo"
 # is judged while most of a small set is still unsent (the default 512 would send the
 # bundled set whole before the first answer is back).
 STOP_IF_BATCH = 16
-# Where the summary, the stop and the cleanup must fit after Ctrl-C or SIGTERM (the promise
-# is 2 s); past it the signal handler interrupts whatever still blocks.
+# After Ctrl-C or SIGTERM the demo must be gone within 2 s: past this grace the handler
+# interrupts whatever still blocks (starting the fleet, a Redis call riding out an outage);
+# the summary and the cleanup that follow are shielded from it (`_shield_from_signals`).
 STOP_GRACE_S = 1.5
 
 
@@ -160,12 +161,21 @@ def run(args: argparse.Namespace) -> int:
             if args.flower and sys.stdin.isatty():
                 _linger(args.flower, should_stop)
         finally:
+            _shield_from_signals()
             _stop_fleet(fleet, quickly=should_stop())
     if summary["complete"]:
         shutil.rmtree(args.out / STATE_DIR, ignore_errors=True)  # nothing left to resume
     if should_stop():
         raise KeyboardInterrupt  # main: "interrupted; run the same command again", exit 130
     return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+
+
+def _shield_from_signals() -> None:
+    """From here on the demo only writes what it has and stops what it started, each step
+    bounded (a worker gets half a second, then SIGKILL): neither another signal nor the
+    handler's grace timer may interrupt that half-way and leave processes behind."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
 
 
 def _requeue_held(redis_url: str) -> None:
@@ -183,6 +193,7 @@ def _say_how_it_ended(summary: dict[str, Any], out: Path, interrupted: bool) -> 
         print(f"fleetgen demo: interrupted; what is written is kept: run the same command "
               f"(same --out {out}) to resume run {summary['run']}", flush=True)
     elif summary.get("stopped"):
+        _write_report(out)  # the report shows what the rule saw
         print(f"fleetgen demo: stopped early: {summary['stopped']}; the requests sent before "
               f"the stop are all written. Fix the settings and run the demo with another "
               f"--out, or the same command plus --ignore-stop to go on", flush=True)
@@ -266,6 +277,8 @@ def _run_pipeline(fleet: LocalFleet, settings: ProducerSettings,
     try:
         drainer.run_until_complete(on_progress=on_progress, should_stop=should_stop)
     finally:
+        if should_stop():
+            _shield_from_signals()  # the summary below is what the signal asked for
         drainer.close()
         bar.close()
     if not should_stop():  # stopped: the producer thread (a daemon) dies with the process
