@@ -17,6 +17,7 @@ BENCHES = {
     "memory": "bench.memory",
     "ceiling": "bench.ceiling",
     "worker": "bench.worker_cpu",
+    "gpu": "bench.gpu_pool",
     "fleet": "bench.fleet",
     "ordering": "bench.ordering",
     "turns": "bench.turns",
