@@ -16,6 +16,8 @@ BENCHES = {
     "drainer": "bench.drain",
     "memory": "bench.memory",
     "ceiling": "bench.ceiling",
+    "central": "bench.central",
+    "guard": "bench.guard",
     "worker": "bench.worker_cpu",
     "gpu": "bench.gpu_pool",
     "fleet": "bench.fleet",
