@@ -3,8 +3,8 @@ as the cores allow, and what one row costs each central part (docs/scale.md).
 
 The consumers stand in for the GPUs' workers without Celery or HTTP: each is a process that
 takes a task as kombu's Redis transport does (BRPOP, then the unacked HSET + ZADD; ZREM + HDEL
-to ack) and runs the worker's own `generate_one` with the real `StreamSink` (the outcome's
-MULTI) against an engine that answers at once with a fixed answer. The
+to ack) and runs the worker's own `generate_one` with the real `StreamSink` (the done-bit
+check, the outcome's MULTI) against an engine that answers at once with a fixed answer. The
 producer (in a thread) and the drainer run in this process as in the ceiling bench. Measured:
 rows/s; CPU per row of the producer + drainer, Valkey and the consumers; Valkey's commands and
 network bytes per row (`INFO commandstats`, `INFO stats`) and its memory through the run.
@@ -34,6 +34,7 @@ from fleetgen.base.wire import task_payload
 from fleetgen.local.valkey import EmbeddedValkey
 
 STOP_KEY = "bench:central:stop"
+BYTES_KEY, TAKEN_KEY = "bench:central:message-bytes", "bench:central:messages"
 # kombu's Redis transport keys for the unacked messages (kombu/transport/redis.py QoS).
 UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 ANSWER_WORDS = 150  # ~200 tokens of answer, as the other benches' simulators give
@@ -74,24 +75,27 @@ def consumer(url: str, name: str, words: int) -> None:
     engine = InstantEngine(words)
     policy = RetryPolicy()
     next_look = 0.0
+    taken = taken_bytes = 0
     while True:
         # The stop flag is read once a second, not per task: it is no command of the path.
         if time.monotonic() >= next_look:
             if client.exists(STOP_KEY):
+                client.incrby(BYTES_KEY, taken_bytes)
+                client.incrby(TAKEN_KEY, taken)
                 return
             next_look = time.monotonic() + 1.0
         got = client.brpop([QUEUE], timeout=1)
         if got is None:
             continue
         raw = got[1]
+        taken, taken_bytes = taken + 1, taken_bytes + len(raw)
         message = orjson.loads(raw)
         tag = message["properties"]["delivery_tag"]
         pipe = client.pipeline()
         pipe.zadd(UNACKED_INDEX, {tag: time.time()}).hset(UNACKED, tag, raw).execute()
         payload = task_payload(message)
         assert payload is not None
-        generate_one(payload, engine, sink, policy, worker=name,  # type: ignore[arg-type]
-                     redelivered=bool(message["properties"]["delivery_info"].get("redelivered")))
+        generate_one(payload, engine, sink, policy, worker=name)  # type: ignore[arg-type]
         pipe = client.pipeline()
         pipe.zrem(UNACKED_INDEX, tag).hdel(UNACKED, tag).execute()
 
@@ -168,11 +172,12 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
         net_in, net_out = _net(client)
         written = drainer.tally.written
         client.set(STOP_KEY, 1)
+        for p in procs:
+            p.wait(timeout=60)
+        message_bytes = int(client.get(BYTES_KEY) or 0) / max(1, int(client.get(TAKEN_KEY) or 0))
     finally:
         for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
                 p.kill()
         valkey.stop()
     return {"rows": rows, "written": written, "consumers": consumers, "seconds": seconds,
@@ -184,7 +189,7 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
             "redis_bytes_in_per_row": net_in / rows, "redis_bytes_out_per_row": net_out / rows,
             "valkey_memory_bytes": {"empty": base_memory, "peak": max(memory or [0]),
                                     "median": sorted(memory)[len(memory) // 2] if memory else 0},
-            "answer_words": words}
+            "task_message_bytes": message_bytes, "prompt_tokens": 300, "answer_words": words}
 
 
 def main(argv: list[str]) -> int:

@@ -398,6 +398,9 @@ def main(argv: list[str]) -> int:
     # fleetgen's workers hold (-c = K + extra), so the comparison is like for like.
     parser.add_argument("--systems", default="fleetgen,seed,seed+1")
     parser.add_argument("--extra-concurrency", type=int, default=Model.extra_concurrency)
+    parser.add_argument("--figure", default="fleet",
+                        help="the figures file: bench/figures/NAME.json (fleet-equal for a run "
+                        "of the equal fleet alone, so fleet.json keeps all three)")
     parser.add_argument("--work", type=Path, help="keep logs and outputs here (default: a "
                         "temporary directory, removed)")
     args = parser.parse_args(argv)
@@ -431,7 +434,7 @@ def main(argv: list[str]) -> int:
                     print(f"  {name:<10} {r['system']:<26} makespan {r['makespan_s']:.1f} s",
                           flush=True)
     print(report(model, args.rows, results))
-    save("fleet", {"model": model.__dict__, "context_length": CONTEXT,
+    save(args.figure, {"model": model.__dict__, "context_length": CONTEXT,
                    "rows": args.rows, "baseline_max_new_tokens": FIXED_MAX_NEW_TOKENS,
                    "results": results}, vars(args))
     return 0

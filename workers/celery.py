@@ -35,11 +35,9 @@ app: Celery = make_app(_settings.redis_url, visibility_timeout_s=_settings.visib
 @app.task(name=TASK_NAME, bind=True, acks_late=True)
 def generate(self: Any, payload: TaskPayload) -> None:
     rt = runtime.get()
-    redelivered = bool((self.request.delivery_info or {}).get("redelivered", True))
     try:
         with runtime.in_flight():
-            generate_one(payload, rt.engine, rt.sink, rt.policy, worker=rt.worker,
-                         redelivered=redelivered)
+            generate_one(payload, rt.engine, rt.sink, rt.policy, worker=rt.worker)
     except EngineGone as exc:
         # Back to the queue at once, for a GPU whose server is up; the health gate stops
         # this worker from taking more until its own server answers again.

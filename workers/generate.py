@@ -51,16 +51,10 @@ class Attempt:
 
 def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
                  worker: str, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None, redelivered: bool = True) -> str:
-    """Returns the outcome kind ('result', 'failure', 'skipped'); raises EngineGone.
-
-    Only a redelivered prompt (kombu flags every message it restores: a dead worker's after
-    the visibility timeout, a hand-back, a requeue) asks whether its row is done already: a
-    first delivery cannot have an outcome yet, and skipping the question spares a Redis round
-    trip per prompt. Exactly once does not rest on it: the drainer writes one outcome per row
-    whatever reaches the stream; the check only spares a GPU a generation it would waste."""
+                 rng: random.Random | None = None) -> str:
+    """Returns the outcome kind ('result', 'failure', 'skipped'); raises EngineGone."""
     run, slot = payload["run"], slot_of(payload)
-    if redelivered and sink.is_done(run, slot):
+    if sink.is_done(run, slot):
         log.info("id=%s already done, redelivery skipped", payload["id"])
         return "skipped"
     rng = rng or random.Random()
