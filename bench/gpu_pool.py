@@ -97,6 +97,11 @@ def run(requests: int, rounds: int, shapes: list[int], work: Path,
             "simulator_cpu_ms_per_request": 1000 * sum(x["simulator"] for x in phases) / total,
             "valkey_cpu_ms_per_request": 1000 * sum(x["valkey"] for x in phases) / total,
             "worker_cores_for_goal": GOAL_PER_S * workers_ms / 1000,
+            # CPU seconds per wall second: ~1 for one process means it is its own limit
+            # (one Python process, one core at most for its consumer loop and the GIL).
+            "workers_cores_used": sum(x["workers"] for x in phases) / seconds,
+            "all_cores_used": sum(x["workers"] + x["simulator"] + x["valkey"]
+                                  for x in phases) / seconds,
             "phases": phases}
     one = out[str(shapes[0])]["requests_per_s"]
     for v in out.values():
@@ -119,12 +124,14 @@ def main(argv: list[str]) -> int:
         r = run(args.requests, args.rounds, shapes, Path(tmp), args.output_tokens_mean)
     rows = [[v["processes"], v["requests_per_s"], v["over_first"],
              v["workers_cpu_ms_per_request"], v["simulator_cpu_ms_per_request"],
-             v["worker_cores_for_goal"]] for v in r["shapes"].values()]
+             v["workers_cores_used"], v["all_cores_used"], v["worker_cores_for_goal"]]
+            for v in r["shapes"].values()]
     print(table(f"one GPU's pool: {args.rounds} x {args.requests:,} requests of {PROMPT_TOKENS} "
                 f"tokens, a zero-latency simulator ({SLOTS} slots), {SLOTS + 1} threads in all, "
                 f"{psutil.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
                 ["processes", "requests/s", "x one", "workers CPU ms / req",
-                 "sim CPU ms / req", f"worker cores for {GOAL_PER_S}/s"], rows))
+                 "sim CPU ms / req", "workers' cores", "cores in all",
+                 f"worker cores for {GOAL_PER_S}/s"], rows))
     if not args.no_save:
         save("gpu", r, vars(args))
     return 0

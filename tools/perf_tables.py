@@ -242,11 +242,13 @@ def gpu_table(figs: Figures) -> str:
     g = figs["gpu"]
     rows = [[str(v["processes"]), num(v["requests_per_s"]), f"{v['over_first']:.2f}",
              num(v["workers_cpu_ms_per_request"], 2), num(v["simulator_cpu_ms_per_request"], 2),
-             num(v["valkey_cpu_ms_per_request"], 2), num(v["worker_cores_for_goal"], 2)]
+             num(v["valkey_cpu_ms_per_request"], 2), num(v["workers_cores_used"], 2),
+             num(v["all_cores_used"], 2), num(v["worker_cores_for_goal"], 2)]
             for v in g["shapes"].values()]
     return md_table(["worker processes", "requests/s", "× one process", "workers CPU ms / req",
-                     "simulator CPU ms / req", "Valkey CPU ms / req",
-                     f"worker cores for {g['goal_requests_per_s']}/s"], "rrrrrrr", rows)
+                     "simulator CPU ms / req", "Valkey CPU ms / req", "workers' cores used",
+                     "cores used in all", f"worker cores for {g['goal_requests_per_s']}/s"],
+                    "rrrrrrrrr", rows)
 
 
 def central_table(figs: Figures) -> str:
