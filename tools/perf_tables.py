@@ -168,6 +168,7 @@ def summary_table(figs: Figures) -> str:
     rows = fleet_summary(figs) if "fleet" in figs else []
     others = ("producer", "memory", "drainer", "ceiling")
     rows += other_summary(figs) if all(b in figs for b in others) else []
+    rows += scale_summary(figs)
     missing = [b for b in SUMMARY if b not in figs]
     note = (f"\n\n*No figures yet from {', '.join(missing)}: bench/figures/ lacks "
             f"{', '.join(m + '.json' for m in missing)}.*") if missing else ""
@@ -175,6 +176,47 @@ def summary_table(figs: Figures) -> str:
 
 
 SUMMARY = ("fleet", "producer", "memory", "drainer", "ceiling")
+# Summary rows shown when their figures exist (issue 20's), named in the provenance then.
+SUMMARY_EXTRA = ("fleet-equal", "worker", "gpu", "central", "guard")
+
+
+def scale_summary(figs: Figures) -> list[list[str]]:
+    rows = []
+    if "fleet-equal" in figs:
+        runs = {r["system"]: r for r in figs["fleet-equal"]["results"]}
+        ours, seed1 = runs.get("fleetgen"), runs.get("seed, K+1")
+        if ours and seed1:
+            rows.append(["equal fleet re-measured: makespan / ideal",
+                         f"**{ours['ratio_to_ideal']:.3f}** ({num(ours['makespan_s'], 1)} s; "
+                         f"seed, K+1: {seed1['ratio_to_ideal']:.3f}, "
+                         f"{num(seed1['makespan_s'], 1)} s, {num(seed1['failed'])} rows lost)",
+                         "dispatch overhead under the machine's load (see its provenance)"])
+    if "worker" in figs:
+        w = figs["worker"]
+        rows.append(["worker CPU per request (zero-latency engine)",
+                     f"**{w['worker_cpu_ms_per_request']:.2f} ms**, "
+                     f"{w['worker_over_client']:.2f} × a plain asyncio client's",
+                     "kombu's delivery and the outcome's Redis round trips"])
+    if "gpu" in figs:
+        shapes = figs["gpu"]["shapes"]
+        rows.append(["one GPU's pool (zero-latency engine), by worker processes",
+                     "**" + ", ".join(f"{v['processes']}: {num(v['requests_per_s'])}/s"
+                                      for v in shapes.values()) + "**",
+                     "this machine's 2 cores (workers, simulator and Valkey share them)"])
+    if all(b in figs for b in ("central", "producer", "drainer")):
+        capacity = scale_capacity(figs)
+        first = min(capacity, key=lambda k: capacity[k])
+        seed_rate = WORKLOADS[0][1]
+        rows.append(["GPUs one producer + Valkey + drainer feed (docs/scale.md)",
+                     f"**{num(capacity[first] / seed_rate)}** for the seed's workload, "
+                     f"{num(capacity[first] / WORKLOADS[1][1])} for a small model's",
+                     f"{first} ({num(capacity[first])} rows/s)"])
+    if "guard" in figs:
+        g = figs["guard"]
+        rows.append(["whole-pipeline CPU per row (regression guard)",
+                     f"**{g['cpu_ms_per_row']:.2f} ms** ({g['cost_in_units']:.3f} calibration "
+                     "units)", "`make bench` fails past 1.25 × the last recorded figure"])
+    return rows
 
 
 def ordering_table(figs: Figures) -> str:
@@ -363,7 +405,7 @@ def render_block(name: str, figs: Figures) -> str:
         return (f"*No figures yet: bench/figures/ has no "
                 f"{', '.join(m + '.json' for m in missing)} "
                 f"(run `python -m bench {missing[0]}`).*\n")
-    present = [b for b in benches or SUMMARY if b in figs]
+    present = [b for b in benches or SUMMARY + SUMMARY_EXTRA if b in figs]
     return render(figs) + "\n\n" + provenance(figs, present) + "\n"
 
 
