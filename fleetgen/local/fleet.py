@@ -38,6 +38,9 @@ class FleetSpec:
     gpu_sim_args: dict[int, list[str]] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
+    # Worker processes per GPU, sharing its engine and its `concurrency` between them
+    # (FLEETGEN_ENGINE_SHARE); named gpu{g}p{i} when more than one.
+    processes_per_gpu: int = 1
     worker_loglevel: str = "WARNING"
     task_events: bool = False  # workers send task events from the start (-E): Flower watches
     redis_password: str | None = None
@@ -74,7 +77,10 @@ class LocalFleet:
             before_workers(self.redis_url)
         self.start_sims(timeout_s)
         for gpu in range(self.spec.gpus):
-            self.start_worker(gpu)
+            if self.spec.processes_per_gpu == 1:
+                self.start_worker(gpu)
+            else:
+                self.start_shared_workers(gpu)
         self.wait_workers_ready(timeout_s)
         return self
 
@@ -153,6 +159,29 @@ class LocalFleet:
             self.workers.append(child)
         return child
 
+    def start_shared_workers(self, gpu: int) -> list[Child]:
+        """spec.processes_per_gpu workers on one engine, each with its share of the pool."""
+        from workers.startup import share_of
+
+        count = self.spec.processes_per_gpu
+        total = self.spec.concurrency or self.spec.max_running_requests
+        started = []
+        for i in range(1, count + 1):
+            name = self.worker_name(gpu, i)
+            env = {**self.worker_env(gpu), envvars.ENGINE_SHARE.name: f"{i}/{count}"}
+            started.append(self.procs.start(name, celery_worker_argv(
+                name, share_of(total, (i, count)), self.spec.worker_loglevel,
+                self.spec.task_events), env=env))
+        self.workers += started
+        return started
+
+    def worker_name(self, gpu: int, process: int = 1) -> str:
+        return f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
+
+    def worker_names(self) -> list[str]:
+        return [self.worker_name(g, i) for g in range(self.spec.gpus)
+                for i in range(1, self.spec.processes_per_gpu + 1)]
+
     def wait_workers_ready(self, timeout_s: float) -> None:
         """A worker is ready once its health gate has published its heartbeat."""
         import redis
@@ -161,8 +190,9 @@ class LocalFleet:
         from fleetgen.base.contract import worker_key
 
         def ready() -> bool:
-            return sum(client.exists(worker_key(f"gpu{g}@" + _hostname()))
-                       for g in range(self.spec.gpus)) == self.spec.gpus
+            names = self.worker_names()
+            return sum(client.exists(worker_key(f"{n}@" + _hostname()))
+                       for n in names) == len(names)
 
         def check() -> None:
             for w in self.workers:
