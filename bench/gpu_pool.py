@@ -43,6 +43,7 @@ def phase(fleet: LocalFleet, run: str, rows: list[list[int]],
     pids = {"workers": [w.proc.pid for w in fleet.workers], "simulator": [fleet.sim.proc.pid],
             "valkey": [fleet.valkey.proc.pid]}
     before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    client.hset(RunKeys(run).manifest, "state", "producing")  # workers drop unknown runs
     started = time.perf_counter()
     for i in range(0, len(messages), 512):
         client.lpush(QUEUE, *messages[i:i + 512])

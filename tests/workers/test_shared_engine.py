@@ -48,6 +48,7 @@ def test_two_processes_share_one_engine(redis_url: str, tmp_path: Path) -> None:
         wait_for(lambda: all(client.exists(b) for b in beats), 60, "both heartbeats")
         # K = 6: K + 1 = 7 threads in all, split 4 + 3.
         assert [client.hget(b, "concurrency") for b in beats] == [b"4", b"3"]
+        client.hset(RunKeys("shared").manifest, "state", "producing")  # workers drop unknown runs
         Enqueuer(client, "shared").send(_payloads("shared", n))
         wait_for(lambda: int(client.hget(keys.stats, "done") or 0) >= n, 120,
                  "every prompt to be answered")
