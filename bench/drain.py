@@ -42,7 +42,7 @@ def fill(client: redis.Redis, run: str, rows: int) -> int:
 
 def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
     from fleetgen.base.redisconn import connect
-    from workers.drainer import Drainer
+    from fleetgen.drainer import Drainer
 
     client = redis.Redis.from_url(url)
     client.flushall()
@@ -65,7 +65,7 @@ def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
 def measure_restart(out: Path, rows: int) -> dict[str, Any]:
     """A restarted drainer rebuilds its tally from the output files: time that over an
     output of `rows` results (the model case: 654,676)."""
-    from workers.drainer import Tally, load_file
+    from fleetgen.drainer import Tally, load_file
 
     path = out / "restart-results.jsonl"
     record: dict[str, Any] = {"messages": [{"role": "user", "content": "x" * 300}],

@@ -144,9 +144,9 @@ def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float
 
 def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                  tokenizer: Any) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
-    from workers.drainer import Drainer
 
     local = LocalFleet(work / f"fg-{fleet.name}", spec(model, fleet))
     local.start()

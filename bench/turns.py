@@ -80,9 +80,9 @@ def chains_of(model: Model, results: Path) -> list[list[float]]:
 
 
 def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
-    from workers.drainer import Drainer
 
     fleet = Fleet("equal", [1.0] * model.gpus)
     local = LocalFleet(work / "fg-turns", spec(model, fleet))

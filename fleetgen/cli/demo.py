@@ -17,6 +17,7 @@ import orjson
 
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, OutDir
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.produce import add_producer_options, request_options_from, sampling_from
 from fleetgen.cli.progress import Bar
@@ -26,8 +27,7 @@ from fleetgen.local.fleet import FleetSpec, LocalFleet
 if TYPE_CHECKING:
     from producer.settings import ProducerSettings
 
-OUTPUT_FILES = ("results.jsonl", "failures.jsonl", "rejected.jsonl", "summary.json",
-                "report.html")
+OUTPUT_FILES = (*FILES.values(), SUMMARY, "report.html")
 
 
 def add_parser(sub: Any) -> None:
@@ -64,14 +64,14 @@ def sample_prompts() -> Path:
 
 def _prepare_out(out: Path) -> None:
     """The demo overwrites only an earlier demo's output, never another run's."""
-    summary = out / "summary.json"
+    summary = OutDir(out).summary_path
     if summary.exists():
         run = orjson.loads(summary.read_bytes()).get("run", "")
         if not str(run).startswith("demo-"):
             raise ConfigError(f"{out} holds the output of run {run!r}; pick another --out")
     elif any((out / name).exists() for name in OUTPUT_FILES):
         raise ConfigError(f"{out} already holds output files; pick another --out")
-    for name in (*OUTPUT_FILES, ".fleetgen-run"):
+    for name in (*OUTPUT_FILES, RUN_MARKER):
         (out / name).unlink(missing_ok=True)
 
 
@@ -158,8 +158,8 @@ def _linger(port: int, should_stop: Callable[[], bool]) -> None:
 
 def _run_pipeline(fleet: LocalFleet, args: argparse.Namespace, prompts: Path,
                   should_stop: Callable[[], bool]) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.settings import ProducerSettings
-    from workers.drainer import Drainer
 
     run_name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     options = {**request_options_from(args), "out": args.out}
