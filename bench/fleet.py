@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import tempfile
@@ -25,7 +26,7 @@ import httpx
 import orjson
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
-from bench.common import save, table, write_varied_prompts
+from bench.common import RUN_ENV, save, table, write_varied_prompts
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
 from fleetgen.base.outdir import OutDir
 from fleetgen.base.redisconn import connect
@@ -401,6 +402,9 @@ def main(argv: list[str]) -> int:
     # fleetgen's workers hold (-c = K + extra), so the comparison is like for like.
     parser.add_argument("--systems", default="fleetgen,seed,seed+1")
     parser.add_argument("--extra-concurrency", type=int, default=Model.extra_concurrency)
+    parser.add_argument("--figure", default="fleet",
+                        help="the figures file: bench/figures/NAME.json (fleet-equal for a run "
+                        "of the equal fleet alone, so fleet.json keeps all three)")
     parser.add_argument("--work", type=Path, help="keep logs and outputs here (default: a "
                         "temporary directory, removed)")
     args = parser.parse_args(argv)
@@ -434,7 +438,10 @@ def main(argv: list[str]) -> int:
                     print(f"  {name:<10} {r['system']:<26} makespan {r['makespan_s']:.1f} s",
                           flush=True)
     print(report(model, args.rows, results))
-    save("fleet", {"model": model.__dict__, "context_length": CONTEXT,
+    if args.figure != "fleet":  # the provenance names the command that wrote the file
+        os.environ.setdefault(RUN_ENV, f"python -m bench fleet --fleets {args.fleets} "
+                                       f"--figure {args.figure} (alone)")
+    save(args.figure, {"model": model.__dict__, "context_length": CONTEXT,
                    "rows": args.rows, "baseline_max_new_tokens": FIXED_MAX_NEW_TOKENS,
                    "results": results}, vars(args))
     return 0

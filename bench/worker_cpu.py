@@ -67,6 +67,7 @@ def worker_phase(fleet: LocalFleet, run: str, rows: list[list[int]],
     messages = [task_message(p) for p in payloads(run, rows)]
     pids = _pids(fleet)
     before = {name: cpu_s(pid) for name, pid in pids.items()}
+    client.hset(RunKeys(run).manifest, "state", "producing")  # workers drop unknown runs
     started = time.perf_counter()
     for i in range(0, len(messages), 512):
         client.lpush(QUEUE, *messages[i:i + 512])

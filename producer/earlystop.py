@@ -18,7 +18,11 @@ from fleetgen.base.redisconn import read_hash
 FIGURES = {"truncated": "truncated", "empty": "empty", "unfinished": "reasoning_unfinished",
            "failed": "failed"}
 _RULE = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9.]+)\s*(%?)\s*$")
-CHECK_EVERY_S = 1.0
+# The answers are judged before every batch and at every look at a full queue, but not more
+# often than this: one HGETALL of a small hash, so at most 20 a second. Once a second let a
+# fast fleet answer (and the producer send) a small set whole between two looks, so the rule
+# could never stop it (issue 22).
+CHECK_EVERY_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Verdict:
 
 
 class EarlyStop:
-    """Judges the run's first answers, at most once a second, once `after` have come back."""
+    """Judges the run's first answers, at most every CHECK_EVERY_S, once `after` are back."""
 
     def __init__(self, client: redis.Redis, run: str, rules: list[StopRule],
                  after: int) -> None:

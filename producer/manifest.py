@@ -9,6 +9,7 @@ import orjson
 import redis
 
 from fleetgen.base.contract import (
+    FINISHED_AT,
     STATE_PRODUCED,
     STATE_PRODUCING,
     STATE_STOPPED,
@@ -44,7 +45,8 @@ class RunManifest:
             check_same_settings(self.run, orjson.loads(old.get("settings", "{}")), settings)
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(self.key, "state", STATE_PRODUCING)
-            pipe.hdel(self.key, "stop_reason")
+            # Going on: the run has not ended any more (the drainer pins the end again).
+            pipe.hdel(self.key, "stop_reason", FINISHED_AT)
             pipe.execute()
             return
         pipe = self.redis.pipeline(transaction=True)

@@ -6,6 +6,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fleetgen import engine
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact
@@ -65,6 +66,8 @@ class ProducerSettings:
         if not self.run or any(c in self.run for c in " :*?/\\"):
             raise ConfigError(f"--run must be a plain name (no spaces, ':', '/', '*'), "
                               f"got {self.run!r}")
+        for url in self.engine_url:
+            engine.check_url(url)
         if self.context_length is None and not self.engine_url:
             raise ConfigError("give --context-length N or --engine-url URL (to read it from "
                               "the server's /v1/models)")

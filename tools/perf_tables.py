@@ -21,7 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "bench" / "figures"
-DOCS = (ROOT / "docs" / "performance.md", ROOT / "README.md")
+DOCS = (ROOT / "docs" / "performance.md", ROOT / "docs" / "scale.md", ROOT / "README.md")
 BLOCK = re.compile(r"(<!-- perf:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /perf:(?P=name) -->)",
                    re.DOTALL)
 
@@ -30,7 +30,7 @@ EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 Figures = dict[str, dict[str, Any]]
 # The arguments that set a bench's size, named in each table's provenance.
 SIZE_ARGUMENTS = ("rows", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets",
-                  "requests", "rounds")
+                  "requests", "rounds", "processes", "consumers", "words")
 
 
 def num(value: float, digits: int = 0) -> str:
@@ -71,11 +71,11 @@ def _fleet(figs: Figures) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["fleet"], r["system"]): r for r in figs["fleet"]["results"]}
 
 
-def fleet_table(figs: Figures) -> str:
+def fleet_table(figs: Figures, name: str = "fleet") -> str:
     rows = [[r["fleet"], r["system"], str(r["in_flight_per_server"]), num(r["makespan_s"], 1),
              num(r["ideal_s"], 1), num(r["ratio_to_ideal"], 3), pct(r["utilization"]),
              num(r["completed"]), num(r["failed"]), num(r["context_length_failures"]),
-             num(r["truncated"])] for r in figs["fleet"]["results"]]
+             num(r["truncated"])] for r in figs[name]["results"]]
     return md_table(["fleet", "system", "in flight / server", "makespan s", "ideal s",
                      "× ideal", "utilization", "completed", "failed", "ctx-len 400s",
                      "truncated"], "llrrrrrrrrr", rows)
@@ -168,6 +168,7 @@ def summary_table(figs: Figures) -> str:
     rows = fleet_summary(figs) if "fleet" in figs else []
     others = ("producer", "memory", "drainer", "ceiling")
     rows += other_summary(figs) if all(b in figs for b in others) else []
+    rows += scale_summary(figs)
     missing = [b for b in SUMMARY if b not in figs]
     note = (f"\n\n*No figures yet from {', '.join(missing)}: bench/figures/ lacks "
             f"{', '.join(m + '.json' for m in missing)}.*") if missing else ""
@@ -175,6 +176,47 @@ def summary_table(figs: Figures) -> str:
 
 
 SUMMARY = ("fleet", "producer", "memory", "drainer", "ceiling")
+# Summary rows shown when their figures exist (issue 20's), named in the provenance then.
+SUMMARY_EXTRA = ("fleet-equal", "worker", "gpu", "central", "guard")
+
+
+def scale_summary(figs: Figures) -> list[list[str]]:
+    rows = []
+    if "fleet-equal" in figs:
+        runs = {r["system"]: r for r in figs["fleet-equal"]["results"]}
+        ours, seed1 = runs.get("fleetgen"), runs.get("seed, K+1")
+        if ours and seed1:
+            rows.append(["equal fleet re-measured: makespan / ideal",
+                         f"**{ours['ratio_to_ideal']:.3f}** ({num(ours['makespan_s'], 1)} s; "
+                         f"seed, K+1: {seed1['ratio_to_ideal']:.3f}, "
+                         f"{num(seed1['makespan_s'], 1)} s, {num(seed1['failed'])} rows lost)",
+                         "dispatch overhead under the machine's load (see its provenance)"])
+    if "worker" in figs:
+        w = figs["worker"]
+        rows.append(["worker CPU per request (zero-latency engine)",
+                     f"**{w['worker_cpu_ms_per_request']:.2f} ms**, "
+                     f"{w['worker_over_client']:.2f} × a plain asyncio client's",
+                     "kombu's delivery and the outcome's Redis round trips"])
+    if "gpu" in figs:
+        shapes = figs["gpu"]["shapes"]
+        rows.append(["one GPU's pool (zero-latency engine), by worker processes",
+                     "**" + ", ".join(f"{v['processes']}: {num(v['requests_per_s'])}/s"
+                                      for v in shapes.values()) + "**",
+                     "this machine's 2 cores (workers, simulator and Valkey share them)"])
+    if all(b in figs for b in ("central", "producer", "drainer")):
+        capacity = scale_capacity(figs)
+        first = min(capacity, key=lambda k: capacity[k])
+        seed_rate = WORKLOADS[0][1]
+        rows.append(["GPUs one producer + Valkey + drainer feed (docs/scale.md)",
+                     f"**{num(capacity[first] / seed_rate)}** for the seed's workload, "
+                     f"{num(capacity[first] / WORKLOADS[1][1])} for a small model's",
+                     f"{first} ({num(capacity[first])} rows/s)"])
+    if "guard" in figs:
+        g = figs["guard"]
+        rows.append(["whole-pipeline CPU per row (regression guard)",
+                     f"**{g['cpu_ms_per_row']:.2f} ms** ({g['cost_in_units']:.3f} calibration "
+                     "units)", "`make bench` fails past 1.25 × the last recorded figure"])
+    return rows
 
 
 def ordering_table(figs: Figures) -> str:
@@ -238,10 +280,101 @@ def worker_table(figs: Figures) -> str:
                      "requests/s", "simulator CPU ms / request"], "lrrrr", rows)
 
 
+def gpu_table(figs: Figures) -> str:
+    g = figs["gpu"]
+    rows = [[str(v["processes"]), num(v["requests_per_s"]), f"{v['over_first']:.2f}",
+             num(v["workers_cpu_ms_per_request"], 2), num(v["simulator_cpu_ms_per_request"], 2),
+             num(v["valkey_cpu_ms_per_request"], 2), num(v["workers_cores_used"], 2),
+             num(v["all_cores_used"], 2), num(v["worker_cores_for_goal"], 2)]
+            for v in g["shapes"].values()]
+    return md_table(["worker processes", "requests/s", "× one process", "workers CPU ms / req",
+                     "simulator CPU ms / req", "Valkey CPU ms / req", "workers' cores used",
+                     "cores used in all", f"worker cores for {g['goal_requests_per_s']}/s"],
+                    "rrrrrrrrr", rows)
+
+
+def central_table(figs: Figures) -> str:
+    c = figs["central"]
+    cpu = c["cpu_ms_per_row"]
+    mem = c["valkey_memory_bytes"]
+    return md_table(["rows", "consumers", "rows/s", "producer + drainer CPU ms / row",
+                     "Valkey CPU ms / row", "consumers CPU ms / row", "Redis commands / row",
+                     "bytes in / out per row", "Valkey peak"], "rrrrrrrrr",
+                    [[num(c["rows"]), str(c["consumers"]), num(c["rows_per_s"]),
+                      num(cpu["producer + drainer"], 3), num(cpu["valkey"], 3),
+                      num(cpu["consumers"], 3), num(c["redis_commands_per_row_total"], 1),
+                      f"{c['redis_bytes_in_per_row']:,.0f} / {c['redis_bytes_out_per_row']:,.0f}",
+                      f"{mem['peak'] / (1 << 20):.1f} MiB"]])
+
+
+def central_commands_table(figs: Figures) -> str:
+    per_row = figs["central"]["redis_commands_per_row"]
+    return md_table(["command", "per row"], "lr",
+                    [[k.upper(), f"{v:.2f}"] for k, v in per_row.items() if v >= 0.05])
+
+
+# docs/scale.md's two workloads. The seed's: 654,676 rows of a 27B-class model, ~760 output
+# tokens a row at ~2,500 generated tokens/s per GPU (bench/ceiling.py's assumption): ~3.3
+# rows/s per GPU. A small model's (1-8B, short answers): an assumption of 200 rows/s per GPU,
+# the "hundreds of requests/s per GPU" of issue 20. In flight per GPU: K + 1 = 129.
+WORKLOADS = (("seed: 27B, ~760-token answers", 2500 / 760),
+             ("small model: 1-8B, short answers", 200.0))
+IN_FLIGHT_PER_GPU = 129
+
+
+def scale_capacity(figs: Figures) -> dict[str, float]:
+    """Rows/s each central part sustains on one core (one process; Valkey's main thread)."""
+    producer = figs["producer"]["results"][-1]
+    drainer = figs["drainer"]["results"][0]
+    return {"producer (one process)": producer["rate"],
+            "drainer (one process)": drainer["lines_per_s"],
+            "Valkey (one core)": 1000 / figs["central"]["cpu_ms_per_row"]["valkey"]}
+
+
+def scale_table(figs: Figures) -> str:
+    capacity = scale_capacity(figs)
+    first = min(capacity, key=lambda k: capacity[k])
+    header = ["central part", "rows/s it sustains",
+              *[f"GPUs it feeds: {name} ({per_gpu:,.1f} rows/s a GPU)"
+                for name, per_gpu in WORKLOADS]]
+    rows = [[part + (" — runs out first" if part == first else ""), num(rate),
+             *[num(rate / per_gpu) for _, per_gpu in WORKLOADS]]
+            for part, rate in capacity.items()]
+    return md_table(header, "lrrr", rows)
+
+
+def scale_memory_table(figs: Figures) -> str:
+    """Valkey memory held for a fleet: the queue at its high-water mark (2 x the fleet's
+    concurrency) plus the unacked copies of what is in flight, at the central bench's measured
+    task message size, for fleets of 100, 1,000 and 5,000 GPUs."""
+    c = figs["central"]
+    message = c["task_message_bytes"]
+    rows = []
+    for gpus in (100, 1000, 5000):
+        in_flight = gpus * IN_FLIGHT_PER_GPU
+        held = 3 * in_flight * message
+        rows.append([num(gpus), num(in_flight), f"{held / (1 << 30):.2f} GiB"])
+    return md_table(["GPUs", "prompts in flight", "queue + unacked in Valkey"], "rrr", rows) + \
+        f"\n\nTask message: {message:,.0f} bytes ({c.get('prompt_tokens', 300)}-token prompts)."
+
+
+def guard_table(figs: Figures) -> str:
+    g = figs["guard"]
+    parts = "; ".join(f"{k} {v:.2f}" for k, v in g["cpu_ms_per_row_by_part"].items())
+    before = g.get("previous") or {}
+    return md_table(["rows", "CPU ms / row, all processes", "calibration ms", "cost in units",
+                     "× previous", "by part (ms / row)"], "rrrrrl",
+                    [[num(g["rows"]), num(g["cpu_ms_per_row"], 2), num(g["calibration_ms"], 1),
+                      num(g["cost_in_units"], 3),
+                      f"{g['over_previous']:.2f} (of {before.get('at', '?')[:10]})"
+                      if g.get("over_previous") else "first record", parts]])
+
+
 # block name -> (benches it reads, the function that renders it)
 TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "summary": ((), summary_table),  # renders what there is, names what is missing
     "fleet": (("fleet",), fleet_table),
+    "fleet-equal": (("fleet-equal",), lambda figs: fleet_table(figs, "fleet-equal")),
     "ordering": (("ordering",), ordering_table),
     "producer": (("producer",), producer_table),
     "memory": (("memory",), memory_table),
@@ -249,6 +382,12 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "drainer": (("drainer",), drainer_table),
     "ceiling": (("ceiling",), ceiling_table),
     "worker": (("worker",), worker_table),
+    "gpu": (("gpu",), gpu_table),
+    "central": (("central",), central_table),
+    "central-commands": (("central",), central_commands_table),
+    "guard": (("guard",), guard_table),
+    "scale": (("producer", "drainer", "central"), scale_table),
+    "scale-memory": (("central",), scale_memory_table),
 }
 
 
@@ -266,7 +405,7 @@ def render_block(name: str, figs: Figures) -> str:
         return (f"*No figures yet: bench/figures/ has no "
                 f"{', '.join(m + '.json' for m in missing)} "
                 f"(run `python -m bench {missing[0]}`).*\n")
-    present = [b for b in benches or SUMMARY if b in figs]
+    present = [b for b in benches or SUMMARY + SUMMARY_EXTRA if b in figs]
     return render(figs) + "\n\n" + provenance(figs, present) + "\n"
 
 

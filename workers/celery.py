@@ -70,7 +70,8 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
         else:
             limits = startup.wait_for_limits(proto, _settings)
         startup.check_usable(limits, _settings.engine_url)
-        size, why = (None, "") if fixed else startup.pool_size(proto, limits)
+        share = _settings.share()
+        size, why = (None, "") if fixed else startup.pool_size(proto, limits, share)
     except StartupRefused as exc:
         _refuse(exc)
     except EngineError as exc:  # only with -c: the engine is not there yet

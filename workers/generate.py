@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from fleetgen.base.errors import EngineGone
 from fleetgen.base.outcomes import Generation, failure_record, quality_counts, result_record
 from fleetgen.engine import Engine, GenerateOptions
 from workers.settings import WorkerSettings
-from workers.sink import Sink
+from workers.sink import RunPurged, Sink
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -52,7 +53,38 @@ class Attempt:
 def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
                  worker: str, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> str:
-    """Returns the outcome kind ('result', 'failure', 'skipped'); raises EngineGone."""
+    """Returns the outcome kind ('result', 'failure', 'skipped', 'dropped'); raises
+    EngineGone."""
+    try:
+        return _generate_one(payload, engine, sink, policy, worker=worker, sleep=sleep, rng=rng)
+    except RunPurged:
+        _count_dropped(payload)
+        return "dropped"
+
+
+_dropped: dict[str, int] = {}
+_dropped_lock = threading.Lock()
+
+
+def _count_dropped(payload: TaskPayload) -> None:
+    """A task of a purged run (or of no run this Redis knows) is dropped, counted per run in
+    this process and logged with the count, so a purge that missed a task is seen."""
+    run = payload["run"]
+    with _dropped_lock:
+        _dropped[run] = count = _dropped.get(run, 0) + 1
+    log.warning("id=%s dropped: run %r has no manifest in this Redis (purged); %d task(s) of "
+                "it dropped by this worker", payload["id"], run, count)
+
+
+def dropped_counts() -> dict[str, int]:
+    """Tasks dropped by this process, by run."""
+    with _dropped_lock:
+        return dict(_dropped)
+
+
+def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
+                  worker: str, sleep: Callable[[float], None],
+                  rng: random.Random | None) -> str:
     run, slot = payload["run"], slot_of(payload)
     if sink.is_done(run, slot):
         log.info("id=%s already done, redelivery skipped", payload["id"])

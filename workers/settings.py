@@ -54,6 +54,9 @@ class WorkerSettings:
     # default, as a successful prompt needs no line (failures and retries log their own,
     # with the prompt id); FLEETGEN_TASK_LOG=1 brings them back at `-l INFO`.
     task_log: bool = _setting(ev.TASK_LOG)
+    # "I/N": the I-th of N worker processes that share one engine (one process's delivery
+    # loop tops out at a few hundred prompts a second; a small model's GPU can take more).
+    engine_share: str | None = _setting(ev.ENGINE_SHARE)
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -67,6 +70,7 @@ class WorkerSettings:
                            (ev.HANDBACK_S, self.handback_s)):
             if value <= 0:
                 raise ConfigError(f"{var.name} must be > 0, got {value:g}")
+        self.share()  # a malformed share is a ConfigError at start
         if self.max_attempts < 1:
             raise ConfigError(f"{ev.MAX_ATTEMPTS.name} must be >= 1, got {self.max_attempts}")
         if self.visibility_timeout_s <= self.request_timeout_s:
@@ -74,6 +78,19 @@ class WorkerSettings:
                 f"{ev.VISIBILITY_TIMEOUT_S.name} ({self.visibility_timeout_s:g}) must exceed "
                 f"{ev.REQUEST_TIMEOUT_S.name} ({self.request_timeout_s:g}), or every slow "
                 "prompt would be delivered twice")
+
+    def share(self) -> tuple[int, int]:
+        """(I, N) of FLEETGEN_ENGINE_SHARE, 1-based; (1, 1) when unset."""
+        if self.engine_share is None:
+            return 1, 1
+        index, sep, count = self.engine_share.partition("/")
+        if sep and index.strip().isdigit() and count.strip().isdigit():
+            i, n = int(index), int(count)
+            if 1 <= i <= n:
+                return i, n
+        raise ConfigError(f"{ev.ENGINE_SHARE.name} must be I/N with 1 <= I <= N (this "
+                          f"process's number among N sharing the engine), got "
+                          f"{self.engine_share!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:

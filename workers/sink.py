@@ -15,11 +15,34 @@ from fleetgen.base.outcomes import stream_entry
 PER_WORKER = frozenset({"done", "failed", "completion_tokens"})
 
 
+class RunPurged(Exception):
+    """The run's manifest is gone (`fleetgen purge`): its tasks are dropped, never generated,
+    and nothing of the run is written back."""
+
+
 class Sink(Protocol):
     def is_done(self, run: str, line: int) -> bool: ...
 
     def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
              stats: dict[str, int], payload: dict[str, Any] | None = None) -> None: ...
+
+
+# The outcome's commands, run only while the run's manifest (KEYS[1]) exists: a run purged
+# while its prompt ran would otherwise get its keys back (a stream, a done bit, counters that
+# no command can see or remove). A script, not a MULTI, so the check and the writes are one
+# atomic step in one round trip. ARGV: for each command, its word count, then its words.
+_EMIT_IF_RUN_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local i = 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return 1
+"""
+
+Command = tuple[Any, ...]
 
 
 class StreamSink:
@@ -30,29 +53,42 @@ class StreamSink:
         self._redis = client
         self._worker = worker
         self._wait_aof = wait_aof
+        self._emit = client.register_script(_EMIT_IF_RUN_EXISTS)
 
     def is_done(self, run: str, line: int) -> bool:
-        return bool(self._redis.getbit(RunKeys(run).done, line))
+        """Raises RunPurged for a run without a manifest: one round trip for both reads."""
+        keys = RunKeys(run)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.getbit(keys.done, line)
+        pipe.exists(keys.manifest)
+        done, known = pipe.execute()
+        if not known:
+            raise RunPurged(run)
+        return bool(done)
 
     def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
              stats: dict[str, int], payload: dict[str, Any] | None = None) -> None:
         keys = RunKeys(run)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.xadd(keys.stream, stream_entry(kind, record))
-        pipe.setbit(keys.done, line, 1)
-        pipe.srem(keys.retrying, line)
+        entry = stream_entry(kind, record)
+        commands: list[Command] = [
+            ("XADD", keys.stream, "*", *(w for kv in entry.items() for w in kv)),
+            ("SETBIT", keys.done, line, 1),
+            ("SREM", keys.retrying, line),
+        ]
         for name, value in stats.items():
             if not value:  # a counter that did not move costs no command
                 continue
-            pipe.hincrby(keys.stats, name, value)
+            commands.append(("HINCRBY", keys.stats, name, value))
             if name in PER_WORKER:
-                pipe.hincrby(keys.stats, f"{self._worker}|{name}", value)
+                commands.append(("HINCRBY", keys.stats, f"{self._worker}|{name}", value))
         if kind == KIND_FAILURE and payload is not None:
             # Kept so `fleetgen retry` can re-enqueue it without the input file.
-            pipe.hset(keys.failed, request_key(record), orjson.dumps(payload))
+            commands.append(("HSET", keys.failed, request_key(record), orjson.dumps(payload)))
         elif kind == KIND_RESULT:
-            pipe.hdel(keys.failed, request_key(record))
-        pipe.execute()
+            commands.append(("HDEL", keys.failed, request_key(record)))
+        args = [word for command in commands for word in (len(command), *command)]
+        if not self._emit(keys=[keys.manifest], args=args):
+            raise RunPurged(run)
         if self._wait_aof:
             # The outcome is on disk before the task is acked (Redis >= 7.2 / Valkey 8).
             self._redis.execute_command("WAITAOF", 1, 0, 1000)

@@ -96,8 +96,18 @@ def check_usable(limits: ServerLimits, url: str) -> None:
             exitcodes.CONFIG)
 
 
-def pool_size(proto: EngineProtocol, limits: ServerLimits) -> tuple[int | None, str]:
-    """The thread count the protocol suggests and the log line that says why."""
+def share_of(total: int, share: tuple[int, int]) -> int:
+    """Process I's part of `total` threads split as evenly as whole threads allow among N
+    (the first total % N processes get one more), so the N processes hold `total` together;
+    at least one each."""
+    index, count = share
+    return max(1, total // count + (1 if index <= total % count else 0))
+
+
+def pool_size(proto: EngineProtocol, limits: ServerLimits,
+              share: tuple[int, int] = (1, 1)) -> tuple[int | None, str]:
+    """The thread count the protocol suggests (this process's share of it, when N processes
+    share the engine: FLEETGEN_ENGINE_SHARE) and the log line that says why."""
     size = proto.pool_size(limits)
     if limits.servers_behind:
         total = limits.max_running_requests
@@ -111,5 +121,10 @@ def pool_size(proto: EngineProtocol, limits: ServerLimits) -> tuple[int | None, 
     if not size:
         return None, (f"{limits.engine} does not report how many requests it runs at once; "
                       "keeping Celery's default pool: pass -c (vLLM: its --max-num-seqs + 1)")
-    return size, (f"pool sized from the engine: {limits.max_running_requests} running requests "
-                  f"in force ({limits.running_requests_from}, dp {limits.dp_size}) -> -c {size}")
+    why = (f"pool sized from the engine: {limits.max_running_requests} running requests "
+           f"in force ({limits.running_requests_from}, dp {limits.dp_size}) -> -c {size}")
+    if share[1] > 1:
+        mine = share_of(size, share)
+        return mine, f"{why}, shared by {share[1]} processes: this one ({share[0]}/{share[1]}) " \
+                     f"-c {mine}"
+    return size, why

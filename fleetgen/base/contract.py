@@ -26,6 +26,12 @@ STATE_PRODUCED: Final = "produced"
 # `--stop-if` saw the first answers break a rule: nothing more is enqueued (manifest field
 # `stop_reason` says why) until the producer is run again with --ignore-stop.
 STATE_STOPPED: Final = "stopped"
+# Not a manifest state but what `status` shows of a produced run that `run_complete` holds.
+STATE_COMPLETE: Final = "complete"
+# Manifest field: when the run ended (complete, or stopped and settled), pinned by the drainer
+# as it writes the summary, so `status`'s elapsed and every later summary.json agree; cleared
+# by whatever sets the run going again (a resume, `fleetgen retry`).
+FINISHED_AT: Final = "finished_at"
 
 
 class RunKeys:

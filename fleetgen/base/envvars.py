@@ -137,6 +137,11 @@ CACHE_DIR: EnvVar[Path] = EnvVar(
     "FLEETGEN_CACHE_DIR", "path", Path("~/.cache/fleetgen"), Path, "`produce`, `doctor`, tests",
     "where the built qwen3.6 tokenizer (`tokenizers/`) and the tests' llama.cpp model "
     "(`llama/`) are cached")
+ENGINE_SHARE: EnvVar[str | None] = EnvVar(
+    "FLEETGEN_ENGINE_SHARE", "I/N", None, _optional_text, WORKERS,
+    "this worker is the I-th of N processes sharing one engine: without `-c` it runs its "
+    "share of the K + 1 threads (docs/cluster.md \"Several processes per GPU\")",
+    default_text="1/1")
 SIM_API_KEY: EnvVar[str | None] = EnvVar(
     "FLEETGEN_SIM_API_KEY", "text", None, _optional_text, "`sim`",
     "the simulator requires `Authorization: Bearer` with it (the default of `--api-key`)",
@@ -166,6 +171,6 @@ BENCH_RUN: EnvVar[str | None] = EnvVar(
 TABLE: tuple[EnvVar[Any], ...] = (
     REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
     BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
-    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, CACHE_DIR, SIM_API_KEY, STATUS_AUTH,
-    IMAGE, CI, LLAMA_SERVER, BENCH_FIGURES, BENCH_RUN,
+    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, CACHE_DIR, SIM_API_KEY,
+    STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, BENCH_FIGURES, BENCH_RUN,
 )

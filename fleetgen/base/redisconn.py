@@ -16,7 +16,8 @@ def redis_url(flag: str | None) -> str:
     """The --redis flag wins over FLEETGEN_REDIS_URL; the default is a local Redis."""
     url = flag or REDIS_URL.value()
     if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{REDIS_URL.name} must be a redis://, rediss:// or unix:// URL, "
+        source = "--redis" if flag else REDIS_URL.name
+        raise ConfigError(f"{source} must be a redis://, rediss:// or unix:// URL, "
                           f"got {redact(url)}")
     return url
 

@@ -10,6 +10,7 @@ import orjson
 import redis
 
 from fleetgen.base.contract import (
+    FINISHED_AT,
     STATE_PRODUCED,
     STATE_STOPPED,
     RunKeys,
@@ -79,6 +80,7 @@ def mark_retrying(client: redis.Redis, run: str, lines: Iterable[int]) -> None:
     for line in lines:
         pipe.sadd(keys.retrying, line)
         pipe.setbit(keys.done, line, 0)
+    pipe.hdel(keys.manifest, FINISHED_AT)  # not ended any more: the drainer pins it again
     pipe.execute()
 
 

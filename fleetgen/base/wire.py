@@ -17,6 +17,8 @@ from fleetgen.base.contract import QUEUE, TASK_NAME, TaskPayload, slot_of
 # kombu's Redis transport keeps each delivered, not yet acked message in this hash as
 # [message, exchange, routing_key] (kombu/transport/redis.py, QoS.unacked_key).
 KOMBU_UNACKED = "unacked"
+# ... and each one's delivery time, by delivery tag, for its visibility-timeout sweep.
+KOMBU_UNACKED_INDEX = "unacked_index"
 
 # Celery's canvas fields of a plain task call (protocol 2 body: [args, kwargs, embed]).
 _EMBED: dict[str, None] = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -84,3 +86,42 @@ def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
         if payload is not None and payload.get("run") == run:
             lines.add(slot_of(payload))
     return lines
+
+
+def requeue_unacked(client: redis.Redis) -> int:
+    """Put every message kombu holds as unacked back at the front of its queue; returns how
+    many. Only for a Redis no worker is connected to (the demo's own, before its workers
+    start): each one is then a prompt a stopped worker held, which kombu would otherwise give
+    back only after the visibility timeout (hours)."""
+    requeued = 0
+    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
+        message, _exchange, routing_key = orjson.loads(raw)
+        pipe = client.pipeline(transaction=True)
+        pipe.rpush(routing_key or QUEUE, orjson.dumps(message))  # BRPOP takes the right end
+        pipe.hdel(KOMBU_UNACKED, tag)
+        pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+        pipe.execute()
+        requeued += 1
+    return requeued
+
+
+def remove_tasks(client: redis.Redis, run: str) -> tuple[int, int]:
+    """Take every task of `run` out of the queue and out of kombu's unacked hash and index;
+    returns (queued, unacked) removed. Each removal is of one exact message (LREM of its bytes,
+    HDEL of its tag), so a message a worker pops meanwhile is simply not counted; a worker
+    already running one drops its outcome when it finds the run's manifest gone
+    (workers/sink.py)."""
+    queued = 0
+    for raw in client.lrange(QUEUE, 0, -1):
+        payload = task_payload(orjson.loads(raw))
+        if payload is not None and payload.get("run") == run:
+            queued += int(client.lrem(QUEUE, 1, raw))  # type: ignore[arg-type]  # bytes too
+    unacked = 0
+    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
+        payload = task_payload(orjson.loads(raw)[0])
+        if payload is not None and payload.get("run") == run:
+            pipe = client.pipeline(transaction=True)
+            pipe.hdel(KOMBU_UNACKED, tag)
+            pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+            unacked += int(pipe.execute()[0])
+    return queued, unacked

@@ -171,6 +171,8 @@ def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     api_key = envvars.ENGINE_API_KEY.value()
+    for url in args.engine_url:
+        engine.check_url(url)
     try:
         proto = engine.resolve(args.engine_protocol, args.engine_url[0], api_key)
     except errors.EngineError:  # unreachable: each server's report says so

@@ -79,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetgen export: {report.superseded} failure(s) superseded by a result of the "
               "same row (left by a drainer killed mid-repair): exported as results",
               file=sys.stderr)
+    if not report.complete and report.stopped and not report.torn:
+        # Its drain has ended: waiting would change nothing (summary.json `stopped`).
+        print(f"fleetgen export: run {report.run!r} was stopped early ({report.stopped}): "
+              "exported everything it wrote (the requests sent before the stop); to go on: "
+              "the same `fleetgen produce` (or `fleetgen demo`) command plus --ignore-stop, "
+              "then export again",
+              file=sys.stderr)
+        return exitcodes.INCOMPLETE
     if not report.complete:
         why = ("a file ends in a torn line" if report.torn else
                f"{SUMMARY} says so" if report.summarized else f"it has no {SUMMARY}")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import redis
 
 from fleetgen import __version__
-from fleetgen.base import exitcodes
+from fleetgen.base import envvars, exitcodes
 from fleetgen.base.errors import USER_MISTAKES, EngineUnreachable
 
 Handler = Callable[[argparse.Namespace], int]
@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleetgen {args.command}: {exc}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
     except redis.AuthenticationError:
-        print(f"fleetgen {args.command}: Redis refused the password; check FLEETGEN_REDIS_URL",
-              file=sys.stderr)
+        print(f"fleetgen {args.command}: Redis refused the password; check "
+              f"{_redis_source(args)}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
     except redis.ConnectionError as exc:
         print(f"fleetgen {args.command}: cannot reach Redis ({_no_secret(exc)}); check "
-              "FLEETGEN_REDIS_URL or --redis", file=sys.stderr)
+              f"{_redis_source(args)}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
     except Exception:
         # A bug, not a user mistake: the traceback is what the next engineer needs. Exit 70,
@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleetgen {args.command}: interrupted; run the same command again to resume",
               file=sys.stderr)
         return exitcodes.INTERRUPTED
+
+
+def _redis_source(args: argparse.Namespace) -> str:
+    """Where the command took its Redis URL from: the flag when given, else the variable."""
+    return "--redis" if getattr(args, "redis", None) else envvars.REDIS_URL.name
 
 
 def _no_secret(exc: Exception) -> str:

@@ -131,6 +131,13 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
     p.add_argument("--batch-size", type=int, default=setting_default("batch_size"), metavar="N",
                    help="rows tokenized and enqueued together (%(default)s)")
+    if demo:
+        # What `settings_from` reads that the demo does not ask: its fleet is its own, with a
+        # known context and no real server to read limits from.
+        # --batch-size: the demo picks its own (smaller with --stop-if) unless given.
+        p.set_defaults(**{name: setting_default(name) for name in (
+            "engine_url", "reserved_tokens", "max_req_input_len", "engine_protocol")},
+            batch_size=None)
 
 
 def sampling_from(args: argparse.Namespace) -> Sampling:

@@ -8,13 +8,15 @@ from typing import Any
 from fleetgen.base import exitcodes, runstate
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redis_url
+from fleetgen.base.wire import remove_tasks
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("purge", help="delete a finished run's keys from Redis",
                        description="Removes the run's manifest, bitmaps, counters, stream and "
                        "retry data from Redis. The output files are not touched. A run that is "
-                       "not complete is kept unless --force: purging it loses its resume state.")
+                       "not complete is kept unless --force: purging it loses its resume state, "
+                       "and its tasks still queued or held by workers are removed too.")
     p.add_argument("--run", required=True)
     p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--force", action="store_true", help="purge even an incomplete run")
@@ -28,6 +30,10 @@ def run(args: argparse.Namespace) -> int:
     if not runstate.run_complete(client, args.run) and not args.force:
         raise ConfigError(f"run {args.run!r} is not complete; purging it loses what a resume "
                           "needs (use --force if that is what you want)")
+    # Keys first: a worker that takes one of the run's tasks from now on finds no manifest
+    # and drops it (workers/sink.py); then the tasks still queued or held unacked.
     removed = runstate.purge(client, args.run)
-    print(f"fleetgen purge: run {args.run!r}: {removed} key(s) deleted")
+    queued, unacked = remove_tasks(client, args.run)
+    print(f"fleetgen purge: run {args.run!r}: {removed} key(s) deleted, {queued} queued and "
+          f"{unacked} unacked task(s) removed")
     return exitcodes.OK

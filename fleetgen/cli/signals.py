@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable
 
 
-def sigterm_flag(grace_s: float = 1.0) -> Callable[[], bool]:
+def sigterm_flag(grace_s: float = 1.0,
+                 signums: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], bool]:
     """A `should_stop` that turns true on SIGTERM, so a command stops between two batches
     with nothing half-done. Only the main thread may install a handler; elsewhere (the demo
     runs the producer in a thread) it never turns true and the caller stops it otherwise.
@@ -18,7 +19,10 @@ def sigterm_flag(grace_s: float = 1.0) -> Callable[[], bool]:
     retries for about 30 s) must not hold the signal hostage: `grace_s` after the first
     SIGTERM, or at a second one, the handler raises KeyboardInterrupt in the main thread, so
     the command exits 130 within seconds. That is no worse than a SIGKILL, which every
-    command survives (a torn line is cut, an unacked entry is read again)."""
+    command survives (a torn line is cut, an unacked entry is read again).
+
+    `signums`: the signals that set the flag (the demo: SIGINT too, so Ctrl-C stops it the
+    same way, with its summary written)."""
     flag = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         return flag.is_set
@@ -36,5 +40,6 @@ def sigterm_flag(grace_s: float = 1.0) -> Callable[[], bool]:
         timer.start()
         atexit.register(timer.cancel)  # a command that returned in time exits in peace
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for signum in signums:
+        signal.signal(signum, on_sigterm)
     return flag.is_set

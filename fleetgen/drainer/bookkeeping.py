@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, RunKeys
+from fleetgen.base.contract import FINISHED_AT, KIND_FAILURE, KIND_REJECTED, KIND_RESULT, RunKeys
 from fleetgen.base.redisconn import read_hash
 from fleetgen.base.runstate import run_complete, stopped_and_settled
 from fleetgen.drainer.store import Tally
@@ -107,15 +107,16 @@ class RunBook:
         m = self.manifest()
         counts = self.counts()
         written = self.tally.written
+        complete, stopped = self.complete(m), self.stopped(m)
         started = float(m.get("started_at", "0") or 0)
-        finished = time.time()
+        finished = self._finished_at(m, ended=complete or stopped is not None)
         wall_s = max(finished - started, 1e-9) if started else None
         return {
             "run": self.run,
             "total": int(m.get("total", "0") or 0) or written,
             **counts,
-            "complete": self.complete(m),
-            "stopped": self.stopped(m),
+            "complete": complete,
+            "stopped": stopped,
             "started_at": started or None,
             "finished_at": finished,
             "wall_s": round(wall_s, 3) if wall_s else None,
@@ -124,3 +125,14 @@ class RunBook:
                                         if wall_s else None),
             "settings": summary_settings(m),
         }
+
+    def _finished_at(self, m: dict[str, str], ended: bool) -> float:
+        """When the run ended, pinned in the manifest the first time it is seen ended, so
+        `status` stops its clock there and a later drain writes the same figures."""
+        if not ended:
+            return time.time()
+        if m.get(FINISHED_AT):
+            return float(m[FINISHED_AT])
+        now = time.time()
+        self.redis.hset(self.keys.manifest, FINISHED_AT, now)
+        return now

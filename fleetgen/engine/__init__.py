@@ -23,9 +23,20 @@ PROTOCOLS: dict[str, EngineProtocol] = {SGLANG.name: SGLANG, OPENAI.name: OPENAI
 DEFAULT_PROTOCOL = SGLANG.name
 
 __all__ = ["PLAIN", "PROTOCOLS", "Engine", "EngineProtocol", "GenerateOptions", "LengthRule",
-           "ServerLimits", "protocol", "resolve"]
+           "ServerLimits", "check_url", "protocol", "resolve"]
 
 log = logging.getLogger("fleetgen.engine")
+
+
+def check_url(url: str, what: str = "--engine-url") -> str:
+    """An engine URL as given, or a ConfigError naming what is wrong with it: without a scheme
+    httpx fails before any connection, which would read as "the server is down"."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(f"{what} {url!r} has no scheme: give http://{url} (or https://)")
+    if scheme not in ("http", "https") or not rest.strip("/"):
+        raise ConfigError(f"{what} must be an http:// or https:// URL with a host, got {url!r}")
+    return url
 
 
 def protocol(name: str = DEFAULT_PROTOCOL) -> EngineProtocol:

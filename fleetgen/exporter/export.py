@@ -36,6 +36,7 @@ class Report:
     torn: dict[str, int]  # file -> bytes of a torn last line, not exported
     superseded: int  # outcomes hidden by a better one for the same row and sample
     left_out: dict[str, int] = field(default_factory=dict)  # --only-finished: reason -> count
+    stopped: str | None = None  # why --stop-if stopped the run (summary.json `stopped`)
 
 
 # Formats with a Parquet twin: `--out` ending in `.parquet` writes the same rows as a table.
@@ -83,7 +84,7 @@ def export(directory: Path, options: Options,
         info = source.info
         return Report(out, written, info.run, info.complete and not source.torn,
                       info.summary is not None, source.torn, superseded,
-                      dict(selection.left_out))
+                      dict(selection.left_out), info.stopped)
 
 
 def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,

@@ -50,6 +50,12 @@ class RunInfo:
         return bool(self.summary and self.summary.get("complete"))
 
     @property
+    def stopped(self) -> str | None:
+        """Why `--stop-if` stopped the run, if it did: its drain has ended with what was sent."""
+        stopped = (self.summary or {}).get("stopped")
+        return str(stopped) if stopped else None
+
+    @property
     def turns_all(self) -> bool:
         """Every assistant turn was regenerated (`--turns all`): results carry `turn`."""
         return ((self.summary or {}).get("settings") or {}).get("turns") == "all"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,9 @@ class FleetSpec:
     gpu_sim_args: dict[int, list[str]] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
+    # Worker processes per GPU, sharing its engine and its `concurrency` between them
+    # (FLEETGEN_ENGINE_SHARE); named gpu{g}p{i} when more than one.
+    processes_per_gpu: int = 1
     worker_loglevel: str = "WARNING"
     task_events: bool = False  # workers send task events from the start (-E): Flower watches
     redis_password: str | None = None
@@ -44,11 +48,14 @@ class FleetSpec:
 
 
 class LocalFleet:
-    def __init__(self, work_dir: Path, spec: FleetSpec) -> None:
+    def __init__(self, work_dir: Path, spec: FleetSpec, valkey_dir: Path | None = None) -> None:
+        """`valkey_dir`: where the embedded Valkey keeps its AOF (default: in `work_dir`); one
+        that outlives the fleet keeps its runs for the next (the demo's resume)."""
         self.work_dir = work_dir
         self.spec = spec
         self.procs = ProcessGroup(work_dir / "logs")
-        self.valkey = EmbeddedValkey(work_dir / "valkey", password=spec.redis_password)
+        self.valkey = EmbeddedValkey(valkey_dir or work_dir / "valkey",
+                                     password=spec.redis_password)
         self.sim_ports: list[int] = []  # per GPU, as the simulators reported them
         self.sim: Child | None = None
         self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
@@ -61,12 +68,19 @@ class LocalFleet:
     def engine_url(self, gpu: int) -> str:
         return f"http://127.0.0.1:{self.sim_ports[gpu]}"
 
-    def start(self, timeout_s: float = 60.0) -> LocalFleet:
+    def start(self, timeout_s: float = 60.0,
+              before_workers: Callable[[str], object] | None = None) -> LocalFleet:
+        """`before_workers(redis_url)` runs once Redis is up and before any worker is."""
         if self.spec.redis_url is None:
             self.valkey.start()
+        if before_workers is not None:
+            before_workers(self.redis_url)
         self.start_sims(timeout_s)
         for gpu in range(self.spec.gpus):
-            self.start_worker(gpu)
+            if self.spec.processes_per_gpu == 1:
+                self.start_worker(gpu)
+            else:
+                self.start_shared_workers(gpu)
         self.wait_workers_ready(timeout_s)
         return self
 
@@ -145,6 +159,29 @@ class LocalFleet:
             self.workers.append(child)
         return child
 
+    def start_shared_workers(self, gpu: int) -> list[Child]:
+        """spec.processes_per_gpu workers on one engine, each with its share of the pool."""
+        from workers.startup import share_of
+
+        count = self.spec.processes_per_gpu
+        total = self.spec.concurrency or self.spec.max_running_requests
+        started = []
+        for i in range(1, count + 1):
+            name = self.worker_name(gpu, i)
+            env = {**self.worker_env(gpu), envvars.ENGINE_SHARE.name: f"{i}/{count}"}
+            started.append(self.procs.start(name, celery_worker_argv(
+                name, share_of(total, (i, count)), self.spec.worker_loglevel,
+                self.spec.task_events), env=env))
+        self.workers += started
+        return started
+
+    def worker_name(self, gpu: int, process: int = 1) -> str:
+        return f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
+
+    def worker_names(self) -> list[str]:
+        return [self.worker_name(g, i) for g in range(self.spec.gpus)
+                for i in range(1, self.spec.processes_per_gpu + 1)]
+
     def wait_workers_ready(self, timeout_s: float) -> None:
         """A worker is ready once its health gate has published its heartbeat."""
         import redis
@@ -153,8 +190,9 @@ class LocalFleet:
         from fleetgen.base.contract import worker_key
 
         def ready() -> bool:
-            return sum(client.exists(worker_key(f"gpu{g}@" + _hostname()))
-                       for g in range(self.spec.gpus)) == self.spec.gpus
+            names = self.worker_names()
+            return sum(client.exists(worker_key(f"{n}@" + _hostname()))
+                       for n in names) == len(names)
 
         def check() -> None:
             for w in self.workers:

@@ -93,7 +93,11 @@ class EmbeddedValkey:
         if self.password:
             args += ["--requirepass", self.password]
         log_size = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # A session of its own, like every child of a local fleet: a Ctrl-C at the terminal
+        # signals the whole foreground group, and the demo still needs its Redis to write the
+        # summary before it stops the server itself.
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
         try:
             self._wait_ready(timeout_s, log_size)
         except BaseException:

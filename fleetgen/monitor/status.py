@@ -9,8 +9,16 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys, worker_key
+from fleetgen.base.contract import (
+    FINISHED_AT,
+    QUEUE,
+    STATE_COMPLETE,
+    STATE_PRODUCED,
+    RunKeys,
+    worker_key,
+)
 from fleetgen.base.redisconn import read_hash, text
+from fleetgen.base.runstate import run_complete
 
 
 @dataclass
@@ -61,6 +69,9 @@ class RunStatus:
     stop_reason: str | None = None
     # --turns all: later turns held back by a failed turn (settled until `fleetgen retry`).
     blocked: int = 0
+    # Failures the workers have written, counting those a `fleetgen retry` has since fixed
+    # (`failed` is what stands now).
+    failed_attempts: int = 0
 
     @property
     def truncation_rate(self) -> float:
@@ -94,13 +105,22 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     stats = read_hash(client, keys.stats)
     written = read_hash(client, keys.written)
     now = now or time.time()
+    state = manifest.get("state", "?")
+    if state == STATE_PRODUCED and run_complete(client, run, manifest=manifest):
+        state = STATE_COMPLETE
     started = float(manifest.get("started_at", now))
-    elapsed = max(now - started, 1e-9)
+    # A run that has ended (the drainer pinned when) stops its clock there, as summary.json.
+    ended = float(manifest.get(FINISHED_AT) or 0) if state != "producing" else 0
+    elapsed = max((ended or now) - started, 1e-9)
 
     def n(source: dict[str, str], name: str) -> int:
         return int(source.get(name, 0) or 0)
 
-    done, failed, rejected = n(stats, "done"), n(stats, "failed"), n(stats, "rejected")
+    # Failed: the requests whose outcome stands as a failure (the workers keep each one's task
+    # for `fleetgen retry`, and a later success removes it), as summary.json counts them; the
+    # `failed` counter also holds failures that a retry has since turned into results.
+    done, rejected = n(stats, "done"), n(stats, "rejected")
+    failed = int(client.hlen(keys.failed))
     sent = int(client.bitcount(keys.sent))
     finished = int(client.bitcount(keys.done))
     queued = int(client.llen(QUEUE))
@@ -110,15 +130,17 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     blocked = n(written, "blocked")
     remaining = (total if total is not None else n(manifest, "read")) - finished - blocked
     status = RunStatus(
-        run=run, state=manifest.get("state", "?"), total=total, read=n(manifest, "read"),
+        run=run, state=state, total=total, read=n(manifest, "read"),
         queued=queued, in_flight=max(sent - finished - queued, 0), done=done, failed=failed,
         rejected=rejected, truncated=n(stats, "truncated"), retries=n(stats, "retries"),
         prompt_tokens=n(stats, "prompt_tokens"), completion_tokens=n(stats, "completion_tokens"),
         written=n(written, "done") + n(written, "failed") + n(written, "rejected") + blocked,
         elapsed_s=round(elapsed, 1), rows_per_s=round(rate, 2),
         tokens_per_s=round(n(stats, "completion_tokens") / elapsed, 1),
-        eta_s=round(remaining / rate, 1) if rate > 0 and remaining > 0 else None, at=now,
+        eta_s=(round(remaining / rate, 1) if rate > 0 and remaining > 0
+               and state != STATE_COMPLETE else None), at=now,
     )
+    status.failed_attempts = n(stats, "failed")
     status.empty, status.unfinished = n(stats, "empty"), n(stats, "reasoning_unfinished")
     status.stop_reason = manifest.get("stop_reason")
     status.blocked = blocked

@@ -49,6 +49,7 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_exits_70(
 def test_wait_aof_makes_an_outcome_durable_before_returning(rclient: redis.Redis) -> None:
     # The session's Valkey runs with appendonly yes, as production should.
     sink = StreamSink(rclient, worker="w@h", wait_aof=True)
+    rclient.hset(RunKeys("r").manifest, "state", "producing")  # a run the sink writes for
     sink.emit("r", KIND_RESULT, 1, {"id": "a", "line": 1}, {"done": 1})
     assert rclient.getbit(RunKeys("r").done, 1) == 1
     rclient.config_set("appendonly", "no")

@@ -38,6 +38,7 @@ def live(rclient: redis.Redis) -> Iterator[LivePage]:
     rclient.hset(keys.stats, mapping={"done": "30", "failed": "2", "rejected": "3",
                                       "truncated": "4", "completion_tokens": "3000",
                                       "gpu0@h|done": "30", "gpu0@h|completion_tokens": "3000"})
+    rclient.hset(keys.failed, mapping={"f1": "{}", "f2": "{}"})  # the 2 failures that stand
     page = LivePage(rclient, RUN, AUTH, port=0, interval_s=0.2).start()
     yield page
     page.stop()

@@ -20,8 +20,9 @@ FIELDS = set(ProducerSettings.__dataclass_fields__)
 AS_FIELD = {"stop_if": tuple, "engine_url": lambda v: tuple(v or ()),
             "chat_template_kwargs": json.loads}
 # Given on the command line in these tests, or the demo's own flags (its output directory, its
-# simulated servers' context).
-NOT_DEFAULTS = {"produce": {"run", "input", "context_length"}, "demo": {"out", "context_length"}}
+# simulated servers' context, a batch it picks itself unless given).
+NOT_DEFAULTS = {"produce": {"run", "input", "context_length"},
+                "demo": {"out", "context_length", "batch_size"}}
 
 
 @pytest.fixture(autouse=True)

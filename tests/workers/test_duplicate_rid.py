@@ -30,6 +30,7 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
         proc = start_worker(redis_url, sim.url, "dup", tmp_path / "w.log", concurrency=2,
                             env={"FLEETGEN_BACKOFF_BASE_S": "0.05"})
         try:
+            client.hset(keys.manifest, "state", "producing")  # a run the worker knows
             Enqueuer(client, run).send([payload, payload])  # the same message, twice
             with httpx.Client(base_url=sim.url) as http:
                 wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] >= 1, 60,

@@ -29,6 +29,7 @@ def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) 
     port = lease.port
     log = tmp_path / "worker.log"
     client = redis.Redis.from_url(redis_url)
+    client.hset(RunKeys("gate").manifest, "state", "producing")  # a run the worker knows
     Enqueuer(client, "gate").send([TaskPayload(
         run="gate", line=1, id="g1", input_ids=[1, 2, 3], max_tokens=8, sampling={}, row={})])
     proc = subprocess.Popen(
@@ -79,6 +80,7 @@ def test_a_slow_health_endpoint_does_not_hold_up_prompts(redis_url: str, tmp_pat
         key = heartbeat_key("slowh")
         try:
             wait_for(lambda: client.hget(key, "consuming") == b"1", 60, "the gate to open")
+            client.hset(keys.manifest, "state", "producing")
             Enqueuer(client, "slowh").send(_payloads("slowh", n))
             beats: list[bytes | None] = []
 
@@ -111,6 +113,7 @@ def test_a_refused_engine_is_gone_only_after_the_threshold(redis_url: str,
         # Prompts that take a minute, so the worker certainly holds both when the server dies.
         sim = run_in_thread(SimConfig(port=port, ttft_ms=60_000, health_delay_s=0))
         try:
+            client.hset(keys.manifest, "state", "producing")
             Enqueuer(client, "gone").send(_payloads("gone", 2))
             with httpx.Client(base_url=sim.url) as http:
                 wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] == 2, 60,

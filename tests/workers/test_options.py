@@ -73,8 +73,8 @@ def test_reasoning_json_and_logprobs_through_a_worker(redis_url: str, tmp_path: 
     with run_in_thread(config) as sim:
         proc = start_worker(redis_url, sim.url, "opts", tmp_path / "w.log", concurrency=4)
         try:
-            Enqueuer(client, RUN).send(sent)
             client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": len(sent)})
+            Enqueuer(client, RUN).send(sent)
             wait_for(lambda: client.xlen(keys.stream) >= len(sent), 120, "every outcome")
         finally:
             stop(proc)

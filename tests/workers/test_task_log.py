@@ -27,6 +27,7 @@ def sim() -> Iterator[SimThread]:
 def test_task_lines_only_when_asked(redis_url: str, sim: SimThread, tmp_path: Path,
                                     task_log: str, lines: int) -> None:
     client = redis.Redis.from_url(redis_url)
+    client.hset(RunKeys("log").manifest, "state", "producing")  # a run the worker knows
     client.lpush(QUEUE, *[task_message(TaskPayload(
         run="log", line=i, id=f"x{i}", input_ids=[5, 6, 7], max_tokens=8, sampling={}, row={}))
         for i in (1, 2, 3)])
