@@ -40,10 +40,10 @@ def cpu_s(pid: int) -> float:
 
 
 def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
-    from workers.drainer import Drainer
 
     prompts = write_uniform_prompts(work / "prompts.jsonl", rows)
     tokenizer = load_tokenizer("qwen3.6")

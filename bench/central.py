@@ -124,10 +124,10 @@ def _net(client: Any) -> tuple[int, int]:
 
 
 def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
-    from workers.drainer import Drainer
 
     prompts = write_uniform_prompts(work / "prompts.jsonl", rows)
     tokenizer = load_tokenizer("qwen3.6")

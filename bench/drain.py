@@ -19,6 +19,7 @@ import redis
 
 from bench.common import save, table
 from fleetgen.base.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
+from fleetgen.base.outdir import OutDir
 from fleetgen.local.valkey import EmbeddedValkey
 
 
@@ -42,7 +43,7 @@ def fill(client: redis.Redis, run: str, rows: int) -> int:
 
 def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
     from fleetgen.base.redisconn import connect
-    from workers.drainer import Drainer
+    from fleetgen.drainer import Drainer
 
     client = redis.Redis.from_url(url)
     client.flushall()
@@ -54,7 +55,7 @@ def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
     drainer.run_until_complete()
     seconds = time.perf_counter() - started
     drainer.close()
-    written = sum(1 for _ in (out / run / "results.jsonl").open("rb"))
+    written = sum(1 for _ in OutDir(out / run).file(KIND_RESULT).open("rb"))
     if written != rows:
         raise RuntimeError(f"drainer wrote {written} lines, not {rows}")
     return {"rows": rows, "batch": batch, "seconds": seconds, "lines_per_s": rows / seconds,
@@ -65,7 +66,7 @@ def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
 def measure_restart(out: Path, rows: int) -> dict[str, Any]:
     """A restarted drainer rebuilds its tally from the output files: time that over an
     output of `rows` results (the model case: 654,676)."""
-    from workers.drainer import Tally, load_file
+    from fleetgen.drainer import Tally, load_file
 
     path = out / "restart-results.jsonl"
     record: dict[str, Any] = {"messages": [{"role": "user", "content": "x" * 300}],

@@ -27,6 +27,8 @@ import orjson
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import RUN_ENV, save, table, write_varied_prompts
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
+from fleetgen.base.outdir import OutDir
 from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import probe_url
 from fleetgen.local.fleet import FleetSpec, LocalFleet
@@ -145,9 +147,9 @@ def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float
 
 def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                  tokenizer: Any) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
-    from workers.drainer import Drainer
 
     local = LocalFleet(work / f"fg-{fleet.name}", spec(model, fleet))
     local.start()
@@ -166,10 +168,11 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         end = drain_alongside(drainer, producer.run)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
-        service = _service_s(model, work / f"fg-{fleet.name}-out" / "results.jsonl")
-        replay = replays(model, fleet, _jobs(model, work / f"fg-{fleet.name}-out" /
-                                             "results.jsonl"), _rel_int(died, t0))
-        failures = _lines(work / f"fg-{fleet.name}-out" / "failures.jsonl")
+        written = OutDir(work / f"fg-{fleet.name}-out")
+        service = _service_s(model, written.file(KIND_RESULT))
+        replay = replays(model, fleet, _jobs(model, written.file(KIND_RESULT)),
+                         _rel_int(died, t0))
+        failures = _lines(written.file(KIND_FAILURE))
     finally:
         local.stop()
     return {"system": "fleetgen", "fleet": fleet.name, "makespan_s": end - t0,

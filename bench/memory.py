@@ -139,7 +139,7 @@ def valkey_memory(rows: int, work: Path, valkey: EmbeddedValkey) -> dict[str, An
     """used_memory sampled through a whole run of `rows` rows (producer, fake workers,
     real drainer), against the empty server's baseline."""
     from fleetgen.base.redisconn import connect
-    from workers.drainer import Drainer
+    from fleetgen.drainer import Drainer
 
     client = redis.Redis.from_url(valkey.url)
     client.flushall()

@@ -27,6 +27,8 @@ import orjson
 
 from bench.common import save, table
 from bench.fleet import CONTEXT, Fleet, Model, Poller, drain_alongside, spec
+from fleetgen.base.contract import KIND_RESULT
+from fleetgen.base.outdir import OutDir
 from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import LocalFleet
 
@@ -80,9 +82,9 @@ def chains_of(model: Model, results: Path) -> list[list[float]]:
 
 
 def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
-    from workers.drainer import Drainer
 
     fleet = Fleet("equal", [1.0] * model.gpus)
     local = LocalFleet(work / "fg-turns", spec(model, fleet))
@@ -110,7 +112,7 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
     return {"makespan_s": end - t0, "busy_slot_s": busy, "series": series,
             "summary": {k: summary[k] for k in ("total", "done", "failed", "rejected",
                                                 "truncated", "completion_tokens")},
-            "chains": chains_of(model, out / "results.jsonl")}
+            "chains": chains_of(model, OutDir(out).file(KIND_RESULT))}
 
 
 def utilization_over_time(series: list[tuple[float, int]], slots: int, makespan_s: float,

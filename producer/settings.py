@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +145,16 @@ class ProducerSettings:
             "turns": self.turns,
             "redis": redact(self.redis_url),
         }
+
+
+def setting_default(name: str) -> Any:
+    """The default of ProducerSettings field `name`: the CLI's flags take their defaults from
+    here, so each is written once (tests/producer/test_settings_defaults.py holds them equal)."""
+    for f in fields(ProducerSettings):
+        if f.name == name:
+            if f.default is not MISSING:
+                return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+            raise KeyError(f"ProducerSettings.{name} has no default")
+    raise KeyError(f"ProducerSettings has no field {name!r}")

@@ -13,7 +13,7 @@ import orjson
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, blocked_by, slot_of
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outcomes import RESULT_FIELDS, TURN_FIELDS
-from fleetgen.base.outdir import FILES, RUN_MARKER
+from fleetgen.base.outdir import OutDir
 
 Message = dict[str, Any]
 
@@ -80,6 +80,7 @@ class WrittenTurns:
 
     def __init__(self, out: Path, run: str) -> None:
         self.out = out
+        self.dir = OutDir(out)
         self.run = run
         self.kinds = bytearray()  # by slot: 0 nothing, 1 result, 2 rejected
         self.written = 0
@@ -93,10 +94,10 @@ class WrittenTurns:
         self._results: BinaryIO | None = None
 
     def check_owner(self) -> None:
-        marker = self.out / RUN_MARKER
-        if marker.exists() and marker.read_text().strip() != self.run:
+        owner = self.dir.owner()
+        if owner is not None and owner != self.run:
             raise ConfigError(f"--out {self.out} holds the output of run "
-                              f"{marker.read_text().strip()!r}, not {self.run!r}; give the "
+                              f"{owner!r}, not {self.run!r}; give the "
                               "directory this run's drainer writes")
 
     def has(self, slot: int) -> bool:
@@ -141,7 +142,7 @@ class WrittenTurns:
 
     def read_at(self, offset: int) -> dict[str, Any]:
         if self._results is None:
-            self._results = (self.out / FILES[KIND_RESULT]).open("rb")
+            self._results = self.dir.file(KIND_RESULT).open("rb")
         self._results.seek(offset)
         record: dict[str, Any] = orjson.loads(self._results.readline())
         return record
@@ -159,7 +160,7 @@ class WrittenTurns:
             self.kinds[slot] = code
 
     def _new_lines(self, kind: str) -> list[tuple[dict[str, Any], int]]:
-        path = self.out / FILES[kind]
+        path = self.dir.file(kind)
         try:
             with path.open("rb") as f:
                 f.seek(self._pos[kind])
@@ -177,7 +178,7 @@ class WrittenTurns:
     def _read_failures(self) -> None:
         """The failures file is rewritten when a retried turn succeeds (the drainer's
         compaction): read it whole whenever it changed, it holds few lines."""
-        path = self.out / FILES[KIND_FAILURE]
+        path = self.dir.file(KIND_FAILURE)
         try:
             st = os.stat(path)
         except FileNotFoundError:

@@ -26,7 +26,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
-from workers.drainer import Tally
+from fleetgen.drainer import Tally
 
 CONTEXT = 8192
 WORKERS = [f"gpu{n}@node1" for n in range(8)]

@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.contract import KIND_RESULT
+from fleetgen.base.outdir import OutDir
+
 
 def without_ids(record: dict[str, Any]) -> dict[str, Any]:
     """The record as it would be without --token-ids (the drainer writes orjson's bytes)."""
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--token-ids")
         fleetgen("export", str(out), "--format", "tokens")
         fleetgen("export", str(out), "--format", "tokens", "--out", str(out / "t.parquet"))
-        raw = (out / "results.jsonl").read_bytes()
+        raw = OutDir(out).file(KIND_RESULT).read_bytes()
         records = [orjson.loads(line) for line in raw.splitlines()]
         output = sum(r["completion_tokens"] for r in records)
         added = sum(len(orjson.dumps(r)) - len(orjson.dumps(without_ids(r))) for r in records)

@@ -1,10 +1,20 @@
-"""The names of a drained output directory: what the drainer writes and the exporter reads."""
+"""A drained output directory and its one owner: the names of its files, and every way they are
+written (claimed for a run, a torn tail cut, whole lines appended with fsync, a file replaced
+atomically, the summary written durably). The drainer writes through it; the exporter, the
+report, the producer and the demo read its names and the summary through it."""
 
 from __future__ import annotations
 
-from typing import BinaryIO, Final
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import orjson
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
+from fleetgen.base.errors import ConfigError
 
 # One JSONL file per outcome kind; every input row ends in exactly one of them.
 FILES: Final = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
@@ -12,6 +22,9 @@ FILES: Final = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
 # Written first by the drainer, holding the run's name: it ties the directory to one run.
 RUN_MARKER: Final = ".fleetgen-run"
 SUMMARY: Final = "summary.json"
+# Every file the drainer owns: nothing written from the directory (an export, a report) may
+# replace one of them.
+OWN_FILES: Final = (*FILES.values(), RUN_MARKER, SUMMARY)
 
 
 def whole_lines_end(f: BinaryIO, size: int) -> int:
@@ -28,3 +41,145 @@ def whole_lines_end(f: BinaryIO, size: int) -> int:
             return start + newline + 1
         pos = start
     return 0
+
+
+def temp_name(path: Path) -> Path:
+    """Where `atomic_file` writes `path` before the rename: hidden, and per process, so two
+    exports to one path never write the same temporary file."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file that appears at `path` whole, when the block ends without an exception: written
+    beside it under a temporary name, fsynced, renamed over it, then the directory fsynced (so
+    the rename itself survives a power cut). A crash before the rename leaves `path` as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        with tmp.open("wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class OutDir:
+    """One drained output directory. Reading names and the summary is free for anyone; the
+    writing methods are the drainer's, the only writer of these files."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._appends: dict[str, BinaryIO] = {}
+
+    # -- names ---------------------------------------------------------------------------
+    def file(self, kind: str) -> Path:
+        """The JSONL file of one outcome kind."""
+        return self.path / FILES[kind]
+
+    @property
+    def marker(self) -> Path:
+        return self.path / RUN_MARKER
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY
+
+    def own_files(self) -> list[Path]:
+        return [self.path / name for name in OWN_FILES]
+
+    def owner(self) -> str | None:
+        """The run this directory holds, by its marker; None if it was never claimed."""
+        return self.marker.read_text(encoding="utf-8").strip() if self.marker.exists() else None
+
+    def read_summary(self) -> dict[str, Any] | None:
+        """summary.json as written; None if there is none. orjson.JSONDecodeError if damaged."""
+        if not self.summary_path.exists():
+            return None
+        loaded = orjson.loads(self.summary_path.read_bytes())
+        return loaded if isinstance(loaded, dict) else None
+
+    # -- the drainer's writes ------------------------------------------------------------
+    def claim(self, run: str) -> None:
+        """Tie the directory to `run` (creating it if need be): one directory holds one run,
+        as mixing two would break exactly-once. ConfigError if it holds another run's files.
+        Leftovers of a crash inside `replace` (temporary files of ours) are removed."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        owner = self.owner()
+        if owner is not None and owner != run:
+            raise ConfigError(f"{self.path} holds the output of run {owner!r}, not {run!r}; "
+                              "pick another --out")
+        if owner is None and any(self.file(kind).exists() for kind in FILES):
+            raise ConfigError(f"{self.path} already holds output files of an unknown run; "
+                              "pick another --out")
+        for name in OWN_FILES:
+            for stale in self.path.glob(f".{name}.tmp-*"):
+                stale.unlink(missing_ok=True)
+        if owner is None:
+            with atomic_file(self.marker) as f:
+                f.write(run.encode() + b"\n")
+
+    def repair(self, kind: str) -> int:
+        """Cut a torn last line (no trailing newline) left by a crash mid-append, durably;
+        returns the bytes removed."""
+        path = self.file(kind)
+        if not path.exists():
+            return 0
+        size = path.stat().st_size
+        if size == 0:
+            return 0
+        with path.open("rb+") as f:
+            keep = whole_lines_end(f, size)
+            if keep < size:
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
+        return size - keep
+
+    def open_appends(self) -> None:
+        """Open every outcome file for appending (creating it): `append` writes to these."""
+        for kind in FILES:
+            if kind not in self._appends:
+                self._appends[kind] = self.file(kind).open("ab")
+
+    def append(self, kind: str, lines: Iterable[bytes]) -> None:
+        """Append whole lines (each without its newline) to `kind`'s file, then flush and
+        fsync: when this returns they survive a crash, so the caller may ack them."""
+        f = self._appends[kind]
+        for line in lines:
+            f.write(line + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+    def replace(self, kind: str, lines: Iterable[bytes]) -> None:
+        """Rewrite `kind`'s file to hold exactly `lines` (each with its newline), atomically:
+        a crash leaves the old file or the new one, never a mix. An open append handle follows
+        the new file."""
+        appending = self._appends.pop(kind, None)
+        if appending is not None:
+            appending.close()
+        with atomic_file(self.file(kind)) as f:
+            f.writelines(lines)
+        if appending is not None:
+            self._appends[kind] = self.file(kind).open("ab")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """summary.json, replaced atomically and fsynced like every other file of the run."""
+        with atomic_file(self.summary_path) as f:
+            f.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+
+    def close(self) -> None:
+        for f in self._appends.values():
+            f.close()
+        self._appends.clear()

@@ -245,7 +245,7 @@ def _linger(port: int, should_stop: Callable[[], bool]) -> None:
 
 def _run_pipeline(fleet: LocalFleet, settings: ProducerSettings,
                   should_stop: Callable[[], bool]) -> dict[str, Any]:
-    from workers.drainer import Drainer
+    from fleetgen.drainer import Drainer
 
     assert settings.out is not None
     run_name = settings.run

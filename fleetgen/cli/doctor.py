@@ -20,7 +20,7 @@ import orjson
 
 from fleetgen import engine
 from fleetgen.base import envvars, errors, exitcodes
-from fleetgen.cli.produce import _json_object as json_object
+from fleetgen.cli.flags import json_object
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.preflight import (

@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 
 from fleetgen.base import exitcodes
+from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
+from fleetgen.base.outdir import FILES
 from fleetgen.base.redisconn import connect, redis_url
 from fleetgen.cli.signals import sigterm_flag
 
@@ -17,8 +19,9 @@ from fleetgen.cli.signals import sigterm_flag
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("drain", help="write a run's results to JSONL files",
                        description="Read the run's stream and append whole lines to "
-                       "results.jsonl, failures.jsonl and rejected.jsonl in --out; exits when "
-                       "every row is written, unless --follow. Safe to kill and restart.")
+                       f"{FILES[KIND_RESULT]}, {FILES[KIND_FAILURE]} and {FILES[KIND_REJECTED]} "
+                       "in --out; exits when every row is written, unless --follow. Safe to "
+                       "kill and restart.")
     p.add_argument("--run", required=True)
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
@@ -28,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workers.drainer import Drainer
+    from fleetgen.drainer import Drainer
 
     client = connect(redis_url(args.redis))
     drainer = Drainer(client, args.run, args.out, batch=args.batch)

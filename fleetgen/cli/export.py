@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.base import exitcodes
+from fleetgen.base.outdir import SUMMARY
 from fleetgen.cli.progress import Bar
 
 
@@ -47,7 +48,7 @@ def add_parser(sub: Any) -> None:
                    "parquet: the reasoning column), inline it before the answer as "
                    "<think>...</think>, or strip it (default: keep)")
     p.add_argument("--model", help="openai-batch: the model named in each body (default: the "
-                   "run's summary.json, else each Batch line's own, else 'fleetgen')")
+                   f"run's {SUMMARY}, else each Batch line's own, else 'fleetgen')")
     p.add_argument("--only-finished", action="store_true",
                    help="conversations, parquet: leave out answers that are not whole (cut at "
                    "their budget, finish_reason length; stopped inside their reasoning, "
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.INCOMPLETE
     if not report.complete:
         why = ("a file ends in a torn line" if report.torn else
-               "summary.json says so" if report.summarized else "it has no summary.json")
+               f"{SUMMARY} says so" if report.summarized else f"it has no {SUMMARY}")
         print(f"fleetgen export: run {report.run!r} is not complete ({why}): exported what "
               "is written so far; export again when `fleetgen drain` has finished",
               file=sys.stderr)

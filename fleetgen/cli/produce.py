@@ -13,8 +13,10 @@ from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact, redis_url
+from fleetgen.cli.flags import json_object
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
+from producer.settings import MAX_LOGPROBS, setting_default
 
 if TYPE_CHECKING:
     from producer.runner import Resume
@@ -50,10 +52,11 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                        help="sglang (native /generate) or openai (/v1/completions: vLLM, "
                        "llama.cpp); picks the length rule. Default: $FLEETGEN_ENGINE_PROTOCOL, "
                        "else detected from the --engine-url server, else sglang")
-        p.add_argument("--reserved-tokens", type=int, default=0, metavar="N",
+        p.add_argument("--reserved-tokens", type=int, default=setting_default("reserved_tokens"),
+                       metavar="N",
                        help="tokens the servers count with every input, for --context-length "
                        "without --engine-url: SGLang's speculative reserve, max(eagle_topk x "
-                       "num_steps, num_draft_tokens) with EAGLE (0)")
+                       "num_steps, num_draft_tokens) with EAGLE (%(default)s)")
         p.add_argument("--max-req-input-len", type=int, metavar="N",
                        help="the servers' own input limit (/server_info max_req_input_len), "
                        "for --context-length without --engine-url (default: derived from the "
@@ -66,20 +69,22 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
         p.add_argument("--out", type=Path, metavar="DIR",
                        help="with --turns all: the drainer's output directory (`fleetgen "
                        "drain --out DIR`), where each next turn's history is read from")
-    p.add_argument("--turns", choices=("last", "all"), default="last",
+    p.add_argument("--turns", choices=("last", "all"), default=setting_default("turns"),
                    help="last: regenerate each conversation's last assistant turn (default); "
                    "all: every assistant turn in order, each from the answers this run wrote "
                    "before it (the input's own answers are discarded); one result per turn")
-    p.add_argument("--tokenizer", default="qwen3.6", metavar="PATH|qwen3.6",
+    p.add_argument("--tokenizer", default=setting_default("tokenizer"), metavar="PATH|qwen3.6",
                    help="a local Hugging Face tokenizer directory, or qwen3.6 (built offline; "
                    "default)")
-    p.add_argument("--max-output-tokens", type=int, default=None, metavar="N",
+    p.add_argument("--max-output-tokens", type=int, default=setting_default("max_output_tokens"),
+                   metavar="N",
                    help="cap on max_tokens (default: whatever the context leaves)")
-    p.add_argument("--min-output-tokens", type=int, default=16, metavar="N",
-                   help="reject a prompt that leaves fewer output tokens than this (16)")
-    p.add_argument("--margin", type=int, default=0, metavar="N",
+    p.add_argument("--min-output-tokens", type=int, default=setting_default("min_output_tokens"),
+                   metavar="N", help="reject a prompt that leaves fewer output tokens than "
+                   "this (%(default)s)")
+    p.add_argument("--margin", type=int, default=setting_default("margin"), metavar="N",
                    help="tokens kept free below the context, for a server tokenizer that "
-                   "counts more (0)")
+                   "counts more (%(default)s)")
     p.add_argument("--temperature", type=float, metavar="T")
     p.add_argument("--top-p", type=float, metavar="P")
     p.add_argument("--top-k", type=int, metavar="K")
@@ -89,11 +94,12 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    help="sampling seed (SGLang's sampling_seed); honoured only by servers "
                    "started with --enable-deterministic-inference")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeatable)")
-    p.add_argument("--n", type=int, default=1, metavar="N",
+    p.add_argument("--n", type=int, default=setting_default("n"), metavar="N",
                    help="samples per prompt, each its own request with its own seed; one "
-                   "output row per (id, sample) (1)")
-    p.add_argument("--logprobs", type=int, default=0, metavar="K",
-                   help="store the top-K log-probabilities of every output token (0..20; 0)")
+                   "output row per (id, sample) (%(default)s)")
+    p.add_argument("--logprobs", type=int, default=setting_default("logprobs"), metavar="K",
+                   help="store the top-K log-probabilities of every output token "
+                   f"(0..{MAX_LOGPROBS}; %(default)s)")
     p.add_argument("--token-ids", action="store_true",
                    help="keep every answer's generated token ids in its result line "
                    "(`output_ids`, about 7 bytes per token), for `fleetgen export --format "
@@ -102,31 +108,36 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
     p.add_argument("--json-schema", type=Path, metavar="FILE",
                    help="a JSON Schema every answer must follow (structured output); the "
                    "drainer counts answers that do not validate")
-    p.add_argument("--chat-template-kwargs", metavar="JSON", default="{}",
+    p.add_argument("--chat-template-kwargs", metavar="JSON",
+                   default=json.dumps(setting_default("chat_template_kwargs")),
                    help='options for the chat template, e.g. \'{"enable_thinking": false}\' '
                    "(the budget counts the template as rendered)")
-    p.add_argument("--reasoning", choices=("auto", "split", "off"), default="auto",
+    p.add_argument("--reasoning", choices=("auto", "split", "off"),
+                   default=setting_default("reasoning"),
                    help="split each answer on </think> into `reasoning` and `completion`: "
                    "auto (when </think> is one token of the tokenizer), split, off")
-    p.add_argument("--stop-if", action="append", default=[], metavar="RULE",
+    p.add_argument("--stop-if", action="append", default=list(setting_default("stop_if")),
+                   metavar="RULE",
                    help="stop feeding the queue once the first --after answers break RULE, "
                    "e.g. 'truncated>0.2', 'empty>=5%%', 'unfinished>0.1' (reasoning that ran "
                    "out of budget), 'failed>0.05'; what is queued finishes, then exit 1 with "
                    "the reason (repeatable)")
-    p.add_argument("--after", type=int, default=500, metavar="N", dest="stop_after",
-                   help="answers to wait for before judging --stop-if (500)")
+    p.add_argument("--after", type=int, default=setting_default("stop_after"), metavar="N",
+                   dest="stop_after",
+                   help="answers to wait for before judging --stop-if (%(default)s)")
     p.add_argument("--ignore-stop", action="store_true",
                    help="go on with a run that --stop-if stopped")
-    p.add_argument("--high-water", type=int, metavar="N",
+    p.add_argument("--high-water", type=int, default=setting_default("high_water"), metavar="N",
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
-    p.add_argument("--batch-size", type=int, default=512, metavar="N",
-                   help="rows tokenized and enqueued together (512)")
+    p.add_argument("--batch-size", type=int, default=setting_default("batch_size"), metavar="N",
+                   help="rows tokenized and enqueued together (%(default)s)")
     if demo:
         # What `settings_from` reads that the demo does not ask: its fleet is its own, with a
         # known context and no real server to read limits from.
         # --batch-size: the demo picks its own (smaller with --stop-if) unless given.
-        p.set_defaults(engine_url=None, reserved_tokens=0, max_req_input_len=None,
-                       engine_protocol=None, batch_size=None)
+        p.set_defaults(**{name: setting_default(name) for name in (
+            "engine_url", "reserved_tokens", "max_req_input_len", "engine_protocol")},
+            batch_size=None)
 
 
 def sampling_from(args: argparse.Namespace) -> Sampling:
@@ -143,8 +154,8 @@ def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
             "turns": args.turns, "out": getattr(args, "out", None),
             "ignore_stop": args.ignore_stop,
             "json_schema": read_json_schema(args.json_schema),
-            "chat_template_kwargs": _json_object(args.chat_template_kwargs,
-                                                 "--chat-template-kwargs")}
+            "chat_template_kwargs": json_object(args.chat_template_kwargs,
+                                                "--chat-template-kwargs")}
 
 
 def read_json_schema(path: Path | None) -> str | None:
@@ -156,7 +167,7 @@ def read_json_schema(path: Path | None) -> str | None:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"--json-schema: cannot read {path}: {exc.strerror}") from exc
-    schema = _json_object(text, f"--json-schema {path}")
+    schema = json_object(text, f"--json-schema {path}")
     import jsonschema
 
     try:
@@ -165,16 +176,6 @@ def read_json_schema(path: Path | None) -> str | None:
         raise ConfigError(f"--json-schema {path} is not a valid JSON Schema: "
                           f"{exc.message}") from exc
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-
-
-def _json_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{what} is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def settings_from(args: argparse.Namespace, redis_url_value: str) -> ProducerSettings:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.base import exitcodes
+from fleetgen.base.outdir import SUMMARY
 
 
 def add_parser(sub: Any) -> None:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetgen report: {name} ends in a torn line ({size} bytes) that a drainer is "
               "writing or was killed writing: not counted", file=sys.stderr)
     if data["mismatch"]:
-        print("fleetgen report: summary.json differs from the files on "
+        print(f"fleetgen report: {SUMMARY} differs from the files on "
               f"{', '.join(data['mismatch'])}: the report counts the files", file=sys.stderr)
     if not data["complete"]:
         print(f"fleetgen report: run {built.read.run!r} is not complete: the report shows what "

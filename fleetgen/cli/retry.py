@@ -6,16 +6,18 @@ import argparse
 from typing import Any
 
 from fleetgen.base import exitcodes, runstate
-from fleetgen.base.contract import slot_of
+from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, slot_of
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outdir import FILES
 from fleetgen.base.redisconn import connect, redis_url
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("retry", help="re-enqueue a run's failed rows",
                        description="Sends every failed row of the run back to the workers. A "
-                       "row that now succeeds moves from failures.jsonl to results.jsonl when "
-                       "the drainer writes it (run `fleetgen drain` again if it has exited).")
+                       f"row that now succeeds moves from {FILES[KIND_FAILURE]} to "
+                       f"{FILES[KIND_RESULT]} when the drainer writes it (run `fleetgen drain` "
+                       "again if it has exited).")
     p.add_argument("--run", required=True)
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.set_defaults(handler=run)

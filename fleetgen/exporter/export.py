@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
+from fleetgen.base.outdir import OutDir, atomic_file
 from fleetgen.exporter import FORMATS, conversations, openai_batch, parquet, tokens
 from fleetgen.exporter.finished import Selection
 from fleetgen.exporter.shape import REASONING_MODES
@@ -133,29 +131,8 @@ def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:
 def refuse_drainer_files(directory: Path, out: Path) -> None:
     """A file written from an output directory (an export, a report) may not replace one of
     the drainer's own files, nor be a directory."""
-    ours = {(directory / name).resolve() for name in (*FILES.values(), RUN_MARKER, SUMMARY)}
+    ours = {path.resolve() for path in OutDir(directory).own_files()}
     if out.resolve() in ours:
         raise ConfigError(f"--out {out} is one of the drainer's own files; pick another path")
     if out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give a file path")
-
-
-@contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file that appears at `path` whole, when the block ends without an exception: written
-    beside it under a temporary name, fsynced, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import InputError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, whole_lines_end
+from fleetgen.base.outdir import FILES, RUN_MARKER, OutDir, whole_lines_end
 
 log = logging.getLogger("fleetgen.exporter")
 
@@ -123,8 +123,9 @@ class OutputDir:
 
     def __post_init__(self) -> None:
         _check_is_output(self.path)
+        directory = OutDir(self.path)
         for kind in KINDS:
-            file_path = self.path / FILES[kind]
+            file_path = directory.file(kind)
             if not file_path.exists():
                 continue
             f = file_path.open("rb")
@@ -133,7 +134,7 @@ class OutputDir:
             self._ends[kind] = whole_lines_end(f, size)
             if self._ends[kind] < size:
                 self.torn[FILES[kind]] = size - self._ends[kind]
-        self.info = _run_info(self.path)
+        self.info = _run_info(directory)
 
     def size(self, kinds: tuple[str, ...]) -> int:
         """Bytes of whole lines in the files of `kinds`."""
@@ -209,10 +210,11 @@ def _check_is_output(path: Path) -> None:
         raise InputError(f"no such directory: {path}; {hint}")
     if not path.is_dir():
         raise InputError(f"{path} is a file, not an output directory; {hint}")
-    if not (path / RUN_MARKER).exists():
+    directory = OutDir(path)
+    if not directory.marker.exists():
         raise InputError(f"{path} is not a drained output directory (no {RUN_MARKER} marker, "
                          f"which `fleetgen drain` writes first); {hint}")
-    if not (path / FILES[KIND_RESULT]).exists():
+    if not directory.file(KIND_RESULT).exists():
         raise InputError(f"{path} has no {FILES[KIND_RESULT]}: `fleetgen drain` has not "
                          "written to it yet")
 
@@ -230,18 +232,14 @@ def _parse(raw: bytes, name: str, number: int) -> dict[str, Any]:
     return record
 
 
-def _run_info(path: Path) -> RunInfo:
-    run = (path / RUN_MARKER).read_text(encoding="utf-8").strip()
+def _run_info(directory: OutDir) -> RunInfo:
+    run = directory.owner() or ""
     summary: dict[str, Any] | None = None
-    summary_path = path / SUMMARY
-    if summary_path.exists():
-        try:
-            loaded = orjson.loads(summary_path.read_bytes())
-        except orjson.JSONDecodeError:
-            log.warning("%s is not valid JSON; ignored", summary_path)
-        else:
-            summary = loaded if isinstance(loaded, dict) else None
+    try:
+        summary = directory.read_summary()
+    except orjson.JSONDecodeError:
+        log.warning("%s is not valid JSON; ignored", directory.summary_path)
     finished = (summary or {}).get("finished_at")
     created = int(finished) if isinstance(finished, int | float) else \
-        int((path / FILES[KIND_RESULT]).stat().st_mtime)
+        int(directory.file(KIND_RESULT).stat().st_mtime)
     return RunInfo(run, summary, created)

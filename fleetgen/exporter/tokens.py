@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError, InputError
 from fleetgen.base.outcomes import ids_digest
+from fleetgen.base.outdir import SUMMARY
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import Selection
 from fleetgen.exporter.source import OutputDir
@@ -61,7 +62,7 @@ def prompt_ids_for(settings: Mapping[str, Any] | None, run: str,
     """The run's PromptIds, or a ConfigError (one line, exit 3) when the run cannot be
     exported as tokens."""
     if settings is None:
-        raise ConfigError(f"run {run!r}: summary.json holds no run settings (a drainer from "
+        raise ConfigError(f"run {run!r}: {SUMMARY} holds no run settings (a drainer from "
                           "before --token-ids wrote it, or none yet); run `fleetgen drain` on "
                           "the directory to write it, then export again")
     if not settings.get("token_ids"):

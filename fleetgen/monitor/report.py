@@ -19,7 +19,8 @@ from typing import Any
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, slot_of
 from fleetgen.base.outcomes import quality_counts
-from fleetgen.exporter.export import atomic_file, refuse_drainer_files
+from fleetgen.base.outdir import atomic_file
+from fleetgen.exporter.export import refuse_drainer_files
 from fleetgen.exporter.source import OutputDir
 
 EXAMPLES = 3  # examples kept per failure or rejection kind

@@ -13,11 +13,11 @@ import orjson
 
 from fleetgen.base.contract import request_key
 from fleetgen.base.redisconn import connect
+from fleetgen.drainer import Drainer
 from fleetgen.local.fleet import LocalFleet
 from producer.pipeline import Progress
 from producer.runner import produce as produce_run
 from producer.settings import ProducerSettings
-from workers.drainer import Drainer
 
 WORDS = ["alpha", "beta", "gamma", "数据", "模型", "😀", "def f(x):\n    return x * 2\n",
          "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "\t", "\n\n"]

@@ -1,10 +1,10 @@
 """The floors of the product and the rule between them, read from the source with `ast`.
 
-Bottom to top: the base, the engines, the roles (producer, workers, simulator, exporter), the
-top (the CLI, the local fleet, the monitor). A module may import its own floor and the floors
-below, never one above; two roles on the roles floor never import each other; the simulator
-imports no product code at all (it stands in for a server fleetgen did not write). Imports inside
-functions and under TYPE_CHECKING count like any other.
+Bottom to top: the base, the engines, the roles (producer, workers, simulator, exporter,
+drainer), the top (the CLI, the local fleet, the monitor). A module may import its own floor and
+the floors below, never one above; two roles on the roles floor never import each other; the
+simulator imports no product code at all (it stands in for a server fleetgen did not write).
+Imports inside functions and under TYPE_CHECKING count like any other.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ ROOMS: tuple[tuple[str, int], ...] = (
     ("workers", 3),
     ("fleetgen.simulator", 3),
     ("fleetgen.exporter", 3),
+    ("fleetgen.drainer", 3),
     ("fleetgen.cli", 4),
     ("fleetgen.local", 4),
     ("fleetgen.monitor", 4),

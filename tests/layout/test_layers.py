@@ -37,7 +37,7 @@ def test_every_product_module_has_a_room() -> None:
     # a relative import that climbs to a higher floor
     ("fleetgen/base/outcomes.py", "from ..monitor import status\n", "above floor 1"),
     # the product importing a test helper
-    ("workers/drainer.py", "import tests.conftest\n", "stand above the product"),
+    ("fleetgen/drainer/loop.py", "import tests.conftest\n", "stand above the product"),
 ])
 def test_a_wrong_import_is_caught(tmp_path: Path, module: str, line: str, why: str) -> None:
     for top in layers.PRODUCT:

@@ -10,7 +10,7 @@ import pytest
 
 from fleetgen.base.contract import STATE_PRODUCED, STATE_STOPPED, RunKeys
 from fleetgen.base.redisconn import connect
-from workers.drainer import Drainer
+from fleetgen.drainer import Drainer
 
 
 def _hgetall_calls(client: object) -> int:

@@ -15,13 +15,13 @@ import redis
 
 from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
 from fleetgen.base.redisconn import connect, read_hash
+from fleetgen.drainer import Drainer
 from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
 from tests.e2e.content import expected
 from tests.workers.workerproc import drain_until_complete, start_worker, stop
-from workers.drainer import Drainer
 
 THINK, END, NL, PARA = 248068, 248069, 198, 271
 SCHEMA = json.dumps({"type": "object", "properties": {

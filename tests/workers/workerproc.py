@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import connect
-from workers.drainer import Drainer
+from fleetgen.drainer import Drainer
 
 
 def start_worker(redis_url: str, engine_url: str, name: str, log: Path, *,

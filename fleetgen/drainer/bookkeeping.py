@@ -1,0 +1,138 @@
+"""The run's bookkeeping, as the drainer keeps it: the manifest read, the counts of what the
+files hold published to Redis (and the done bits set again when Redis lost them), whether the
+run has ended, and its summary."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import redis
+
+from fleetgen.base.contract import FINISHED_AT, KIND_FAILURE, KIND_REJECTED, KIND_RESULT, RunKeys
+from fleetgen.base.redisconn import read_hash
+from fleetgen.base.runstate import run_complete, stopped_and_settled
+from fleetgen.drainer.store import Tally
+
+BITS_PER_COMMAND = 4096  # offsets per BITFIELD when done bits are written back
+
+# The run's settings copied into summary.json, so an export made from the files alone (long
+# after `fleetgen purge`) knows how prompts were rendered (`--format tokens` re-renders them).
+# What changes a row, never a URL or anything that may hold a secret.
+SUMMARY_SETTINGS = ("tokenizer", "chat_template_kwargs", "token_ids", "logprobs", "reasoning",
+                    "n", "sampling", "context_length", "max_output_tokens", "turns")
+
+
+def summary_settings(manifest: dict[str, str]) -> dict[str, Any] | None:
+    """The manifest's settings named in SUMMARY_SETTINGS, or None without a manifest."""
+    try:
+        settings = orjson.loads(manifest["settings"])
+    except (KeyError, orjson.JSONDecodeError):
+        return None
+    return {name: settings[name] for name in SUMMARY_SETTINGS if name in settings}
+
+
+class RunBook:
+    """One run's record in Redis, against `tally` (what the files hold: the truth)."""
+
+    def __init__(self, client: redis.Redis, run: str, tally: Tally) -> None:
+        self.redis = client
+        self.run = run
+        self.keys = RunKeys(run)
+        self.tally = tally
+
+    def manifest(self) -> dict[str, str]:
+        return read_hash(self.redis, self.keys.manifest)
+
+    def complete(self, manifest: dict[str, str] | None = None) -> bool:
+        return run_complete(self.redis, self.run, self.tally.written, manifest)
+
+    def stopped(self, manifest: dict[str, str] | None = None) -> str | None:
+        """Why the run was stopped early, once all it sent before the stop is written."""
+        return stopped_and_settled(self.redis, self.run, self.tally.written, manifest)
+
+    def ended(self) -> bool:
+        """Complete, or stopped early and settled: one read of the manifest for both."""
+        manifest = self.manifest()
+        return self.complete(manifest) or self.stopped(manifest) is not None
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "done": self.tally.by_kind[KIND_RESULT],
+            "failed": self.tally.by_kind[KIND_FAILURE],
+            "rejected": self.tally.by_kind[KIND_REJECTED],
+            **({"blocked": self.tally.held_back} if self.tally.turns else {}),
+            "truncated": self.tally.truncated,
+            "prompt_tokens": self.tally.prompt_tokens,
+            "completion_tokens": self.tally.completion_tokens,
+            **self.tally.quality,
+        }
+
+    def publish_counts(self, pipe: Any) -> None:
+        pipe.hset(self.keys.written, mapping=self.counts())
+
+    def published_differ(self) -> bool:
+        """Whether the `written` counts in Redis differ from the files' (they are published
+        with every batch, so a copy older than the last batch shows fewer, or none)."""
+        published = read_hash(self.redis, self.keys.written)
+        return any(int(published.get(k, -1)) != v for k, v in self.counts().items())
+
+    def restore_done_bits(self) -> int:
+        """Set the done bit of every line the files hold that lacks it, except rows that
+        `fleetgen retry` sent back to work (WATCH: a retry landing meanwhile restarts this,
+        so a bit it just cleared is never set again behind its back)."""
+        while True:
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.keys.retrying)
+                    raw = pipe.get(self.keys.done) or b""
+                    done = raw.encode() if isinstance(raw, str) else bytes(raw)
+                    retrying = {int(x) for x in pipe.smembers(self.keys.retrying)}
+                    missing = [n for n in self.tally.missing_from(done)
+                               if n not in retrying]
+                    pipe.multi()
+                    for start in range(0, len(missing), BITS_PER_COMMAND):
+                        args: list[Any] = []
+                        for line in missing[start:start + BITS_PER_COMMAND]:
+                            args += ["SET", "u1", line, 1]
+                        pipe.execute_command("BITFIELD", self.keys.done, *args)
+                    pipe.execute()
+                    return len(missing)
+                except redis.WatchError:
+                    continue
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary as of now: one read of the manifest for all of it."""
+        m = self.manifest()
+        counts = self.counts()
+        written = self.tally.written
+        complete, stopped = self.complete(m), self.stopped(m)
+        started = float(m.get("started_at", "0") or 0)
+        finished = self._finished_at(m, ended=complete or stopped is not None)
+        wall_s = max(finished - started, 1e-9) if started else None
+        return {
+            "run": self.run,
+            "total": int(m.get("total", "0") or 0) or written,
+            **counts,
+            "complete": complete,
+            "stopped": stopped,
+            "started_at": started or None,
+            "finished_at": finished,
+            "wall_s": round(wall_s, 3) if wall_s else None,
+            "rows_per_s": round(written / wall_s, 2) if wall_s else None,
+            "completion_tokens_per_s": (round(counts["completion_tokens"] / wall_s, 1)
+                                        if wall_s else None),
+            "settings": summary_settings(m),
+        }
+
+    def _finished_at(self, m: dict[str, str], ended: bool) -> float:
+        """When the run ended, pinned in the manifest the first time it is seen ended, so
+        `status` stops its clock there and a later drain writes the same figures."""
+        if not ended:
+            return time.time()
+        if m.get(FINISHED_AT):
+            return float(m[FINISHED_AT])
+        now = time.time()
+        self.redis.hset(self.keys.manifest, FINISHED_AT, now)
+        return now
