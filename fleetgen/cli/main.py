@@ -13,6 +13,7 @@ import redis
 from fleetgen import __version__
 from fleetgen.base import envvars, exitcodes
 from fleetgen.base.errors import USER_MISTAKES, EngineUnreachable
+from fleetgen.cli import signals
 
 Handler = Callable[[argparse.Namespace], int]
 _INTERRUPTS: list[BaseException] = []
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        return _run(handler, args)
     except USER_MISTAKES as exc:
         print(f"fleetgen {args.command}: {exc}", file=sys.stderr)
         return exitcodes.CONFIG
@@ -87,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleetgen {args.command}: interrupted; run the same command again to resume",
               file=sys.stderr)
         return exitcodes.INTERRUPTED
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
+    try:
+        return handler(args)
+    finally:
+        signals.disarm()  # no grace timer fires into the command's way out
 
 
 def _redis_source(args: argparse.Namespace) -> str:

@@ -3,10 +3,16 @@ they look at between two steps, and a deadline after which it interrupts them.""
 
 from __future__ import annotations
 
-import atexit
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
+
+# The grace timers of every flag, and whether the command has returned: once it has, a late
+# timer must not raise into its exit (the finally blocks, the summary, the interpreter's
+# teardown), which is why `disarm` runs as the command's handler returns.
+_TIMERS: list[threading.Timer] = []
+_disarmed = threading.Event()
 
 
 def sigterm_flag(grace_s: float = 1.0,
@@ -28,18 +34,46 @@ def sigterm_flag(grace_s: float = 1.0,
         return flag.is_set
     main = threading.main_thread().ident
     assert main is not None
+    _disarmed.clear()  # a new command in this process (tests run several): armed again
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        if flag.is_set():
-            raise KeyboardInterrupt
-        flag.set()
+    def interrupt_after(delay_s: float) -> None:
         # A real signal, not a flag: it interrupts the blocking system call (PEP 475 would
         # otherwise resume it), and this handler then raises out of it.
-        timer = threading.Timer(grace_s, signal.pthread_kill, (main, signal.SIGTERM))
+        timer = threading.Timer(delay_s, signal.pthread_kill, (main, signal.SIGTERM))
         timer.daemon = True
         timer.start()
-        atexit.register(timer.cancel)  # a command that returned in time exits in peace
+        _TIMERS.append(timer)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if _disarmed.is_set():
+            return  # the command has returned: its own exit path is under way
+        if flag.is_set():
+            if _in_finalizer(frame):
+                # Python swallows what a finalizer raises (and prints it as a traceback), so
+                # the interrupt would be lost: try again a moment later, outside it.
+                interrupt_after(0.05)
+                return
+            raise KeyboardInterrupt
+        flag.set()
+        interrupt_after(grace_s)
 
     for signum in signums:
         signal.signal(signum, on_sigterm)
     return flag.is_set
+
+
+def disarm() -> None:
+    """The command has returned: cancel every grace timer; a signal from now on is ignored
+    by the handlers (the process is on its way out, nothing is left to interrupt)."""
+    _disarmed.set()
+    for timer in _TIMERS:
+        timer.cancel()
+    _TIMERS.clear()
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
