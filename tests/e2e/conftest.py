@@ -4,22 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
-
-
-def started_fleet(work_dir: Path, **spec: Any) -> Iterator[LocalFleet]:
-    """A module fixture's fleet: fast simulated GPUs (8192 context, 16 slots) unless `spec`
-    says otherwise, started, and stopped when the module is done."""
-    fleet = LocalFleet(work_dir, FleetSpec(**{"context_length": 8192,
-                                              "max_running_requests": 16, "ttft_ms": 5,
-                                              "tpot_ms": 0.05, **spec}))
-    fleet.start()
-    yield fleet
-    fleet.stop()
+from fleetgen.local.fleet import LocalFleet
+from tests.support.fleet import started_fleet
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 
 @pytest.fixture
