@@ -68,11 +68,26 @@ FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "be
 OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines"}
 
 
+# Under pytest-xdist (`-n 2 --dist loadgroup`): the tests of one module (its module fixtures
+# start a fleet, a tokenizer), and all the tests that share a costly session fixture, run on
+# one worker, so nothing is started twice.
+SHARED_SESSION = ("fleet4", "fleet2", "llama", "built_tokenizer")
+
+
+def xdist_group(item: pytest.Item, parts: tuple[str, ...]) -> str:
+    fixtures = getattr(item, "fixturenames", ())
+    shared = [name for name in SHARED_SESSION if name in fixtures]
+    return shared[0] if shared else "/".join(parts)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).parent
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         parts = Path(item.path).relative_to(root).parts
         if parts and parts[0] in FLEET_FOLDERS:
             item.add_marker(pytest.mark.fleet)
         if parts and parts[0] in OWN_MARKERS:
             item.add_marker(getattr(pytest.mark, OWN_MARKERS[parts[0]]))
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item, parts)))

@@ -1,6 +1,6 @@
 """A real llama-server (llama.cpp) per session, serving a tiny random-weight model with the
 real Qwen3.6 vocabulary: `-c 16384 -np 4`, so four slots of 4096 tokens; and a fleet of one
-real worker on it per module."""
+real worker on it, shared by the modules that run whole runs on it."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def llama(llama_binary: Path, llama_model: Path,
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_fleet(llama: LlamaServer,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Valkey and one real worker per llama-server (no simulator), told the OpenAI protocol."""
