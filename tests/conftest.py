@@ -68,33 +68,11 @@ FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "be
 OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines"}
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`): all the tests that share a costly session
-# fixture run on one worker, and so do the tests of a module with a module-scoped fixture (a
-# fleet, a tokenizer), so nothing is started twice; every other test (a chaos test with a
-# fleet of its own) is spread on its own.
-SHARED_SESSION = ("fleet4", "fleet2", "llama", "built_tokenizer")
-
-
-def xdist_group(item: pytest.Item, parts: tuple[str, ...]) -> str | None:
-    shared = [name for name in SHARED_SESSION if name in getattr(item, "fixturenames", ())]
-    if shared:
-        return shared[0]
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    if any(d and d[-1].scope in ("module", "package", "class") for d in defs):
-        return "/".join(parts)
-    return None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).parent
-    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         parts = Path(item.path).relative_to(root).parts
         if parts and parts[0] in FLEET_FOLDERS:
             item.add_marker(pytest.mark.fleet)
         if parts and parts[0] in OWN_MARKERS:
             item.add_marker(getattr(pytest.mark, OWN_MARKERS[parts[0]]))
-        group = xdist_group(item, parts) if grouped else None
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
