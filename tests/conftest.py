@@ -1,10 +1,8 @@
-"""Shared fixtures: a real Valkey per session on a leased port, a clean DB per test; and the
-one rule for tests that need a system package."""
+"""Shared fixtures: a real Valkey per session on a leased port, a clean DB per test, simulated
+servers in this process; and the tiers (markers by folder). Helpers live in tests/support."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.base import envvars
 from fleetgen.local.valkey import EmbeddedValkey
 from fleetgen.simulator import SimConfig, SimThread, run_in_thread
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 # A suite started in the background (`nohup make flaky &`, a CI step in a background job)
 # inherits SIGINT ignored, and every child it starts would too: the demo then ignores the
@@ -23,22 +20,6 @@ from tests.simulator.sim_helpers import StartSim
 # A handler, unlike SIG_IGN, does not survive exec: children start with SIGINT's default.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-# Set by .ci/run, which installs every system package the suite needs: there a missing one is
-# a broken CI image, and a skip would hide it behind a green run.
-CI_FLAG = envvars.CI.name
-
-
-def require_binary(name: str, path: str | None = None, why: str = "") -> str:
-    """The path of executable `name` (or of `path`, if given). Missing: a skip on a
-    developer's machine, a failure under FLEETGEN_CI=1."""
-    found = path if path and os.access(path, os.X_OK) else (None if path else shutil.which(name))
-    if found:
-        return found
-    reason = f"{path or name} missing{': ' + why if why else ''} (.ci/run installs it)"
-    if os.environ.get(CI_FLAG) == "1":
-        pytest.fail(f"{reason}; {CI_FLAG}=1 turns this skip into a failure", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -58,11 +39,6 @@ def redis_url(valkey: EmbeddedValkey) -> str:
 @pytest.fixture()
 def rclient(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
-
-
-def write_jsonl(path: Path, lines: list[str]) -> Path:
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.fixture
@@ -86,8 +62,10 @@ def start_sim() -> Iterator[StartSim]:
 
 
 # The folders whose tests start real processes of the product (Celery workers, a LocalFleet,
-# llama.cpp, Flower, the demo): the slow tier, left out of `make check`.
-FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "engines", "workers", "bench"})
+# llama.cpp, Flower, the demo): the slow tier, left out of `make check`. Two of them carry a
+# marker of their own as well (pyproject.toml registers all three).
+FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "bench"})
+OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -96,4 +74,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(item.path).relative_to(root).parts
         if parts and parts[0] in FLEET_FOLDERS:
             item.add_marker(pytest.mark.fleet)
-
+        if parts and parts[0] in OWN_MARKERS:
+            item.add_marker(getattr(pytest.mark, OWN_MARKERS[parts[0]]))

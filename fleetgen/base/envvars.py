@@ -158,7 +158,7 @@ CI: EnvVar[bool] = EnvVar(
     "set by `.ci/run`: a test that would skip for a missing system package fails")
 LLAMA_SERVER: EnvVar[str | None] = EnvVar(
     "FLEETGEN_LLAMA_SERVER", "path", None, _optional_text, "tests",
-    "a llama.cpp `llama-server` build of your own for `tests/engines`",
+    "a llama.cpp `llama-server` build of your own for `tests/real_engines`",
     default_text="the `engines` extra's")
 BENCH_FIGURES: EnvVar[str | None] = EnvVar(
     "FLEETGEN_BENCH_FIGURES", "path", None, _optional_text, "bench",

@@ -9,7 +9,7 @@ shape is what their loaders accept as it is: speculators' `prepare_data.py`
 (src/speculators/data_generation/preprocessing.py `_passthrough_pretokenized`: both columns,
 equal lengths; every other column is dropped) and SpecForge's `prompts_path`
 (specforge/data/prompt_builder.py `_prompt_from_record`: one-dimensional integer lists,
-`loss_mask` of 0 and 1 only, equal lengths, not empty). tests/exporter/trainers.py holds those
+`loss_mask` of 0 and 1 only, equal lengths, not empty). tests/support/trainers.py holds those
 checks, copied, and runs them over every export.
 
 The prompt ids are not stored in results (they would double the file); they are rendered

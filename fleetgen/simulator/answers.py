@@ -1,7 +1,7 @@
 """Answers beyond plain words: a thinking model's reasoning, JSON documents, log-probabilities.
 
 All of it is a pure function of the request key, the prompt, the budget and the request's
-options, so tests recompute every answer (tests/e2e/content.py).
+options, so tests recompute every answer (tests/support/content.py).
 
 A thinking model (`--thinking`, Qwen3's tokens) writes `<think>` (248068), `\\n` (198), its
 reasoning, `\\n`, `</think>` (248069), `\\n\\n` (271), then its answer; it skips the reasoning when

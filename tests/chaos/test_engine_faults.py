@@ -13,13 +13,13 @@ import redis
 
 from fleetgen.base.contract import RunKeys, worker_key
 from fleetgen.base.redisconn import read_hash
-from fleetgen.local.procs import wait_for
 from producer.tokenizer import load_tokenizer
-from tests.chaos import held
-from tests.chaos.conftest import FleetFactory, generated, sim_stats
-from tests.chaos.held import worker_name
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce, run_pipeline
+from tests.support import held
+from tests.support.content import assert_fleet_content
+from tests.support.fleet import FleetFactory, generated, sim_stats
+from tests.support.held import worker_name
+from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce, run_pipeline
+from tests.support.waiting import wait_until
 
 N = 300
 
@@ -60,11 +60,11 @@ def test_engine_down_for_a_while_its_worker_pauses_then_resumes(make_fleet: Flee
     client = redis.Redis.from_url(fleet.redis_url)
     thread = threading.Thread(target=produce, args=(fleet, prompts, "down"), daemon=True)
     thread.start()
-    wait_for(lambda: client.bitcount(RunKeys("down").done) >= 60, 60, "some rows done")
+    wait_until(lambda: client.bitcount(RunKeys("down").done) >= 60, 60, "some rows done")
     httpx.post(fleet.engine_url(1) + "/_sim/down", json={"seconds": 6})
-    wait_for(lambda: consuming(fleet.redis_url, gpu1) == "0", 10, "gpu1 to stop consuming")
+    wait_until(lambda: consuming(fleet.redis_url, gpu1) == "0", 10, "gpu1 to stop consuming")
     done_while_down = int(read_hash(client, RunKeys("down").stats).get(f"{gpu1}|done", 0))
-    wait_for(lambda: consuming(fleet.redis_url, gpu1) == "1", 20, "gpu1 to take prompts again")
+    wait_until(lambda: consuming(fleet.redis_url, gpu1) == "1", 20, "gpu1 to take prompts again")
     summary = drain(fleet, "down", out, timeout_s=120)
     data = assert_exactly_once(out, set(kinds["good"]))
     assert summary["failed"] == 0 and len(data["results"]) == 600
@@ -86,17 +86,17 @@ def test_engine_dead_for_good_the_run_still_completes(make_fleet: FleetFactory,
     gpu2 = worker_name(2)
     thread = threading.Thread(target=produce, args=(fleet, prompts, "dead"), daemon=True)
     thread.start()
-    wait_for(lambda: held.worker_done(client, "dead", gpu2) >= 5
-             and sim_stats(fleet)[2]["num_running_reqs"] > 0, 60,
-             "gpu2 to write results and hold running requests")
+    wait_until(lambda: held.worker_done(client, "dead", gpu2) >= 5
+               and sim_stats(fleet)[2]["num_running_reqs"] > 0, 60,
+               "gpu2 to write results and hold running requests")
     holding = held.unacked_tasks(client, "dead")  # task id -> line, every worker's
     before = held.worker_done(client, "dead", gpu2)
     fleet.sims[2].signal(signal.SIGKILL)
     assert fleet.sims[2].proc.wait(timeout=10) == -signal.SIGKILL
     # Its worker stops consuming and lets go of every prompt it held.
-    wait_for(lambda: held.heartbeat(client, gpu2).get("consuming") == "0"
-             and held.heartbeat(client, gpu2).get("inflight") == "0", 20,
-             "gpu2's worker to stop consuming and hold nothing")
+    wait_until(lambda: held.heartbeat(client, gpu2).get("consuming") == "0"
+               and held.heartbeat(client, gpu2).get("inflight") == "0", 20,
+               "gpu2's worker to stop consuming and hold nothing")
     at_death = held.worker_done(client, "dead", gpu2)
     handed_back = held.handed_back(fleet.workers[2].log_text(), holding)
     assert handed_back, "gpu2 handed nothing back: the kill did not land mid-request"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,21 +14,16 @@ import redis
 from fleetgen.base.contract import RunKeys
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
-from fleetgen.local.procs import wait_for
 from producer.pipeline import Progress
-from tests.chaos import held
-from tests.chaos.conftest import FleetFactory, generated, sim_stats
-from tests.chaos.held import worker_name
-from tests.chaos.test_redis_loss import copy_data, restart_from
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce, read_output
+from tests.support import held
+from tests.support.cli import fleetgen_cli
+from tests.support.content import assert_fleet_content
+from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sim_stats, written
+from tests.support.held import worker_name
+from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce, read_output
+from tests.support.waiting import wait_until
 
 N = 300
-
-
-def written(out: Path) -> int:
-    path = out / "results.jsonl"
-    return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
 def done_count(fleet: LocalFleet, run: str) -> int:
@@ -40,10 +34,6 @@ def start_producer(fleet: LocalFleet, prompts: Path, run: str) -> threading.Thre
     thread = threading.Thread(target=produce, args=(fleet, prompts, run), daemon=True)
     thread.start()
     return thread
-
-
-def fleetgen_cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleetgen", *args]
 
 
 def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory,
@@ -71,7 +61,7 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
                 and held.worker_done(client, "kill9", gpu1) > 0
                 and sim_stats(fleet)[1]["num_running_reqs"] > 0)
 
-    wait_for(busy, 60, "gpu1 to hold requests after writing results")
+    wait_until(busy, 60, "gpu1 to hold requests after writing results")
     worker.signal(signal.SIGKILL)
     assert worker.proc.wait(timeout=10) == -signal.SIGKILL
     # Dead: from here on nothing of gpu1's changes. Its prompts stay unacked until the
@@ -79,8 +69,8 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
     before = held.worker_done(client, "kill9", gpu1)
     at_kill = held.unacked_lines(client, "kill9") - held.done_lines(client, "kill9", rows)
     done_at_kill = held.done_count(client, "kill9")
-    wait_for(lambda: held.done_count(client, "kill9") >= min(rows, done_at_kill + 32), 30,
-             "the surviving workers to cycle their slots")
+    wait_until(lambda: held.done_count(client, "kill9") >= min(rows, done_at_kill + 32), 30,
+               "the surviving workers to cycle their slots")
     stuck = (at_kill & held.unacked_lines(client, "kill9")) - \
         held.done_lines(client, "kill9", rows)
     assert stuck, "gpu1 held nothing unacked when it died: the test proves nothing"
@@ -97,8 +87,8 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
     assert after == before, f"gpu1 wrote {after - before} results after it was killed"
     assert all(by_line[line]["worker"] != gpu1 for line in stuck)
     # A row gpu1 wrote but had not acked comes back too, and is skipped as done.
-    wait_for(lambda: client.hlen("unacked") == 0, 30, "every redelivery to be acked")
-    wait_for(lambda: bool(report), 30, "the producer to see the run generated")
+    wait_until(lambda: client.hlen("unacked") == 0, 30, "every redelivery to be acked")
+    wait_until(lambda: bool(report), 30, "the producer to see the run generated")
     print(f"\nworker SIGKILL: gpu1 wrote {before} results before the kill, 0 after; it held "
           f"{len(stuck)} unacked prompts, redelivered after the visibility timeout and written "
           f"by {sorted({by_line[line]['worker'].split('@')[0] for line in stuck})}; "
@@ -125,10 +115,10 @@ def test_worker_sigterm_finishes_what_it_holds(make_fleet: FleetFactory,
     client = redis.Redis.from_url(fleet.redis_url)
     gpu1, worker = worker_name(1), fleet.workers[1]
     start_producer(fleet, prompts, "term")
-    wait_for(lambda: held.done_count(client, "term") >= N // 4
-             and sim_stats(fleet)[1]["num_running_reqs"] > 0
-             and int(held.heartbeat(client, gpu1).get("inflight", 0)) > 0, 60,
-             "a quarter of the rows, and gpu1 holding requests")
+    wait_until(lambda: held.done_count(client, "term") >= N // 4
+               and sim_stats(fleet)[1]["num_running_reqs"] > 0
+               and int(held.heartbeat(client, gpu1).get("inflight", 0)) > 0, 60,
+               "a quarter of the rows, and gpu1 holding requests")
     before = held.worker_done(client, "term", gpu1)
     worker.signal(signal.SIGTERM)
     # Warm shutdown: it takes nothing more and finishes what it holds (requests < 4.2 s).
@@ -160,13 +150,13 @@ def test_worker_sigterm_hands_back_what_it_cannot_finish(make_fleet: FleetFactor
     gpu1, worker = worker_name(1), fleet.workers[1]
     start_producer(fleet, prompts, "handback")
     slots = fleet.spec.max_running_requests
-    wait_for(lambda: sim_stats(fleet)[1]["num_running_reqs"] == slots
-             and int(held.heartbeat(client, gpu1).get("inflight", 0)) == slots, 60,
-             "gpu1 to hold a full batch")
+    wait_until(lambda: sim_stats(fleet)[1]["num_running_reqs"] == slots
+               and int(held.heartbeat(client, gpu1).get("inflight", 0)) == slots, 60,
+               "gpu1 to hold a full batch")
     first = held.unacked_lines(client, "handback")
     done_then = held.done_count(client, "handback")
-    wait_for(lambda: held.done_count(client, "handback") >= min(N - slots, done_then + 48), 60,
-             "the other workers to cycle their slots")
+    wait_until(lambda: held.done_count(client, "handback") >= min(N - slots, done_then + 48), 60,
+               "the other workers to cycle their slots")
     # Unacked then and now, and not done: gpu1's (the others finish theirs in < 4.2 s).
     holding = (first & held.unacked_lines(client, "handback")) - \
         held.done_lines(client, "handback", N)
@@ -201,8 +191,8 @@ def test_drainer_sigkilled_repeatedly_repairs_torn_lines(make_fleet: FleetFactor
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         start = written(out)
         target = start + 40
-        wait_for(lambda t=target, p=proc: written(out) >= t or p.poll() is not None, 60,
-                 "the drainer to write more")
+        wait_until(lambda t=target, p=proc: written(out) >= t or p.poll() is not None, 60,
+                   "the drainer to write more")
         # Killed while alive and working, not found finished (or crashed) by itself.
         assert proc.poll() is None, f"round {round_no}: the drainer exited by itself " \
             f"({proc.returncode}): {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
@@ -235,11 +225,11 @@ def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path:
     drainer = subprocess.Popen(
         fleetgen_cli("drain", "--run", "vk", "--out", str(out), "--redis", fleet.redis_url),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    wait_for(lambda: written(out) >= N // 4, 90, "a quarter of the rows written")
+    wait_until(lambda: written(out) >= N // 4, 90, "a quarter of the rows written")
     # Valkey comes back from a copy older than the moment it died (as after a crash that
     # lost unsynced writes, only more): rows queued since the copy are gone with it.
     copy = copy_data(fleet.valkey, tmp_path / "copy")
-    wait_for(lambda: written(out) >= N // 2, 90, "half of the rows written")
+    wait_until(lambda: written(out) >= N // 2, 90, "half of the rows written")
     restart_from(fleet.valkey, copy)
     assert drainer.wait(timeout=150) == 0, drainer.stdout.read().decode() if drainer.stdout \
         else ""
@@ -261,8 +251,8 @@ def test_producer_killed_mid_enqueue_and_rerun(make_fleet: FleetFactory,
                         "--high-water", "20", "--batch-size", "10", "--redis", fleet.redis_url)
     first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis.from_url(fleet.redis_url)
-    wait_for(lambda: int(read_hash(client, RunKeys("pk").manifest).get("read", 0)) >= 100, 60,
-             "the producer to read 100 rows")
+    wait_until(lambda: int(read_hash(client, RunKeys("pk").manifest).get("read", 0)) >= 100, 60,
+               "the producer to read 100 rows")
     first.kill()
     first.wait()
     again = subprocess.run(argv, capture_output=True, text=True, timeout=180)

@@ -5,9 +5,7 @@ generated again."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,38 +15,13 @@ import redis
 from fleetgen.base.contract import RunKeys
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
-from fleetgen.local.procs import wait_for
-from fleetgen.local.valkey import EmbeddedValkey
-from tests.chaos.conftest import FleetFactory, generated
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, make_prompts
+from tests.support.cli import fleetgen_cli
+from tests.support.content import assert_fleet_content
+from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, written
+from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.waiting import wait_until
 
 N = 300
-AOF_DIR = "appendonlydir"
-
-
-def copy_data(valkey: EmbeddedValkey, dest: Path) -> Path:
-    """A copy of the live AOF, as a lagging replica or a backup holds it: a prefix of the
-    writes (a command cut in half at the end is dropped on load: aof-load-truncated)."""
-    shutil.copytree(valkey.data_dir / AOF_DIR, dest)
-    return dest
-
-
-def restart_from(valkey: EmbeddedValkey, copy: Path) -> None:
-    """Kill Valkey and start it on the same port from the older copy."""
-    valkey.kill()
-    shutil.rmtree(valkey.data_dir / AOF_DIR)
-    shutil.copytree(copy, valkey.data_dir / AOF_DIR)
-    valkey.start()
-
-
-def lines_written(out: Path) -> int:
-    path = out / "results.jsonl"
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-def fleetgen_cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleetgen", *args]
 
 
 def manifest(fleet: LocalFleet, run: str) -> dict[str, str]:
@@ -90,7 +63,7 @@ class Run:
             assert proc.poll() is None, f"{name} exited early:\n{self.output(name)[-3000:]}"
 
     def wait_until(self, condition: Callable[[], bool], what: str) -> None:
-        wait_for(condition, 120, what, check=self.alive)
+        wait_until(condition, 120, what, check=self.alive)
 
     def finish(self) -> None:
         for name, proc in self.procs.items():
@@ -107,7 +80,7 @@ class Run:
 COPY_AT: dict[str, Callable[[Run], bool]] = {
     "a-reading": lambda r: int(manifest(r.fleet, r.run).get("read", 0)) >= 40,
     "b-read": lambda r: "total" in manifest(r.fleet, r.run),
-    "c-late": lambda r: lines_written(r.out) >= N * 3 // 4,
+    "c-late": lambda r: written(r.out) >= N * 3 // 4,
 }
 
 
@@ -122,16 +95,16 @@ def test_restart_from_an_older_copy_converges(make_fleet: FleetFactory, tmp_path
     run.wait_until(lambda: COPY_AT[point](run), f"copy point {point}")
     at_copy = manifest(fleet, "lost")
     copy = copy_data(fleet.valkey, tmp_path / "copy")
-    written_at_copy = lines_written(run.out)
+    written_at_copy = written(run.out)
     assert written_at_copy < N * 3 // 4 + slots  # the copy is older than the run's end
     if point == "a-reading":
         assert "total" not in at_copy, at_copy
 
     # Later, with the producer waiting and the drainer writing, Valkey comes back older.
-    run.wait_until(lambda: lines_written(run.out) >= max(written_at_copy + 30, N * 7 // 8),
+    run.wait_until(lambda: written(run.out) >= max(written_at_copy + 30, N * 7 // 8),
                    "more rows written since the copy")
     fleet.valkey.kill()
-    served_before, in_files = generated(fleet), lines_written(run.out)
+    served_before, in_files = generated(fleet), written(run.out)
     restart_from(fleet.valkey, copy)
     run.finish()
 

@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.conftest import FleetFactory
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, read_output, run_pipeline
+from tests.support.content import assert_fleet_content
+from tests.support.fleet import FleetFactory
+from tests.support.pipeline import (
+    assert_exactly_once,
+    drain,
+    make_prompts,
+    read_output,
+    run_pipeline,
+)
 
 
 @pytest.mark.parametrize("samples", [1, 2])

@@ -19,13 +19,13 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact, redis_url
 from fleetgen.engine.sglang import SGLangClient, read_limits
 from fleetgen.local.ports import PortInUse, on_leased_port, says_address_in_use
-from fleetgen.local.procs import wait_for
 from fleetgen.local.valkey import probe_valkey
 from producer.settings import ProducerSettings
-from tests.chaos.conftest import FleetFactory
-from tests.conftest import require_binary
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from tests.support.binaries import require_binary
+from tests.support.content import assert_fleet_content
+from tests.support.fleet import FleetFactory
+from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from tests.support.waiting import wait_until
 from workers.settings import WorkerSettings
 
 PASSWORD = "s3cr3t-Pw-7f1c"
@@ -51,9 +51,9 @@ def test_a_pickle_message_is_refused_and_runs_nothing(make_fleet: FleetFactory,
     sender.send_task(TASK_NAME, args=[Boom(str(marker))], queue=QUEUE, serializer="pickle")
     client = redis.Redis.from_url(fleet.redis_url)
     worker = fleet.workers[0]
-    wait_for(lambda: "untrusted content" in worker.log_text(), 30, "the worker to refuse it")
-    wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 30,
-             "the message to be gone")
+    wait_until(lambda: "untrusted content" in worker.log_text(), 30, "the worker to refuse it")
+    wait_until(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 30,
+               "the message to be gone")
     assert not marker.exists()
     assert "pickle" in worker.log_text()
     sender.close()
@@ -190,8 +190,8 @@ def _start_tls_redis(server: str, port: int, certs: tuple[Path, Path, Path],
             raise RuntimeError(f"redis-server exited with {proc.returncode}:\n{text[-2000:]}")
 
     try:
-        wait_for(lambda: probe_valkey(client, proc.pid), 15, "redis-server with TLS",
-                 check=check)
+        wait_until(lambda: probe_valkey(client, proc.pid), 15, "redis-server with TLS",
+                   check=check)
     except BaseException:
         proc.kill()
         proc.wait()

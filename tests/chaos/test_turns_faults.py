@@ -14,13 +14,11 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.local.procs import wait_for
-from tests.chaos.conftest import FleetFactory, generated, sim_stats
-from tests.chaos.test_process_faults import fleetgen_cli, written
-from tests.chaos.test_redis_loss import copy_data, restart_from
-from tests.e2e.pipeline import assert_exactly_once, read_output
-from tests.e2e.test_formats import write_jsonl
-from tests.e2e.test_turns import assert_turns_content, expected_keys, input_row
+from tests.support.cli import fleetgen_cli
+from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sim_stats, written
+from tests.support.pipeline import assert_exactly_once, read_output, write_jsonl
+from tests.support.turns import assert_turns_content, expected_keys, input_row
+from tests.support.waiting import wait_until
 
 
 def many(n: int) -> dict[str, dict[str, Any]]:
@@ -55,23 +53,23 @@ def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
     producer, drainer = start(produce), start(drain)
     gpu1 = fleet.workers[1]
 
-    wait_for(lambda: written(out) >= turns // 5 and sim_stats(fleet)[1]["num_running_reqs"] > 0,
-             90, "a fifth of the turns written, gpu1 holding requests")
+    wait_until(lambda: written(out) >= turns // 5 and sim_stats(fleet)[1]["num_running_reqs"] > 0,
+               90, "a fifth of the turns written, gpu1 holding requests")
     gpu1.signal(signal.SIGKILL)
     assert gpu1.proc.wait(timeout=10) == -signal.SIGKILL
     at_worker_kill = written(out)
 
     events = redis.Redis.from_url(fleet.redis_url)
-    wait_for(lambda: written(out) >= at_worker_kill + turns // 5
-             and events.xlen("fleetgen:run:tk:events") > 0, 90,
-             "more turns written, outcomes in the stream the drainer has not written yet")
+    wait_until(lambda: written(out) >= at_worker_kill + turns // 5
+               and events.xlen("fleetgen:run:tk:events") > 0, 90,
+               "more turns written, outcomes in the stream the drainer has not written yet")
     assert drainer.poll() is None, output(drainer)
     drainer.kill()
     assert drainer.wait() == -signal.SIGKILL
     at_drainer_kill = written(out)
     drainer = start(drain)
 
-    wait_for(lambda: written(out) >= at_drainer_kill + turns // 5, 90, "more turns written")
+    wait_until(lambda: written(out) >= at_drainer_kill + turns // 5, 90, "more turns written")
     assert producer.poll() is None, output(producer)
     producer.kill()
     assert producer.wait() == -signal.SIGKILL
@@ -105,10 +103,10 @@ def test_turns_converge_after_valkey_restored_from_an_older_copy(
         "--high-water", "20", "--batch-size", "10", "--redis", fleet.redis_url))
     drainer = start(fleetgen_cli("drain", "--run", "tv", "--out", str(out),
                                  "--redis", fleet.redis_url))
-    wait_for(lambda: written(out) >= turns // 4, 90, "a quarter of the turns written")
+    wait_until(lambda: written(out) >= turns // 4, 90, "a quarter of the turns written")
     # Queued next turns, done bits and stream entries written after the copy are lost with it.
     copy = copy_data(fleet.valkey, tmp_path / "copy")
-    wait_for(lambda: written(out) >= turns // 2, 90, "half of the turns written")
+    wait_until(lambda: written(out) >= turns // 2, 90, "half of the turns written")
     restart_from(fleet.valkey, copy)
     assert drainer.wait(timeout=150) == 0, output(drainer)
     assert producer.wait(timeout=60) == 0, output(producer)

@@ -1,33 +1,24 @@
-"""A real fleet for end-to-end tests: Valkey, simulated GPUs and Celery workers, per module."""
+"""Real fleets for end-to-end tests: Valkey, simulated GPUs and Celery workers, one of each
+shape per session, shared by the modules that ask for it (each test its own run names; no
+test here breaks a fleet: the chaos tests, which do, get fleets of their own)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
+from tests.support.fleet import started_fleet
 
 
-def started_fleet(work_dir: Path, **spec: Any) -> Iterator[LocalFleet]:
-    """A module fixture's fleet: fast simulated GPUs (8192 context, 16 slots) unless `spec`
-    says otherwise, started, and stopped when the module is done."""
-    fleet = LocalFleet(work_dir, FleetSpec(**{"context_length": 8192,
-                                              "max_running_requests": 16, "ttft_ms": 5,
-                                              "tpot_ms": 0.05, **spec}))
-    fleet.start()
-    yield fleet
-    fleet.stop()
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     yield from started_fleet(tmp_path_factory.mktemp("fleet4"), gpus=4, output_tokens_mean=300)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Two GPUs with short answers (60 tokens on average), for runs that check options."""
     yield from started_fleet(tmp_path_factory.mktemp("fleet2"), gpus=2, output_tokens_mean=60)

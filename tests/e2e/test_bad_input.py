@@ -14,8 +14,8 @@ import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.local.fleet import LocalFleet
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, read_output, run_pipeline
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import assert_exactly_once, read_output, run_pipeline
 
 
 def test_every_kind_of_bad_row_is_rejected_with_its_line_and_the_run_goes_on(

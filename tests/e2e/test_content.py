@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.content import assert_content, expected, input_ids, sim_config
-from tests.e2e.pipeline import make_prompts
+from tests.support.content import assert_content, expected, input_ids, sim_config
+from tests.support.pipeline import make_prompts
 
 
 def test_content_check_catches_every_kind_of_wrong_row(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import psutil
 
 from fleetgen.cli.demo import sample_prompts
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.procs import wait_for
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import read_output
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import read_output
+from tests.support.waiting import wait_until
 
 
 def demo_argv(*args: str) -> list[str]:
@@ -33,8 +33,8 @@ def test_demo_runs_the_bundled_sample_and_stops_everything(tmp_path: Path) -> No
     proc = subprocess.Popen(demo_argv("--gpus", "2", "--out", str(out)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: list[psutil.Process] = []
-    wait_for(lambda: len(children_of(proc.pid)) >= 4 or proc.poll() is not None, 60,
-             "the demo's processes")
+    wait_until(lambda: len(children_of(proc.pid)) >= 4 or proc.poll() is not None, 60,
+               "the demo's processes")
     seen = children_of(proc.pid)
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
@@ -65,9 +65,9 @@ def test_demo_interrupted_stops_every_process(tmp_path: Path) -> None:
     proc = subprocess.Popen(demo_argv("--gpus", "2", "--prompts", str(prompts), "--out",
                                       str(tmp_path / "out"), "--tpot-ms", "20"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: (tmp_path / "out" / "results.jsonl").exists()
-             and (tmp_path / "out" / "results.jsonl").stat().st_size > 0, 120,
-             "the demo to write results")
+    wait_until(lambda: (tmp_path / "out" / "results.jsonl").exists()
+               and (tmp_path / "out" / "results.jsonl").stat().st_size > 0, 120,
+               "the demo to write results")
     seen = children_of(proc.pid)
     assert len(seen) >= 4
     proc.send_signal(signal.SIGINT)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import orjson
 
-from fleetgen.local.procs import wait_for
-from tests.e2e.pipeline import assert_exactly_once
+from tests.support.pipeline import assert_exactly_once
+from tests.support.waiting import wait_until
 
 ROWS = 300
 
@@ -36,7 +36,7 @@ def interrupt(prompts: Path, out: Path, signum: int) -> tuple[float, str, str]:
     returns the seconds from the signal to its exit, and its stdout and stderr."""
     before = results_size(out)
     proc = demo(prompts, out)
-    wait_for(lambda: results_size(out) > before or proc.poll() is not None, 120,
+    wait_until(lambda: results_size(out) > before or proc.poll() is not None, 120,
              "the demo to write results")
     assert proc.poll() is None, proc.communicate()
     signalled = time.monotonic()

@@ -6,9 +6,6 @@ and the run then ends exactly once with every answer checked."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -18,16 +15,11 @@ from fleetgen.base.contract import RunKeys
 from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import LocalFleet
 from producer.earlystop import judge, parse_rule
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, read_output
-from tests.e2e.test_formats import write_jsonl
+from tests.support.cli import cli
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import assert_exactly_once, read_output, write_jsonl
 
 ROWS = 400
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleetgen", *args], capture_output=True,
-                          text=True, timeout=240, env=dict(os.environ))
 
 
 def test_a_wrong_budget_stops_the_run_early(fleet2: LocalFleet, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import redis
 
 from fleetgen.exporter import shape
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from tests.e2e.pipeline import run_pipeline
+from tests.support.pipeline import run_pipeline
 
 SHAREGPT = {"system": "system", "user": "human", "assistant": "gpt"}
 

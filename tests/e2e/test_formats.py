@@ -6,7 +6,6 @@ answers; a `prompt` is sent as is; a directory of files is one run."""
 from __future__ import annotations
 
 import gzip
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +20,9 @@ import zstandard
 from fleetgen.base import exitcodes
 from fleetgen.local.fleet import LocalFleet
 from producer.rows import derive_id
-from tests.e2e.content import assert_fleet_content, tokenizer
-from tests.e2e.pipeline import assert_exactly_once
+from tests.support.cli import fleetgen
+from tests.support.content import assert_fleet_content, tokenizer
+from tests.support.pipeline import assert_exactly_once, write_jsonl
 
 SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt"}
 
@@ -44,11 +44,6 @@ def conversations() -> list[dict[str, Any]]:
     return rows
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    return path
-
-
 def as_messages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"id": r["id"], "messages": r["turns"], "n": r["n"]} for r in rows]
 
@@ -61,13 +56,6 @@ def as_sharegpt(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def as_role_conversations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"id": r["id"], "n": r["n"], "conversations": r["turns"]} for r in rows]
-
-
-def fleetgen(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "fleetgen", *args], capture_output=True,
-                          text=True, timeout=180, env=dict(os.environ))
-    assert done.returncode == 0, f"fleetgen {args[0]}: {done.stdout}{done.stderr}"
-    return done
 
 
 def run_cli(fleet: LocalFleet, prompts: Path, run: str, out: Path,

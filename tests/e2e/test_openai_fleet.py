@@ -13,9 +13,9 @@ import pytest
 from fleetgen.base import exitcodes
 from fleetgen.cli import main as cli
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
-from tests.workers.workerproc import start_worker
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from tests.support.workers import start_worker
 
 CTX = 4096
 

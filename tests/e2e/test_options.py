@@ -14,11 +14,10 @@ import orjson
 import pytest
 
 from fleetgen.local.fleet import LocalFleet
-from tests.e2e.conftest import started_fleet
-from tests.e2e.content import assert_fleet_content, tokenizer
-from tests.e2e.pipeline import assert_exactly_once
-from tests.e2e.test_early_stop import cli
-from tests.e2e.test_formats import fleetgen, write_jsonl
+from tests.support.cli import cli, fleetgen
+from tests.support.content import assert_fleet_content, tokenizer
+from tests.support.fleet import started_fleet
+from tests.support.pipeline import assert_exactly_once, write_jsonl
 
 ROWS = 16
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},

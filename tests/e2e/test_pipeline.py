@@ -13,16 +13,16 @@ import redis
 
 from fleetgen.base.contract import RunKeys
 from fleetgen.local.fleet import LocalFleet
-from fleetgen.local.procs import wait_for
 from producer.tokenizer import load_tokenizer
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import (
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import (
     assert_exactly_once,
     make_prompts,
     produce,
     read_output,
     run_pipeline,
 )
+from tests.support.waiting import wait_until
 
 CTX = 8192
 
@@ -105,7 +105,7 @@ def test_follow_drainer_keeps_summary_current(fleet4: LocalFleet, tmp_path: Path
         def complete() -> bool:
             return summary.exists() and orjson.loads(summary.read_bytes())["complete"]
 
-        wait_for(complete, 60, "the --follow drainer to report the run complete")
+        wait_until(complete, 60, "the --follow drainer to report the run complete")
         assert drainer.poll() is None  # still following
     finally:
         drainer.send_signal(signal.SIGTERM)

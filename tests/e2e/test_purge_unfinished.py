@@ -16,10 +16,10 @@ import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
 from fleetgen.base.wire import KOMBU_UNACKED, lines_in_flight, task_message
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
-from tests.workers.workerproc import start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import start_worker, stop
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,7 +66,7 @@ def test_purge_removes_queued_tasks_a_later_worker_would_run(
 
     proc = start_worker(redis_url, fast_sim.url, "late", tmp_path / "w.log", concurrency=2)
     try:
-        wait_for(lambda: client.bitcount(RunKeys("kept").done) == 5, 60, "the kept run")
+        wait_until(lambda: client.bitcount(RunKeys("kept").done) == 5, 60, "the kept run")
     finally:
         stop(proc)
     assert generated(fast_sim) == 5, "the purged run's prompts were generated"
@@ -85,14 +85,14 @@ def test_purge_removes_unacked_tasks_and_the_worker_drops_what_it_held(
                                  output_tokens_mean=8)) as sim:
         proc = start_worker(redis_url, sim.url, "holder", log, concurrency=4)
         try:
-            wait_for(lambda: client.hlen(KOMBU_UNACKED) == 4, 60, "4 prompts held unacked")
+            wait_until(lambda: client.hlen(KOMBU_UNACKED) == 4, 60, "4 prompts held unacked")
             purged = cli("purge", "--run", "held", "--force", "--redis", redis_url)
             assert purged.returncode == 0, purged.stderr
             assert "36 queued and 4 unacked task(s) removed" in purged.stdout, purged.stdout
             assert client.llen(QUEUE) == 0 and client.hlen(KOMBU_UNACKED) == 0
             assert client.zcard("unacked_index") == 0
             # The 4 prompts it was running finish; their outcomes are dropped, and logged.
-            wait_for(lambda: log.read_text().count("dropped: run 'held' has no manifest") == 4,
+            wait_until(lambda: log.read_text().count("dropped: run 'held' has no manifest") == 4,
                      60, "the worker to drop the 4 outcomes")
         finally:
             stop(proc)
@@ -112,7 +112,7 @@ def test_a_task_of_a_run_without_a_manifest_is_dropped_not_generated(
     log = tmp_path / "w.log"
     proc = start_worker(redis_url, fast_sim.url, "strays", log, concurrency=1)
     try:
-        wait_for(lambda: client.bitcount(RunKeys("known").done) == 2, 60, "the known run")
+        wait_until(lambda: client.bitcount(RunKeys("known").done) == 2, 60, "the known run")
     finally:
         stop(proc)
     assert generated(fast_sim) == 2

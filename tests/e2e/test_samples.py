@@ -11,9 +11,9 @@ import jsonschema
 import orjson
 
 from fleetgen.local.fleet import LocalFleet
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once
-from tests.e2e.test_formats import fleetgen, write_jsonl
+from tests.support.cli import fleetgen
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import assert_exactly_once, write_jsonl
 
 ROWS, SAMPLES = 10, 3
 COLOURS = {"type": "object", "properties": {"colours": {"type": "array",

@@ -1,6 +1,6 @@
 """A real run exported for SpecForge: producer, Celery workers and simulators modelling a thinking
 model (`--thinking`), the drainer, then `fleetgen export --format conversations
---only-finished` through the real CLI. SpecForge's rules (tests/exporter/specforge.py) must
+--only-finished` through the real CLI. SpecForge's rules (tests/support/specforge.py) must
 hold on every line, and every line must hold what the run wrote: the input's turns as
 role/content, the answer and its reasoning where SpecForge's ThinkingParser reads them (the
 chat template renders them back into exactly the prompt the model got plus what it wrote),
@@ -20,12 +20,11 @@ import pytest
 
 from fleetgen.local.fleet import LocalFleet
 from producer.tokenizer import load_tokenizer
-from tests.e2e.conftest import started_fleet
-from tests.e2e.pipeline import assert_exactly_once
-from tests.e2e.test_early_stop import cli
-from tests.e2e.test_formats import write_jsonl
-from tests.exporter.specforge import violations
-from tests.exporter.test_interop import load_dataset
+from tests.support.cli import cli
+from tests.support.fleet import started_fleet
+from tests.support.pipeline import assert_exactly_once, write_jsonl
+from tests.support.specforge import violations
+from tests.support.trainers import load_dataset
 
 ROWS = 32
 SHAREGPT = {"system": "system", "user": "human", "assistant": "gpt"}

@@ -16,10 +16,10 @@ import redis
 
 from fleetgen.base.contract import RunKeys
 from fleetgen.local.ports import lease_port
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
-from tests.workers.workerproc import start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import start_worker, stop
 
 ROWS = 30
 RUN = "finished"
@@ -42,7 +42,7 @@ def generate_with_errors(redis_url: str, tmp_path: Path, name: str, settled: str
         proc = start_worker(redis_url, sim.url, name, tmp_path / f"{name}.log", concurrency=2,
                             env={"FLEETGEN_MAX_ATTEMPTS": "1"})
         try:
-            wait_for(checks[settled], 60, settled)
+            wait_until(checks[settled], 60, settled)
         finally:
             stop(proc)
 
@@ -62,7 +62,7 @@ def scrape_failed(redis_url: str) -> tuple[int, int]:
             except httpx.TransportError:
                 return None
 
-        wait_for(lambda: scraped() is not None, 30, "the exporter")
+        wait_until(lambda: scraped() is not None, 30, "the exporter")
         text = scraped() or ""
     finally:
         proc.terminate()

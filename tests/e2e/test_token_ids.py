@@ -3,7 +3,7 @@ Valkey, Celery workers and simulated thinking-model servers (SGLang's native pro
 vLLM's /v1/completions), then the export after `fleetgen purge`. Every output id is the
 simulator's own; every exported line is the producer's prompt ids then those, masked 0 then
 1, and is accepted by the checks SpecForge's and speculators' loaders apply
-(tests/exporter/trainers.py). Also measures the bytes per token `output_ids` adds to
+(tests/support/trainers.py). Also measures the bytes per token `output_ids` adds to
 results.jsonl (README "Token ids")."""
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from tests.e2e.conftest import started_fleet
-from tests.e2e.content import assert_fleet_content, input_rows, tokenizer
-from tests.e2e.pipeline import assert_exactly_once
-from tests.exporter.trainers import specforge_prompt_tasks, speculators_rows
+from tests.support.content import assert_fleet_content, input_rows, tokenizer
+from tests.support.fleet import started_fleet
+from tests.support.pipeline import assert_exactly_once
+from tests.support.trainers import specforge_prompt_tasks, speculators_rows
 
 RUN_KWARGS = {"enable_thinking": False}  # the run's; some rows ask for thinking themselves
 THINK_CLOSE = "<think>\n\n</think>\n\n"  # Qwen3.6's generation prompt with thinking off
@@ -140,7 +140,7 @@ def test_token_ids_through_a_run_and_its_tokens_export(sglang_fleet: LocalFleet,
     results = data["results"]
     assert len(results) == 20
     assert [r["reason"].split(":")[0] for r in data["rejected"]] == ["prompt_too_long"]
-    # The output ids are the simulator's own answer, token for token (tests/e2e/content.py).
+    # The output ids are the simulator's own answer, token for token (tests/support/content.py).
     assert assert_fleet_content(sglang_fleet, prompts, data, template_kwargs=RUN_KWARGS,
                                 options={"think": True, "token_ids": True}) == 20
     per_token, whole, tokens = output_ids_bytes_per_token(out)

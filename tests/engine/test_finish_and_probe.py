@@ -16,10 +16,10 @@ from fleetgen.base import errors
 from fleetgen.engine.health import State, Watch
 from fleetgen.engine.openai import parse_completion
 from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
+from tests.support.waiting import wait_until
 
 RUNNING_ABORT = {"text": "the model answers", "output_ids": [1, 2, 3], "meta_info": {
     "id": "r", "prompt_tokens": 4, "completion_tokens": 3, "cached_tokens": 0,
@@ -81,8 +81,8 @@ def test_an_abort_over_http_from_the_simulator_is_raised() -> None:
         thread = threading.Thread(target=call)
         thread.start()
         with httpx.Client(base_url=sim.url) as http:
-            wait_for(lambda: http.get("/_sim/stats").json()["in_flight"] == 1, 30,
-                     "the request to be in flight")
+            wait_until(lambda: http.get("/_sim/stats").json()["in_flight"] == 1, 30,
+                       "the request to be in flight")
             http.post("/abort_request", json={"rid": "victim-rid"})
         thread.join(30)
         client.close()
@@ -98,8 +98,8 @@ def test_a_duplicate_rid_is_retryable_over_http() -> None:
         # Running, not merely in flight: `in_flight` counts a request from its first byte,
         # before its rid is registered (a loaded run sent the second one in that gap, and it
         # was served as a new request).
-        wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] == 1, 30,
-                 "the first request to be running")
+        wait_until(lambda: http.get("/_sim/stats").json()["num_running_reqs"] == 1, 30,
+                   "the first request to be running")
         second = http.post("/generate", json=body)
         http.post("/abort_request", json={"abort_all": True})
         first.join(30)
@@ -155,9 +155,9 @@ def test_a_refused_server_is_gone_only_after_the_threshold() -> None:
         watch.start()
         assert watch.last.state is State.READY  # /ready, not the 30 s /health
     try:
-        wait_for(lambda: watch.last.state is State.REFUSED, 10, "a refused probe")
+        wait_until(lambda: watch.last.state is State.REFUSED, 10, "a refused probe")
         assert not watch.gone()  # refused, but not yet for longer than the threshold
-        wait_for(watch.gone, 10, "the server to count as gone")
+        wait_until(watch.gone, 10, "the server to count as gone")
         assert watch.down_for_s() > 1.0
     finally:
         watch.stop()

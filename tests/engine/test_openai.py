@@ -17,7 +17,7 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.engine import openai
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.detect import detect
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 VLLM_LONG = ("This model's maximum context length is 4096 tokens. However, your prompt contains "
              "5000 input tokens, which exceeds this limit even without any output tokens. "

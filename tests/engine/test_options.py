@@ -19,7 +19,7 @@ from fleetgen.engine.openai import completion_body, parse_completion
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
 from fleetgen.simulator.answers import Style, compose, token_logprobs
 from fleetgen.simulator.model import request_key
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
                                            "days": {"type": "integer", "minimum": 1}},

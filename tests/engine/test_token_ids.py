@@ -23,7 +23,7 @@ from producer.build import check_token_ids as producer_check
 from producer.manifest import check_same_settings
 from producer.rows import BadRow, Row, parse_row
 from producer.settings import ProducerSettings
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 from workers.generate import check_token_ids as worker_check
 
 IDS = GenerateOptions(token_ids=True)

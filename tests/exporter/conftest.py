@@ -1,26 +1,15 @@
 """Exporter tests run the real command (`fleetgen export`, through the CLI's main) on output
-directories written by hand (tests/exporter/outdir.py)."""
+directories written by hand (tests/support/outdir.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fleetgen.cli.main import main
-from tests.exporter.outdir import write_output_dir
-
-
-@dataclass(frozen=True)
-class Ran:
-    code: int
-    out: str
-    err: str
-
-
-Export = Callable[..., Ran]
+from tests.support.cli import Export, Ran
+from tests.support.outdir import write_output_dir
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.exporter.conftest import Export
-from tests.exporter.outdir import read_jsonl, write_output_dir
+from tests.support.cli import Export
+from tests.support.outdir import read_jsonl, write_output_dir
 
 
 def no_temp_files(directory: Path) -> bool:

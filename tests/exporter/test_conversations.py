@@ -14,9 +14,8 @@ import pytest
 from fleetgen.base import exitcodes
 from fleetgen.exporter import shape
 from producer.conversation import SHAREGPT_ROLES
-from tests.exporter.conftest import Export
-from tests.exporter.outdir import MESSAGES_1, SYSTEM, read_jsonl, result
-from tests.exporter.test_parquet import without_nulls
+from tests.support.cli import Export
+from tests.support.outdir import MESSAGES_1, SYSTEM, read_jsonl, result, without_nulls
 
 
 def user(text: str) -> dict[str, str]:
@@ -28,7 +27,7 @@ def assistant(text: str, **extra: str) -> dict[str, str]:
 
 
 def expected(reasoning: str) -> list[dict[str, Any]]:
-    """The export of tests/exporter/outdir.py, line by line, written out by hand: every row a
+    """The export of tests/support/outdir.py, line by line, written out by hand: every row a
     `conversations` of role/content turns, whatever the input's shape, and status success."""
     def thought(answer: str, why: str) -> dict[str, str]:
         if reasoning == "keep":

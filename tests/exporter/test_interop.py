@@ -4,36 +4,12 @@ are this test's own whatever was imported before."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pandas as pd
 
-from tests.exporter.conftest import Export
-
-LOAD = """
-import json, sys
-from datasets import load_dataset
-
-kind, path = sys.argv[1], sys.argv[2]
-ds = load_dataset(kind, data_files=path, split="train")
-print(json.dumps({"rows": ds.num_rows, "columns": ds.column_names,
-                  "first": ds[0], "last": ds[-1]}, default=str))
-"""
-
-
-def load_dataset(kind: str, path: Path, cache: Path) -> dict[str, Any]:
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               HF_HOME=str(cache / "hf"), HF_DATASETS_CACHE=str(cache / "datasets"))
-    done = subprocess.run([sys.executable, "-c", LOAD, kind, str(path)], capture_output=True,
-                          text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    loaded: dict[str, Any] = orjson.loads(done.stdout.splitlines()[-1])
-    return loaded
+from tests.support.cli import Export
+from tests.support.trainers import load_dataset
 
 
 def test_conversations_load_with_datasets_and_pandas(export: Export, drained: Path,

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from tests.exporter.conftest import Export
-from tests.exporter.outdir import FINISHED_AT, RUN, read_jsonl, write_output_dir
+from tests.support.cli import Export
+from tests.support.outdir import FINISHED_AT, RUN, read_jsonl, write_output_dir
 
 CREATED = int(FINISHED_AT)
 
@@ -70,7 +70,7 @@ SAMPLE_LOGPROBS = [
 
 
 def expected(model: str = "fleetgen", batch_model: str = "qwen3-batch") -> list[dict[str, Any]]:
-    """The export of tests/exporter/outdir.py, line by line, written out by hand."""
+    """The export of tests/support/outdir.py, line by line, written out by hand."""
     return [
         ok(1, "a", chat=True, choices=[chat("7.")], usage=usage(20, 5), model=model),
         ok(2, "b", chat=True, choices=[chat("It is 4.", reasoning="2+2 is 4, not 5.")],

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleetgen.exporter import parquet
-from tests.exporter.conftest import Export
-from tests.exporter.outdir import RUN, records, result
+from tests.support.cli import Export
+from tests.support.outdir import RUN, records, result, without_nulls
 
 FIXED = {
     "id": pa.string(), "completion": pa.string(), "finish_reason": pa.string(),
@@ -26,15 +26,6 @@ FIXED = {
                            ("top_lp", pa.list_(pa.list_(pa.float64())))]),
 }
 TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
-
-
-def without_nulls(value: Any) -> Any:
-    """A value as JSON would have it: Parquet fills keys a row lacks with nulls."""
-    if isinstance(value, dict):
-        return {k: without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [without_nulls(v) for v in value]
-    return value
 
 
 def input_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

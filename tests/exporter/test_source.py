@@ -11,7 +11,7 @@ import orjson
 
 from fleetgen.base.contract import KINDS
 from fleetgen.exporter.source import OutputDir
-from tests.exporter.outdir import result
+from tests.support.outdir import result
 
 
 def test_lines_written_after_opening_are_not_read(drained: Path) -> None:

@@ -1,4 +1,4 @@
-"""SpecForge's rules (tests/exporter/specforge.py) on the conversations export of the hand-written
+"""SpecForge's rules (tests/support/specforge.py) on the conversations export of the hand-written
 output directory, and on rows it must refuse, so the check is known to bite."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.exporter.conftest import Export
-from tests.exporter.outdir import read_jsonl
-from tests.exporter.specforge import violations
+from tests.support.cli import Export
+from tests.support.outdir import read_jsonl
+from tests.support.specforge import violations
 
 GOOD: dict[str, Any] = {
     "id": "x", "status": "success", "source": "mix",

@@ -14,10 +14,10 @@ import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.base.outcomes import ids_digest
-from tests.e2e.content import tokenizer
-from tests.exporter.conftest import Export
-from tests.exporter.outdir import read_jsonl, result
-from tests.exporter.trainers import specforge_prompt_tasks, speculators_rows
+from tests.support.cli import Export
+from tests.support.content import tokenizer
+from tests.support.outdir import read_jsonl, result
+from tests.support.trainers import specforge_prompt_tasks, speculators_rows
 
 RUN_KWARGS = {"enable_thinking": False}
 SETTINGS = {"tokenizer": "qwen3.6", "chat_template_kwargs": RUN_KWARGS, "token_ids": True}

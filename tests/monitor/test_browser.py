@@ -19,11 +19,11 @@ import pytest
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.main import main
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.procs import wait_for
 from fleetgen.monitor.live import Credentials, LivePage
 from fleetgen.monitor.report import build
-from tests.conftest import require_binary
-from tests.e2e.pipeline import make_prompts, run_pipeline
+from tests.support.binaries import require_binary
+from tests.support.pipeline import make_prompts, run_pipeline
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.fleet  # starts a fleet and a browser
 
@@ -172,8 +172,8 @@ def test_the_live_page_in_chromium_shows_what_status_json_says(
             return updates >= 4 and (shown.get("in_flight") or 0) > 0 and \
                 (shown.get("done") or 0) > 20
         if watched_run.thread.is_alive():
-            wait_for(lambda: busy() or not watched_run.thread.is_alive(), 120,
-                     "the live page to show the run at work", poll_s=0.2)
+            wait_until(lambda: busy() or not watched_run.thread.is_alive(), 120,
+                       "the live page to show the run at work", poll_s=0.2)
         _screenshot(driver, "live.png", tmp_path)
         charts = _charts(driver)
         assert set(charts) == LIVE_CHARTS
@@ -195,7 +195,7 @@ def test_the_live_page_in_chromium_shows_what_status_json_says(
             shown = _figures(driver)
             return shown == expected
 
-        wait_for(settled, 30, f"the live page to show {expected}", poll_s=0.2)
+        wait_until(settled, 30, f"the live page to show {expected}", poll_s=0.2)
         shares = driver.execute_script("""const o = {}; document.querySelectorAll('[data-share]')
             .forEach(td => { o[td.dataset.share] = td.textContent; }); return o;""")
         assert shares == {k: f"{100 * v:.1f} %" for k, v in said["shares"].items()}
@@ -224,8 +224,8 @@ def test_the_report_in_chromium_draws_every_chart_and_shows_summary_json(
     driver = _driver()
     try:
         driver.get(built.out.as_uri())
-        wait_for(lambda: driver.execute_script("return document.body.dataset.ready") == "1",
-                 20, "the report to render")
+        wait_until(lambda: driver.execute_script("return document.body.dataset.ready") == "1",
+                   20, "the report to render")
         charts = _charts(driver)
         assert set(charts) == REPORT_CHARTS
         for chart, (width, height, ink) in charts.items():

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fleetgen.cli.main import build_parser
-from tests.ops.helpers import REPO
+from tests.support.ops import REPO
 
 COMPOSE = REPO / "compose" / "docker-compose.yml"
 ENV_EXAMPLE = REPO / "compose" / ".env.example"

@@ -12,8 +12,8 @@ import pytest
 from fleetgen.base.errors import ConfigError
 from fleetgen.local.flower import basic_auth
 from fleetgen.local.ports import lease_port
-from tests.e2e.pipeline import make_prompts
-from tests.ops.helpers import VENV_BIN, venv_env
+from tests.support.ops import VENV_BIN, venv_env
+from tests.support.pipeline import make_prompts
 
 
 def test_demo_serves_flower_with_a_generated_password(tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ import pytest
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.flower import start_flower_leased
-from fleetgen.local.procs import wait_for
-from tests.conftest import require_binary
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
-from tests.ops.helpers import REPO
+from tests.support.binaries import require_binary
+from tests.support.content import assert_fleet_content
+from tests.support.ops import REPO
+from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from tests.support.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -114,8 +114,8 @@ def test_flower_in_chromium_shows_gpu_workers_and_their_task_counts(
                        and shown[w].get("Active") == "0" for w in workers)
 
         # The page refreshes itself from Flower's event state; no reload needed.
-        wait_for(counts_shown, 30, f"Flower to show {dict(per_worker)} succeeded tasks",
-                 poll_s=0.5)
+        wait_until(counts_shown, 30, f"Flower to show {dict(per_worker)} succeeded tasks",
+                   poll_s=0.5)
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SCREENSHOT))
         shutil.copy(SCREENSHOT, tmp_path / SCREENSHOT.name)

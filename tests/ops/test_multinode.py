@@ -18,11 +18,12 @@ import redis
 
 from fleetgen.local.fleet import sim_ports_reported
 from fleetgen.local.ports import PortInUse, PortLease, on_leased_port, says_address_in_use
-from fleetgen.local.procs import Child, ProcessGroup, wait_for
+from fleetgen.local.procs import Child, ProcessGroup
 from fleetgen.local.valkey import probe_valkey
-from tests.e2e.content import assert_content, sim_config
-from tests.e2e.pipeline import assert_exactly_once, make_prompts
-from tests.ops.helpers import VENV_BIN, venv_env
+from tests.support.content import assert_content, sim_config
+from tests.support.ops import VENV_BIN, venv_env
+from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.waiting import wait_until
 
 NODES = ("node-a", "node-b")
 SUBNET = "10.213.47"  # a private /24 that exists only between the namespaces made here
@@ -101,7 +102,7 @@ def _start_valkey(topology: Topology, procs: ProcessGroup, data_dir: Path,
                 raise (PortInUse if says_address_in_use(log) else RuntimeError)(log[-2000:])
 
         try:
-            wait_for(lambda: probe_valkey(client, child.proc.pid), 30, "Valkey", check=check)
+            wait_until(lambda: probe_valkey(client, child.proc.pid), 30, "Valkey", check=check)
         except BaseException:
             child.signal(signal.SIGKILL)
             child.proc.wait()
@@ -122,7 +123,7 @@ def _engine_url(topology: Topology, node: str, sim: Child) -> str:
             reported[:] = sim_ports_reported(sim.log_text())
             return bool(reported) or not sim.alive()
 
-        wait_for(ready, 30, f"the simulator on {node} to report its port")
+        wait_until(ready, 30, f"the simulator on {node} to report its port")
         assert reported, sim.log_text()[-2000:]
         port = reported[0]
     return f"http://{host}:{port}"

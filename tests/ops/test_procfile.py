@@ -33,11 +33,11 @@ from fleetgen.local.ports import (
     on_leased_port,
     says_address_in_use,
 )
-from fleetgen.local.procs import wait_for
 from fleetgen.local.valkey import probe_valkey
-from tests.e2e.content import assert_content, sim_config
-from tests.e2e.pipeline import assert_exactly_once, make_prompts
-from tests.ops.helpers import REPO, VENV_BIN, sample, scrape, venv_env
+from tests.support.content import assert_content, sim_config
+from tests.support.ops import REPO, VENV_BIN, sample, scrape, venv_env
+from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.waiting import wait_until
 
 GPUS = 2  # of Procfile.sim's 8: two cores cannot start 8 workers and 8 servers quickly
 CONTEXT = 4096
@@ -124,8 +124,8 @@ def _start_honcho(tmp: Path, lease: PortLease, password: str,
     fleet = HonchoFleet(tmp, {**values}, proc, log, password, flower_auth,
                         [f"gpu{g}@{host}" for g in range(GPUS)])
     try:
-        wait_for(lambda: _ready(fleet), 90, "honcho's process set to serve, as ours",
-                 poll_s=0.2, check=fleet.check_alive)
+        wait_until(lambda: _ready(fleet), 90, "honcho's process set to serve, as ours",
+                   poll_s=0.2, check=fleet.check_alive)
     except BaseException:
         _stop_honcho(proc)
         raise
@@ -223,8 +223,8 @@ def completed_run(honcho_fleet: HonchoFleet) -> CompletedRun:
                                          (b"done", b"failed", b"rejected")) == int(total)
 
     try:
-        wait_for(written_all, 90, "the Procfile's drainer to write every row", poll_s=0.1,
-                 check=check)
+        wait_until(written_all, 90, "the Procfile's drainer to write every row", poll_s=0.1,
+                   check=check)
     finally:
         for proc in (watch, producer):
             proc.terminate()
@@ -267,7 +267,7 @@ def test_metrics_exporter_matches_the_completed_run(honcho_fleet: HonchoFleet,
     results = completed_run.data["results"]
     client = honcho_fleet.client()
     # In flight comes from heartbeats: wait until every worker has reported its idle state.
-    wait_for(lambda: all(client.hget(worker_key(w), "inflight") == b"0"
+    wait_until(lambda: all(client.hget(worker_key(w), "inflight") == b"0"
                          for w in honcho_fleet.workers), 10, "workers to report 0 in flight")
     m = scrape(honcho_fleet.url("METRICS_PORT") + "/metrics")
     assert sample(m, "fleetgen_up") == 1

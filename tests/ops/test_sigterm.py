@@ -18,10 +18,10 @@ from fleetgen.base import exitcodes
 from fleetgen.base.contract import DRAINER_GROUP, QUEUE, RunKeys
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.ports import lease_port
-from fleetgen.local.procs import wait_for
 from fleetgen.local.valkey import EmbeddedValkey
-from tests.e2e.pipeline import make_prompts
-from tests.ops.helpers import VENV_BIN, venv_env
+from tests.support.ops import VENV_BIN, venv_env
+from tests.support.pipeline import make_prompts
+from tests.support.waiting import wait_until
 
 STOP_WITHIN_S = 2.0
 TIMES: dict[str, float] = {}  # command state -> seconds from SIGTERM to exit (printed)
@@ -111,8 +111,8 @@ def test_produce_stops_while_waiting_for_the_run(commands: Callable[..., Command
     make_prompts(prompts, 20)
     # No workers: every row is enqueued, then the producer waits for outcomes forever.
     producer = commands("produce", *produce_args(prompts, "waits", redis_url))
-    wait_for(lambda: manifest(redis_url, "waits").get("state") == "produced", 60,
-             "the producer to finish reading", check=producer.alive)
+    wait_until(lambda: manifest(redis_url, "waits").get("state") == "produced", 60,
+               "the producer to finish reading", check=producer.alive)
     code, _ = producer.terminate("produce, waiting for the run")
     assert code == exitcodes.INTERRUPTED and "run the same command again" in producer.output()
 
@@ -124,8 +124,8 @@ def test_produce_stops_while_blocked_on_the_high_water_mark(
     producer = commands("produce", *produce_args(prompts, "blocked", redis_url,
                                                  "--high-water", "5", "--batch-size", "5"))
     client = redis.Redis.from_url(redis_url)
-    wait_for(lambda: client.llen(QUEUE) >= 5, 60, "the queue to reach the high-water mark",
-             check=producer.alive)
+    wait_until(lambda: client.llen(QUEUE) >= 5, 60, "the queue to reach the high-water mark",
+               check=producer.alive)
     code, _ = producer.terminate("produce, blocked on the high-water mark")
     assert code == exitcodes.INTERRUPTED
     assert int(manifest(redis_url, "blocked")["read"]) < 60  # it really was blocked
@@ -137,11 +137,11 @@ def test_produce_stops_while_redis_is_unreachable(commands: Callable[..., Comman
     prompts = tmp_path / "p.jsonl"
     make_prompts(prompts, 20)
     producer = commands("produce", *produce_args(prompts, "gone", own_valkey.url))
-    wait_for(lambda: manifest(own_valkey.url, "gone").get("state") == "produced", 60,
-             "the producer to wait for the run", check=producer.alive)
+    wait_until(lambda: manifest(own_valkey.url, "gone").get("state") == "produced", 60,
+               "the producer to wait for the run", check=producer.alive)
     own_valkey.kill()
-    wait_for(lambda: no_connection_to(producer.proc.pid, own_valkey.port), 10,
-             "the producer to notice Redis is gone")
+    wait_until(lambda: no_connection_to(producer.proc.pid, own_valkey.port), 10,
+               "the producer to notice Redis is gone")
     code, _ = producer.terminate("produce, Redis unreachable")
     assert code == exitcodes.INTERRUPTED
 
@@ -162,8 +162,8 @@ def test_drain_stops_while_waiting_for_entries(commands: Callable[..., Command],
                                                tmp_path: Path, follow: bool) -> None:
     args = ["drain", "--run", "idle", "--out", str(tmp_path / "out"), "--redis", redis_url]
     drainer = commands("drain", *args, *(["--follow"] if follow else []))
-    wait_for(drainer_ready(redis_url, "idle"), 30, "the drainer's consumer group",
-             check=drainer.alive)
+    wait_until(drainer_ready(redis_url, "idle"), 30, "the drainer's consumer group",
+               check=drainer.alive)
     code, _ = drainer.terminate(f"drain{' --follow' if follow else ''}, idle")
     # Stopped before the run completed: 1 (incomplete); --follow: 0, as before.
     assert code == (exitcodes.OK if follow else exitcodes.INCOMPLETE)
@@ -175,11 +175,11 @@ def test_drain_stops_while_redis_is_unreachable(commands: Callable[..., Command]
                                                 tmp_path: Path) -> None:
     drainer = commands("drain", "drain", "--run", "dark", "--out", str(tmp_path / "out"),
                        "--follow", "--redis", own_valkey.url)
-    wait_for(drainer_ready(own_valkey.url, "dark"), 30, "the drainer's consumer group",
-             check=drainer.alive)
+    wait_until(drainer_ready(own_valkey.url, "dark"), 30, "the drainer's consumer group",
+               check=drainer.alive)
     own_valkey.kill()
-    wait_for(lambda: no_connection_to(drainer.proc.pid, own_valkey.port), 10,
-             "the drainer to notice Redis is gone")
+    wait_until(lambda: no_connection_to(drainer.proc.pid, own_valkey.port), 10,
+               "the drainer to notice Redis is gone")
     code, _ = drainer.terminate("drain --follow, Redis unreachable")
     # Blocked inside redis-py's reconnect backoff: the second, forced delivery ends it.
     assert code == exitcodes.INTERRUPTED
@@ -188,8 +188,8 @@ def test_drain_stops_while_redis_is_unreachable(commands: Callable[..., Command]
 def test_status_watch_stops(commands: Callable[..., Command], redis_url: str) -> None:
     status = commands("status", "status", "--run", "nothing", "--watch", "--interval", "30",
                       "--redis", redis_url)
-    wait_for(lambda: "not started yet" in status.output(), 30, "the first refresh",
-             check=status.alive)
+    wait_until(lambda: "not started yet" in status.output(), 30, "the first refresh",
+               check=status.alive)
     code, _ = status.terminate("status --watch, between refreshes")
     assert code == exitcodes.OK
 
@@ -198,8 +198,8 @@ def test_metrics_stops(commands: Callable[..., Command], redis_url: str) -> None
     with lease_port() as lease:
         metrics = commands("metrics", "metrics", "--port", str(lease.port), "--redis",
                            redis_url)
-        wait_for(lambda: "serving http" in metrics.output(), 30, "the exporter to serve",
-                 check=metrics.alive)
+        wait_until(lambda: "serving http" in metrics.output(), 30, "the exporter to serve",
+                   check=metrics.alive)
         code, _ = metrics.terminate("metrics, serving")
     assert code == exitcodes.OK
 
@@ -211,8 +211,8 @@ def test_demo_stops_and_takes_its_fleet_with_it(commands: Callable[..., Command]
     demo = commands("demo", "demo", "--gpus", "2", "--prompts", str(prompts), "--out",
                     str(tmp_path / "out"), "--slots", "4", "--tpot-ms", "5",
                     "--output-tokens-mean", "200", "--max-output-tokens", "256")
-    wait_for(lambda: "watch it from another shell" in demo.output(), 120,
-             "the demo's run to start", check=demo.alive)
+    wait_until(lambda: "watch it from another shell" in demo.output(), 120,
+               "the demo's run to start", check=demo.alive)
     found = re.search(r"FLEETGEN_REDIS_URL=(\S+)", demo.output())
     assert found
     children = psutil.Process(demo.proc.pid).children(recursive=True)

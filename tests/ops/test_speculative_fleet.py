@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 
 # SGLang reserves max(topk x steps, draft tokens) = max(2 x 4, 6) = 8 tokens of every request
 # (srt/managers/utils.py `compute_num_reserved_tokens`).

@@ -24,10 +24,8 @@ SOURCES = QWEN_TEMPLATE_FILE.parent / "SOURCES.md"
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory: pytest.TempPathFactory) -> QwenTokenizer:
-    loaded = load_tokenizer("qwen3.6", tmp_path_factory.mktemp("cache"))
-    assert isinstance(loaded, QwenTokenizer)
-    return loaded
+def tok(built_tokenizer: QwenTokenizer) -> QwenTokenizer:
+    return built_tokenizer
 
 
 def same_tokens(tok: QwenTokenizer, got: str, expected: str) -> None:
@@ -145,8 +143,9 @@ def test_a_row_s_own_template_kwargs_are_parsed_and_checked() -> None:
     assert isinstance(bad, BadRow) and bad.reason.startswith("bad_option: chat_template_kwargs")
 
 
-def test_a_row_s_template_kwargs_go_over_the_run_s(tmp_path: Path) -> None:
-    quiet = load_tokenizer("qwen3.6", tmp_path, chat_template_kwargs={"enable_thinking": False})
+def test_a_row_s_template_kwargs_go_over_the_run_s(tok: QwenTokenizer) -> None:
+    quiet = load_tokenizer("qwen3.6", tok.cache_path.parent,
+                           chat_template_kwargs={"enable_thinking": False})
     messages = [{"role": "user", "content": "a"}]
     assert quiet.render(messages).endswith("<think>\n\n</think>\n\n")
     assert quiet.render(messages, {"enable_thinking": True}).endswith("assistant\n<think>\n")

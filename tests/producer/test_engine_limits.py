@@ -26,7 +26,7 @@ from fleetgen.engine.api import ServerLimits
 from producer.budget import budget
 from producer.build import build_producer, grammar_cannot_wait, resolve_limits
 from producer.settings import ProducerSettings
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 # EAGLE with topk 2 x 4 steps and 6 draft tokens: SGLang reserves max(2 x 4, 6) = 8 tokens
 # (srt/managers/utils.py `compute_num_reserved_tokens`).

@@ -11,12 +11,12 @@ import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys
 from fleetgen.base.wire import task_payload
-from fleetgen.local.procs import wait_for
 from producer.build import resolve_limits
 from producer.enqueue import Enqueuer
 from producer.pipeline import Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import load_tokenizer
+from tests.support.waiting import wait_until
 
 
 def queued_lines(client: redis.Redis) -> list[int]:
@@ -50,7 +50,7 @@ def test_lost_rows_are_enqueued_again_and_only_they(rclient: redis.Redis, redis_
         producer.wait_until_generated(interval_s=0.2)), daemon=True)
     waiter.start()
     # The lost rows come back (after two checks), the queued ones are not sent twice.
-    wait_for(lambda: len(queued_lines(rclient)) >= 30, 20, "the lost rows to come back")
+    wait_until(lambda: len(queued_lines(rclient)) >= 30, 20, "the lost rows to come back")
     assert queued_lines(rclient) == list(range(11, 41))
     for line in range(11, 41):  # a worker would now generate them
         rclient.setbit(done, line, 1)

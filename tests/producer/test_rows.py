@@ -10,7 +10,7 @@ import pytest
 
 from fleetgen.base.errors import InputError
 from producer.rows import BadRow, Row, read_rows
-from tests.conftest import write_jsonl
+from tests.support.pipeline import write_lines
 
 
 def rows_of(path: Path) -> list[Row | BadRow]:
@@ -18,7 +18,7 @@ def rows_of(path: Path) -> list[Row | BadRow]:
 
 
 def test_messages_row_keeps_other_fields(tmp_path: Path) -> None:
-    f = write_jsonl(tmp_path / "in.jsonl", [
+    f = write_lines(tmp_path / "in.jsonl", [
         '{"id": "a", "messages": [{"role": "user", "content": "hi"}], "lang": "en", "n": 3}'])
     [row] = rows_of(f)
     assert isinstance(row, Row)
@@ -28,7 +28,7 @@ def test_messages_row_keeps_other_fields(tmp_path: Path) -> None:
 
 
 def test_sharegpt_conversations_map_roles_and_drop_trailing_answer(tmp_path: Path) -> None:
-    f = write_jsonl(tmp_path / "in.jsonl", [
+    f = write_lines(tmp_path / "in.jsonl", [
         '{"id": "s", "conversations": [{"from": "system", "value": "be nice"}, '
         '{"from": "human", "value": "q"}, {"from": "gpt", "value": "old"}]}'])
     [row] = rows_of(f)
@@ -38,7 +38,7 @@ def test_sharegpt_conversations_map_roles_and_drop_trailing_answer(tmp_path: Pat
 
 
 def test_role_content_conversations(tmp_path: Path) -> None:
-    f = write_jsonl(tmp_path / "in.jsonl", [
+    f = write_lines(tmp_path / "in.jsonl", [
         '{"id": "r", "conversations": [{"role": "user", "content": "a"}, '
         '{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}'])
     [row] = rows_of(f)
@@ -47,7 +47,7 @@ def test_role_content_conversations(tmp_path: Path) -> None:
 
 
 def test_raw_prompt_and_derived_id_is_deterministic(tmp_path: Path) -> None:
-    f = write_jsonl(tmp_path / "in.jsonl", ['{"prompt": "Q: 1+1?\\nA:"}', '{"prompt": "other"}'])
+    f = write_lines(tmp_path / "in.jsonl", ['{"prompt": "Q: 1+1?\\nA:"}', '{"prompt": "other"}'])
     first, second = rows_of(f), rows_of(f)
     assert isinstance(first[0], Row) and first[0].prompt == "Q: 1+1?\nA:"
     assert first[0].id == second[0].id and first[0].id.startswith("row-")
@@ -55,7 +55,7 @@ def test_raw_prompt_and_derived_id_is_deterministic(tmp_path: Path) -> None:
 
 
 def test_integer_id_becomes_string(tmp_path: Path) -> None:
-    [row] = rows_of(write_jsonl(tmp_path / "in.jsonl", ['{"id": 7, "prompt": "x"}']))
+    [row] = rows_of(write_lines(tmp_path / "in.jsonl", ['{"id": 7, "prompt": "x"}']))
     assert isinstance(row, Row) and row.id == "7"
 
 
@@ -76,7 +76,7 @@ def test_integer_id_becomes_string(tmp_path: Path) -> None:
 ])
 def test_bad_rows_are_rejected_with_line_number_and_reason(tmp_path: Path, line: str,
                                                            reason: str) -> None:
-    f = write_jsonl(tmp_path / "in.jsonl", ['{"id": "ok", "prompt": "fine"}', line])
+    f = write_lines(tmp_path / "in.jsonl", ['{"id": "ok", "prompt": "fine"}', line])
     good, bad = rows_of(f)
     assert isinstance(good, Row)
     assert isinstance(bad, BadRow) and bad.line == 2 and bad.reason.startswith(reason)

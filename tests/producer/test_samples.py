@@ -18,7 +18,7 @@ from producer.build import build_producer
 from producer.options import Request, RequestOptions, opens_reasoning, sample_seed
 from producer.rows import Row
 from producer.settings import ProducerSettings
-from tests.e2e.content import tokenizer
+from tests.support.content import tokenizer
 
 
 def queued(client: redis.Redis) -> list[dict[str, Any]]:

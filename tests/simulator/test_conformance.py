@@ -21,7 +21,8 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.simulator.sim_helpers import ENDLESS, StartSim, generate, stats, wait_until
+from tests.support.sim import ENDLESS, StartSim, generate, stats
+from tests.support.waiting import wait_until
 
 CONTEXT = 100  # max_req_len 99, max_req_input_len 94
 SLOW = {"tpot_ms": 100.0, "output_tokens_mean": ENDLESS}  # LONG tokens take 9 s

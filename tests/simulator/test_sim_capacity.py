@@ -10,7 +10,8 @@ from functools import partial
 import httpx
 import pytest
 
-from tests.simulator.sim_helpers import ENDLESS, StartSim, generate, stats, wait_until
+from tests.support.sim import ENDLESS, StartSim, generate, stats
+from tests.support.waiting import wait_until
 
 TPOT_MS = 20.0
 

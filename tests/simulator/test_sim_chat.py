@@ -15,7 +15,7 @@ from fleetgen.simulator.chat import DEFAULT_TEMPLATE
 from fleetgen.simulator.cli import add_arguments, config_from_args
 from producer.qwen_build import QWEN_TEMPLATE_FILE
 from producer.tokenizer import load_tokenizer
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 CONVERSATIONS: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
     ([{"role": "user", "content": "Hi!"}], {}),

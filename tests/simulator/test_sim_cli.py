@@ -20,7 +20,8 @@ import pytest
 
 from fleetgen.local.ports import lease_port
 from fleetgen.simulator.cli import add_arguments, config_from_args
-from tests.simulator.sim_helpers import ENDLESS, generate, stats, wait_until
+from tests.support.sim import ENDLESS, generate, stats
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

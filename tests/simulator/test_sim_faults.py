@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.simulator.sim_helpers import ENDLESS, StartSim, generate, stats, wait_until
+from tests.support.sim import ENDLESS, StartSim, generate, stats
+from tests.support.waiting import wait_until
 
 
 def http_exception_body(status: int, message: str) -> dict[str, object]:

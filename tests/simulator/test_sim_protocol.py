@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.simulator.sim_helpers import ENDLESS, StartSim, generate
+from tests.support.sim import ENDLESS, StartSim, generate
 
 CONTEXT = 100  # max_req_len 99, max_req_input_len 94
 

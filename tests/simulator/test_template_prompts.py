@@ -13,7 +13,7 @@ import pytest
 
 from fleetgen.simulator.answers import THINK_END_ID, THINK_START_ID, Opening, opening
 from producer.tokenizer import load_tokenizer
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 CHATS = {
     "one turn": [{"role": "user", "content": "Why is the sky blue?"}],

@@ -9,7 +9,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 CONTEXT = 64
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.procs import wait_for
-from tests.e2e.content import assert_fleet_content
-from tests.e2e.pipeline import assert_exactly_once, drain, make_prompts, produce
+from tests.support.content import assert_fleet_content
+from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce
+from tests.support.waiting import wait_until
 
 MEAN_TOKENS = 100
 SEED = 0
@@ -63,14 +63,14 @@ def test_aborted_requests_are_retried_never_written(fleet: LocalFleet, tmp_path:
             return all(running == 4 for running, _ in seen[-1])
 
         try:
-            wait_for(full, 60, "both servers to be full")
-        except TimeoutError as exc:
+            wait_until(full, 60, "both servers to be full")
+        except AssertionError as exc:
             raise AssertionError(f"{exc}; (running, queued) last seen: {seen[-5:]}") from exc
         for url in victims:
             assert http.post(url + "/abort_request", json={"abort_all": True}).status_code == 200
         # At least the 4 running on each (counted as the aborted handlers finish).
-        wait_for(lambda: all(_stats(http, u)["aborted_total"] >= 4 for u in victims), 10,
-                 "the aborts to be answered")
+        wait_until(lambda: all(_stats(http, u)["aborted_total"] >= 4 for u in victims), 10,
+                   "the aborts to be answered")
 
     out = tmp_path / "out"
     summary = drain(fleet, "abort", out, errors, timeout_s=240)

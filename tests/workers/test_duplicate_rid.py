@@ -10,12 +10,13 @@ import orjson
 import redis
 
 from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
-from tests.e2e.content import expected
-from tests.workers.workerproc import drain_until_complete, start_worker, stop
+from tests.support.content import expected
+from tests.support.pipeline import drain_until_complete
+from tests.support.waiting import wait_until
+from tests.support.workers import start_worker, stop
 
 
 def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path: Path) -> None:
@@ -33,9 +34,9 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
             client.hset(keys.manifest, "state", "producing")  # a run the worker knows
             Enqueuer(client, run).send([payload, payload])  # the same message, twice
             with httpx.Client(base_url=sim.url) as http:
-                wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] >= 1, 60,
-                         "the first delivery to be running")
-            wait_for(lambda: client.xlen(keys.stream) >= 2, 60, "both deliveries to finish")
+                wait_until(lambda: http.get("/_sim/stats").json()["num_running_reqs"] >= 1, 60,
+                           "the first delivery to be running")
+            wait_until(lambda: client.xlen(keys.stream) >= 2, 60, "both deliveries to finish")
         finally:
             stop(proc)
     kinds = [fields[b"k"].decode() for _, fields in client.xrange(keys.stream)]

@@ -16,11 +16,11 @@ import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload, worker_key
 from fleetgen.local.ports import lease_port
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
-from tests.workers.workerproc import heartbeat_key, start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat_key, start_worker, stop
 
 
 def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) -> None:
@@ -44,15 +44,15 @@ def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) 
         stdout=log.open("wb"), stderr=subprocess.STDOUT)
     key = worker_key(f"gate@{socket.gethostname()}")
     try:
-        wait_for(lambda: client.hget(key, "consuming") == b"0", 60, "the gate to close")
-        wait_for(lambda: client.hget(key, "at") is not None, 5, "a heartbeat")
+        wait_until(lambda: client.hget(key, "consuming") == b"0", 60, "the gate to close")
+        wait_until(lambda: client.hget(key, "at") is not None, 5, "a heartbeat")
         # The engine is down: the prompt stays queued (not bounced, not failed).
         assert client.llen(QUEUE) == 1 and client.hlen("unacked") == 0
         assert not client.exists(RunKeys("gate").stream)
         assert "received" not in log.read_text()  # never even taken from the queue
         with run_in_thread(SimConfig(port=port, ttft_ms=1, tpot_ms=0)):
-            wait_for(lambda: client.getbit(RunKeys("gate").done, 1) == 1, 30,
-                     "the prompt to be generated once the engine is up")
+            wait_until(lambda: client.getbit(RunKeys("gate").done, 1) == 1, 30,
+                       "the prompt to be generated once the engine is up")
             assert client.hget(key, "consuming") == b"1"
     finally:
         proc.terminate()
@@ -79,7 +79,7 @@ def test_a_slow_health_endpoint_does_not_hold_up_prompts(redis_url: str, tmp_pat
                             env={"FLEETGEN_HEALTH_INTERVAL_S": "0.3"})
         key = heartbeat_key("slowh")
         try:
-            wait_for(lambda: client.hget(key, "consuming") == b"1", 60, "the gate to open")
+            wait_until(lambda: client.hget(key, "consuming") == b"1", 60, "the gate to open")
             client.hset(keys.manifest, "state", "producing")
             Enqueuer(client, "slowh").send(_payloads("slowh", n))
             beats: list[bytes | None] = []
@@ -88,7 +88,7 @@ def test_a_slow_health_endpoint_does_not_hold_up_prompts(redis_url: str, tmp_pat
                 beats.append(client.hget(key, "consuming"))
                 return int(client.xlen(keys.stream)) >= n
 
-            wait_for(done, 120, "every prompt to be answered", poll_s=0.05)
+            wait_until(done, 120, "every prompt to be answered", poll_s=0.05)
         finally:
             stop(proc)
     stamps = [int(entry_id.split(b"-")[0]) for entry_id, _ in client.xrange(keys.stream)]
@@ -116,8 +116,8 @@ def test_a_refused_engine_is_gone_only_after_the_threshold(redis_url: str,
             client.hset(keys.manifest, "state", "producing")
             Enqueuer(client, "gone").send(_payloads("gone", 2))
             with httpx.Client(base_url=sim.url) as http:
-                wait_for(lambda: http.get("/_sim/stats").json()["num_running_reqs"] == 2, 60,
-                         "the server to run both prompts")
+                wait_until(lambda: http.get("/_sim/stats").json()["num_running_reqs"] == 2, 60,
+                           "the server to run both prompts")
         finally:
             refused_at = time.time()
             sim.stop()  # connections dropped, port closed: every probe is refused
@@ -128,18 +128,18 @@ def test_a_refused_engine_is_gone_only_after_the_threshold(redis_url: str,
             beats.append((at, client.hget(key, "consuming")))
             return beats[-1][1] == b"0"
 
-        wait_for(closed, 60, "the gate to close", poll_s=0.05)
+        wait_until(closed, 60, "the gate to close", poll_s=0.05)
         closed_at = beats[-1][0]
         # A refusal shorter than the threshold is a blip: the worker kept consuming well
         # after the server went away, and closed the gate only past the threshold.
         assert any(c == b"1" and at > refused_at + 1.5 for at, c in beats), beats
         assert closed_at >= refused_at + gone_s - 0.5, (closed_at - refused_at)
         # What it held is back in the queue, with no outcome written.
-        wait_for(lambda: client.llen(QUEUE) == 2 and client.hlen("unacked") == 0, 30,
-                 "the held prompts to be handed back")
+        wait_until(lambda: client.llen(QUEUE) == 2 and client.hlen("unacked") == 0, 30,
+                   "the held prompts to be handed back")
         assert client.xlen(keys.stream) == 0
         with run_in_thread(SimConfig(port=port, ttft_ms=1, tpot_ms=0, health_delay_s=0)):
-            wait_for(lambda: client.xlen(keys.stream) == 2, 60, "both prompts once it is back")
+            wait_until(lambda: client.xlen(keys.stream) == 2, 60, "both prompts once it is back")
             assert client.hget(key, "consuming") == b"1"
     finally:
         stop(proc)

@@ -16,12 +16,13 @@ import redis
 from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
 from fleetgen.base.redisconn import connect, read_hash
 from fleetgen.drainer import Drainer
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
-from tests.e2e.content import expected
-from tests.workers.workerproc import drain_until_complete, start_worker, stop
+from tests.support.content import expected
+from tests.support.pipeline import drain_until_complete
+from tests.support.waiting import wait_until
+from tests.support.workers import start_worker, stop
 
 THINK, END, NL, PARA = 248068, 248069, 198, 271
 SCHEMA = json.dumps({"type": "object", "properties": {
@@ -75,7 +76,7 @@ def test_reasoning_json_and_logprobs_through_a_worker(redis_url: str, tmp_path: 
         try:
             client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": len(sent)})
             Enqueuer(client, RUN).send(sent)
-            wait_for(lambda: client.xlen(keys.stream) >= len(sent), 120, "every outcome")
+            wait_until(lambda: client.xlen(keys.stream) >= len(sent), 120, "every outcome")
         finally:
             stop(proc)
     out = tmp_path / "out"

@@ -12,10 +12,10 @@ import redis
 
 from fleetgen.base import exitcodes
 from fleetgen.local.ports import lease_port
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
-from tests.workers.workerproc import heartbeat_key, start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat_key, start_worker, stop
 
 
 @pytest.fixture()
@@ -30,7 +30,7 @@ def test_pool_is_slots_plus_one_without_c(redis_url: str, sim: SimThread,
     try:
         client = redis.Redis.from_url(redis_url)
         key = heartbeat_key("auto")
-        wait_for(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
+        wait_until(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
         assert client.hget(key, "concurrency") == b"6"
     finally:
         stop(proc)
@@ -46,7 +46,7 @@ def test_pool_follows_the_derived_limit_when_top_level_is_null(redis_url: str,
         try:
             client = redis.Redis.from_url(redis_url)
             key = heartbeat_key("derived")
-            wait_for(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
+            wait_until(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
             assert client.hget(key, "concurrency") == b"8"
         finally:
             stop(proc)
@@ -61,11 +61,11 @@ def test_worker_waits_for_a_loading_engine_then_sizes_from_it(redis_url: str,
     client = redis.Redis.from_url(redis_url)
     key = heartbeat_key("late")
     try:
-        wait_for(lambda: "waiting for engine" in log.read_text(), 60,
-                 "the worker to say it waits for its engine")
+        wait_until(lambda: "waiting for engine" in log.read_text(), 60,
+                   "the worker to say it waits for its engine")
         assert proc.poll() is None and not client.exists(key)  # waiting, not started
         with run_in_thread(SimConfig(port=lease.port, derived_slots=3, health_delay_s=0)):
-            wait_for(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
+            wait_until(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
             assert client.hget(key, "concurrency") == b"4"
     finally:
         stop(proc)

@@ -14,11 +14,11 @@ import redis
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import RunKeys, TaskPayload
 from fleetgen.base.outcomes import read_entry
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
-from tests.workers.workerproc import heartbeat_key, start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat_key, start_worker, stop
 from workers.startup import share_of
 
 
@@ -45,12 +45,12 @@ def test_two_processes_share_one_engine(redis_url: str, tmp_path: Path) -> None:
              for i, name in enumerate(names, start=1)]
     try:
         beats = [heartbeat_key(name) for name in names]
-        wait_for(lambda: all(client.exists(b) for b in beats), 60, "both heartbeats")
+        wait_until(lambda: all(client.exists(b) for b in beats), 60, "both heartbeats")
         # K = 6: K + 1 = 7 threads in all, split 4 + 3.
         assert [client.hget(b, "concurrency") for b in beats] == [b"4", b"3"]
         client.hset(RunKeys("shared").manifest, "state", "producing")  # workers drop unknown runs
         Enqueuer(client, "shared").send(_payloads("shared", n))
-        wait_for(lambda: int(client.hget(keys.stats, "done") or 0) >= n, 120,
+        wait_until(lambda: int(client.hget(keys.stats, "done") or 0) >= n, 120,
                  "every prompt to be answered")
         per_worker = [_done_of(client, keys, name) for name in names]
         assert sum(per_worker) == n and min(per_worker) > 0, per_worker
@@ -58,7 +58,7 @@ def test_two_processes_share_one_engine(redis_url: str, tmp_path: Path) -> None:
         assert sorted(r["line"] for r in records) == list(range(1, n + 1))  # each once
         # The engine goes: the gate of each process sharing it closes.
         sim.stop()
-        wait_for(lambda: all(client.hget(b, "consuming") == b"0" for b in beats), 60,
+        wait_until(lambda: all(client.hget(b, "consuming") == b"0" for b in beats), 60,
                  "every process's gate to close")
     finally:
         sim.stop()

@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from fleetgen.base.celeryconf import make_app
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
-from tests.workers.workerproc import heartbeat_key, start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat_key, start_worker, stop
 
 
 @pytest.fixture()
@@ -29,7 +29,7 @@ def test_task_events_are_off_until_flower_enables_them(redis_url: str, sim: SimT
     app = make_app(redis_url, visibility_timeout_s=7200)
     try:
         client = redis.Redis.from_url(redis_url)
-        wait_for(lambda: client.exists(heartbeat_key("events")) == 1, 60, "the heartbeat")
+        wait_until(lambda: client.exists(heartbeat_key("events")) == 1, 60, "the heartbeat")
         # What Flower sends every 5 s (flower/events.py `on_enable_events`).
         first = app.control.enable_events(reply=True, timeout=10)
         again = app.control.enable_events(reply=True, timeout=10)

@@ -11,10 +11,10 @@ import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
 from fleetgen.base.wire import task_message
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
-from tests.workers.workerproc import start_worker, stop
+from tests.support.waiting import wait_until
+from tests.support.workers import start_worker, stop
 
 
 @pytest.fixture()
@@ -35,8 +35,8 @@ def test_task_lines_only_when_asked(redis_url: str, sim: SimThread, tmp_path: Pa
     proc = start_worker(redis_url, sim.url, "log", log, concurrency=2,
                         env={"FLEETGEN_TASK_LOG": task_log})
     try:
-        wait_for(lambda: int(client.hget(RunKeys("log").stats, "done") or 0) == 3, 60,
-                 "three outcomes")
+        wait_until(lambda: int(client.hget(RunKeys("log").stats, "done") or 0) == 3, 60,
+                   "three outcomes")
     finally:
         stop(proc)  # the log is complete once the worker has exited
     text = log.read_text()

@@ -1,4 +1,5 @@
-"""Test helpers: make prompt files, run producer + drainer against a fleet, read the output."""
+"""Prompt files, the producer and the drainer run in this process against a fleet, and the
+output read back: every request exactly once."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,25 +78,47 @@ def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,
     return drain(fleet, run, out, errors, timeout_s=timeout_s)
 
 
-def drain(fleet: LocalFleet, run: str, out: Path, errors: list[BaseException] | None = None,
-          timeout_s: float = 180.0) -> dict[str, Any]:
-    """Drain until the run is complete; fail (with the drainer's view) past the deadline."""
-    drainer = Drainer(connect(fleet.redis_url), run, out, block_ms=200)
+def drain_until_complete(redis_url: str, run: str, out: Path, timeout_s: float = 60,
+                         check: Callable[[Drainer], None] | None = None) -> Drainer:
+    """A drainer over the run's stream until the run is complete or the deadline passes (the
+    caller asserts `complete()`); `check` runs at each batch (to fail at once). Returns it
+    closed, its tally and summary readable."""
+    drainer = Drainer(connect(redis_url), run, out, block_ms=100)
     drainer.recover()
     deadline = time.monotonic() + timeout_s
-
-    def check(_: Drainer) -> None:
-        if errors:
-            raise errors[0]
-
     try:
         drainer.run_until_complete(on_progress=check,
                                    should_stop=lambda: time.monotonic() > deadline)
     finally:
         drainer.close()
+    return drainer
+
+
+def drain(fleet: LocalFleet, run: str, out: Path, errors: list[BaseException] | None = None,
+          timeout_s: float = 180.0) -> dict[str, Any]:
+    """Drain until the run is complete; fail (with the drainer's view) past the deadline or
+    at once when the producer beside it failed (`errors`)."""
+
+    def check(_: Drainer) -> None:
+        if errors:
+            raise errors[0]
+
+    drainer = drain_until_complete(fleet.redis_url, run, out, timeout_s, check)
     summary = drainer.write_summary()
     assert summary["complete"], f"run {run} not complete after {timeout_s} s: {summary}"
     return summary
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Rows as a JSONL input file."""
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """Lines as they are (a malformed one too) as an input file."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def read_output(out: Path) -> dict[str, list[dict[str, Any]]]:

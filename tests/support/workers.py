@@ -5,12 +5,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from fleetgen.base.contract import worker_key
-from fleetgen.base.redisconn import connect
-from fleetgen.drainer import Drainer
 
 
 def start_worker(redis_url: str, engine_url: str, name: str, log: Path, *,
@@ -36,16 +33,3 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         proc.wait(timeout=60)
-
-
-def drain_until_complete(redis_url: str, run: str, out: Path, timeout_s: float = 60) -> Drainer:
-    """A drainer over the run's stream until the run is complete (or the deadline passes:
-    the caller asserts `complete()`); returns it closed, its tally and summary readable."""
-    drainer = Drainer(connect(redis_url), run, out, block_ms=100)
-    drainer.recover()
-    deadline = time.monotonic() + timeout_s
-    try:
-        drainer.run_until_complete(should_stop=lambda: time.monotonic() > deadline)
-    finally:
-        drainer.close()
-    return drainer

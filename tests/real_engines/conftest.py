@@ -1,5 +1,6 @@
 """A real llama-server (llama.cpp) per session, serving a tiny random-weight model with the
-real Qwen3.6 vocabulary: `-c 16384 -np 4`, so four slots of 4096 tokens."""
+real Qwen3.6 vocabulary: `-c 16384 -np 4`, so four slots of 4096 tokens; and a fleet of one
+real worker on it, shared by the modules that run whole runs on it."""
 
 from __future__ import annotations
 
@@ -8,18 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_binary
-from tests.engines.llama import (
+from fleetgen.local.fleet import FleetSpec, LocalFleet
+from tests.support.binaries import require_binary
+from tests.support.llama import (
     LLAMA_DIST,
     LLAMA_PACKAGE,
     SERVER_NAME,
+    SLOTS,
     LlamaServer,
     llama_bin_dir,
     llama_server_binary,
     tiny_qwen_model,
 )
 
-SERVER_ARGS = ["-c", "16384", "-np", "4"]
+SERVER_ARGS = ["-c", "16384", "-np", str(SLOTS)]
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +51,20 @@ def llama(llama_binary: Path, llama_model: Path,
     server = LlamaServer(llama_binary, llama_model, log, args=list(SERVER_ARGS)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_fleet(llama: LlamaServer,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """Valkey and one real worker per llama-server (no simulator), told the OpenAI protocol."""
+    fleet = LocalFleet(tmp_path_factory.mktemp("llamafleet"), FleetSpec(
+        gpus=1, max_running_requests=SLOTS, concurrency=SLOTS,
+        worker_env={"FLEETGEN_ENGINE_PROTOCOL": "openai"}))
+    fleet.sim_ports = [llama.port]  # engine_url(0) is the llama-server
+    try:
+        fleet.valkey.start()
+        fleet.start_worker(0)
+        fleet.wait_workers_ready(120)
+        yield fleet
+    finally:
+        fleet.stop()

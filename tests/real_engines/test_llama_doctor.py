@@ -18,7 +18,7 @@ from fleetgen.base import exitcodes
 from fleetgen.cli.doctor import DISAGREES
 from fleetgen.cli.main import main
 from producer.qwen_build import QWEN_TEMPLATE_FILE
-from tests.engines.llama import LlamaServer
+from tests.support.llama import LlamaServer
 
 OFFICIAL = ["--jinja", "--chat-template-file", str(QWEN_TEMPLATE_FILE)]
 HISTORY = "system + history with reasoning_content"

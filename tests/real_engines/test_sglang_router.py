@@ -18,11 +18,11 @@ from fleetgen.base import exitcodes
 from fleetgen.cli import main as cli
 from fleetgen.engine.health import probe_url
 from fleetgen.local.ports import lease_port
-from fleetgen.local.procs import wait_for
 from fleetgen.simulator import SimConfig, SimThread, run_in_thread
-from tests.e2e.content import assert_content
-from tests.e2e.pipeline import assert_exactly_once, make_prompts
-from tests.workers.workerproc import start_worker, stop
+from tests.support.content import assert_content
+from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.waiting import wait_until
+from tests.support.workers import start_worker, stop
 
 pytest.importorskip("sglang_router", reason="pip install sglang-router (make test installs it)")
 
@@ -55,7 +55,7 @@ def router(sims: list[SimThread], tmp_path_factory: pytest.TempPathFactory) -> I
             if proc.poll() is not None:
                 raise AssertionError(f"router exited: {log.read_text()[-2000:]}")
             return probe_url(url).ready
-        wait_for(up, 60, "the router's /readiness")
+        wait_until(up, 60, "the router's /readiness")
         yield url
     finally:
         proc.terminate()

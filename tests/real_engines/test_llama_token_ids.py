@@ -16,10 +16,9 @@ from fleetgen.engine import GenerateOptions
 from fleetgen.engine.openai import PROTOCOL
 from fleetgen.engine.preflight import returns_token_ids
 from fleetgen.local.fleet import LocalFleet
-from tests.e2e.content import input_rows
-from tests.e2e.pipeline import assert_exactly_once, make_prompts, run_pipeline
-from tests.engines.llama import LlamaServer
-from tests.engines.test_llama_fleet import llama_fleet  # noqa: F401 (a fixture)
+from tests.support.content import input_rows
+from tests.support.llama import LlamaServer
+from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 
 PROMPT = list(range(1000, 1040))
 
@@ -46,7 +45,7 @@ def test_llama_cpp_returns_its_ids_under_verbose(llama: LlamaServer) -> None:
 
 
 def test_a_run_on_llama_cpp_keeps_token_ids_and_exports_them(
-        llama: LlamaServer, llama_fleet: LocalFleet,  # noqa: F811 (the imported fixture)
+        llama: LlamaServer, llama_fleet: LocalFleet,
         tmp_path: Path) -> None:
     """The whole path on the real engine: the producer's start-up probe, a real worker asking
     for `return_tokens` + `verbose`, the drainer, then the tokens export (which checks every

@@ -140,3 +140,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     raw = path.read_bytes()
     assert raw.endswith(b"\n"), f"{path} does not end with a whole line"
     return [orjson.loads(line) for line in raw.splitlines()]
+
+
+def without_nulls(value: Any) -> Any:
+    """A value as JSON would have it: Parquet fills keys a row lacks with nulls."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value

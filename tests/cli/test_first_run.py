@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.local.ports import lease_port
-from tests.simulator.sim_helpers import StartSim
+from tests.support.sim import StartSim
 
 ROOT = Path(__file__).resolve().parents[2]
 

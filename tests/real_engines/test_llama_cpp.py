@@ -17,8 +17,8 @@ import pytest
 from fleetgen.base.errors import ContentError
 from producer.rows import Row, read_rows
 from producer.tokenizer import _PROBES, QWEN_SPECIAL_IDS, QwenTokenizer, load_tokenizer
-from tests.e2e.pipeline import make_prompts
-from tests.engines.llama import LlamaServer, llama_version
+from tests.support.llama import LlamaServer, llama_version
+from tests.support.pipeline import make_prompts
 
 SAMPLE_PROMPTS = Path(__file__).parents[2] / "fleetgen" / "data" / "sample_prompts.jsonl"
 SLOT_CTX = 4096  # -c 16384 shared by -np 4 slots
