@@ -16,19 +16,14 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench.common import save, table
-from bench.worker_cpu import PROMPT_TOKENS, SLOTS, cpu_s, payloads, prompts
-from fleetgen.base.contract import QUEUE, RunKeys
-from fleetgen.base.redisconn import connect
-from fleetgen.base.wire import task_message
+from bench.worker_cpu import PROMPT_TOKENS, SLOTS, prompts, timed_tasks
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.procs import wait_for
 
 GOAL_PER_S = 500
 WARMUP = 300
@@ -37,33 +32,10 @@ WARMUP = 300
 def phase(fleet: LocalFleet, run: str, rows: list[list[int]],
           timeout_s: float) -> dict[str, float]:
     """Push every task, wait for the last outcome: seconds, and CPU of workers, sim, Valkey."""
-    client = connect(fleet.redis_url)
-    messages = [task_message(p) for p in payloads(run, rows)]
     assert fleet.sim is not None and fleet.valkey.proc is not None
     pids = {"workers": [w.proc.pid for w in fleet.workers], "simulator": [fleet.sim.proc.pid],
             "valkey": [fleet.valkey.proc.pid]}
-    before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
-    client.hset(RunKeys(run).manifest, "state", "producing")  # workers drop unknown runs
-    started = time.perf_counter()
-    for i in range(0, len(messages), 512):
-        client.lpush(QUEUE, *messages[i:i + 512])
-    stats = RunKeys(run).stats
-
-    def finished() -> bool:
-        return int(client.hget(stats, "done") or 0) >= len(rows)
-
-    def alive() -> None:
-        for w in fleet.workers:
-            if not w.alive():
-                raise RuntimeError(f"worker {w.name} exited:\n{w.log_text()[-3000:]}")
-
-    wait_for(finished, timeout_s, f"{len(rows)} outcomes of run {run}", poll_s=0.01,
-             check=alive)
-    seconds = time.perf_counter() - started
-    used = {k: sum(cpu_s(p) for p in v) - before[k] for k, v in pids.items()}
-    client.delete(*RunKeys(run).all())
-    client.close()
-    return {"seconds": seconds, **used}
+    return timed_tasks(fleet, run, rows, pids, timeout_s)
 
 
 def measure_shape(work: Path, processes: int, requests: int, rounds: int,

@@ -63,10 +63,17 @@ def payloads(run: str, rows: list[list[int]]) -> list[TaskPayload]:
 def worker_phase(fleet: LocalFleet, run: str, rows: list[list[int]],
                  timeout_s: float) -> dict[str, float]:
     """Push every task, then wait for the last outcome; CPU of the worker, simulator, Valkey."""
+    pids = {name: [pid] for name, pid in _pids(fleet).items()}
+    return timed_tasks(fleet, run, rows, pids, timeout_s)
+
+
+def timed_tasks(fleet: LocalFleet, run: str, rows: list[list[int]],
+                pids: dict[str, list[int]], timeout_s: float) -> dict[str, float]:
+    """LPUSH ready-made task messages for `rows`, wait until the workers count them all done:
+    the seconds it took and the CPU seconds each group of `pids` spent meanwhile."""
     client = connect(fleet.redis_url)
     messages = [task_message(p) for p in payloads(run, rows)]
-    pids = _pids(fleet)
-    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
     client.hset(RunKeys(run).manifest, "state", "producing")  # workers drop unknown runs
     started = time.perf_counter()
     for i in range(0, len(messages), 512):
@@ -76,10 +83,10 @@ def worker_phase(fleet: LocalFleet, run: str, rows: list[list[int]],
     def finished() -> bool:
         return int(client.hget(stats, "done") or 0) >= len(rows)
 
-    wait_for(finished, timeout_s, f"{len(rows)} outcomes of run {run}", poll_s=0.02,
+    wait_for(finished, timeout_s, f"{len(rows)} outcomes of run {run}", poll_s=0.01,
              check=lambda: _check_alive(fleet))
     seconds = time.perf_counter() - started
-    used = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+    used = {k: sum(cpu_s(p) for p in v) - before[k] for k, v in pids.items()}
     client.delete(*RunKeys(run).all())
     client.close()
     return {"seconds": seconds, **used}
@@ -110,8 +117,9 @@ def _pids(fleet: LocalFleet) -> dict[str, int]:
 
 
 def _check_alive(fleet: LocalFleet) -> None:
-    if not fleet.workers[0].alive():
-        raise RuntimeError(f"worker exited:\n{fleet.workers[0].log_text()[-3000:]}")
+    for w in fleet.workers:
+        if not w.alive():
+            raise RuntimeError(f"worker {w.name} exited:\n{w.log_text()[-3000:]}")
 
 
 def run(requests: int, rounds: int, work: Path, output_tokens_mean: int,

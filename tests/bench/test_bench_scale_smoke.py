@@ -6,30 +6,17 @@ past the threshold fails and leaves the recorded figure as it was)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from bench import central, gpu_pool, guard
-
-
-@pytest.fixture(autouse=True)
-def figures_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    out = tmp_path / "figures"
-    monkeypatch.setattr("bench.common.FIGURES_DIR", out)
-    return out
-
-
-def _figures(figures_dir: Path, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads((figures_dir / f"{name}.json").read_bytes())
-    assert data["machine"]["cpus"] >= 1 and data["at"] and data["commit"]
-    return data
+from tests.support.figures import figures
 
 
 def test_gpu_pool_one_and_two_processes(figures_dir: Path) -> None:
     assert gpu_pool.main(["--requests", "60", "--rounds", "1", "--processes", "1,2"]) == 0
-    shapes = _figures(figures_dir, "gpu")["shapes"]
+    shapes = figures(figures_dir, "gpu")["shapes"]
     assert set(shapes) == {"1", "2"}
     for shape in shapes.values():
         assert shape["requests_per_s"] > 0 and shape["workers_cpu_ms_per_request"] > 0
@@ -38,7 +25,7 @@ def test_gpu_pool_one_and_two_processes(figures_dir: Path) -> None:
 
 def test_central_path_writes_every_row_and_counts_commands(figures_dir: Path) -> None:
     assert central.main(["--rows", "300", "--consumers", "2"]) == 0
-    data = _figures(figures_dir, "central")
+    data = figures(figures_dir, "central")
     assert data["written"] == 300 and data["rows_per_s"] > 0
     per_row = data["redis_commands_per_row"]
     # Each row: one BRPOP, one done-bit question, one outcome (its XADD).
@@ -50,7 +37,7 @@ def test_central_path_writes_every_row_and_counts_commands(figures_dir: Path) ->
 def test_guard_records_then_fails_past_the_threshold(figures_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     assert guard.main(["--rows", "100", "--gpus", "1"]) == 0
-    first = _figures(figures_dir, "guard")
+    first = figures(figures_dir, "guard")
     assert first["verdict"] == "new" and first["cost_in_units"] > 0
     # The same pipeline recorded at a third of its cost: the next run is past the failure
     # threshold (1.25 x) unless it costs less than 0.42 x this one, far outside the noise of
@@ -58,6 +45,6 @@ def test_guard_records_then_fails_past_the_threshold(figures_dir: Path,
     recorded = {**first, "cost_in_units": first["cost_in_units"] / 3}
     (figures_dir / "guard.json").write_bytes(orjson.dumps(recorded))
     assert guard.main(["--rows", "100", "--gpus", "1"]) == 1
-    assert _figures(figures_dir, "guard")["cost_in_units"] == recorded["cost_in_units"]
+    assert figures(figures_dir, "guard")["cost_in_units"] == recorded["cost_in_units"]
     assert guard.verdict(1.0, 1.0) == ("ok", 1.0)
     assert guard.verdict(1.2, 1.0)[0] == "warn" and guard.verdict(1.3, 1.0)[0] == "fail"

@@ -5,12 +5,11 @@ fleetgen near its ideal with no context-length failures, the producer ahead of t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
 from bench import ceiling, drain, fleet, memory, ordering, produce, worker_cpu
+from tests.support.figures import figures
 
 # Makespan / ideal of fleetgen at 40 rows on 2 GPUs. The tail is a larger share of so short a
 # run than of the real bench (1.03 at 5,000 rows), so the bound is loose, but a dispatcher
@@ -18,25 +17,13 @@ from bench import ceiling, drain, fleet, memory, ordering, produce, worker_cpu
 TINY_RATIO_BOUND = 1.8
 
 
-@pytest.fixture(autouse=True)
-def figures_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    # The tracked figures of a real `make bench` run stay untouched.
-    out = tmp_path / "figures"
-    monkeypatch.setattr("bench.common.FIGURES_DIR", out)
-    return out
 
 
-def _figures(figures_dir: Path, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads((figures_dir / f"{name}.json").read_bytes())
-    # Every file says where, when, at which sizes and on which code it was measured.
-    assert data["machine"]["cpus"] >= 1 and data["at"] and data["commit"]
-    assert data["arguments"]
-    return data
 
 
 def test_fleet_both_systems_write_every_row(figures_dir: Path) -> None:
     assert fleet.main(["--rows", "40", "--gpus", "2", "--fleets", "equal"]) == 0
-    data = _figures(figures_dir, "fleet")
+    data = figures(figures_dir, "fleet")
     by_system = {r["system"]: r for r in data["results"]}
     assert set(by_system) == {"fleetgen", "seed, K", "seed, K+1"}
     ours = by_system["fleetgen"]
@@ -55,7 +42,7 @@ def test_fleet_both_systems_write_every_row(figures_dir: Path) -> None:
 
 def test_producer_beats_the_naive_loop(figures_dir: Path) -> None:
     assert produce.main(["--rows", "200"]) == 0
-    data = _figures(figures_dir, "producer")
+    data = figures(figures_dir, "producer")
     naive, ours = data["results"]
     assert (naive["mode"], ours["mode"]) == ("naive", "fleetgen")
     assert ours["rows"] == naive["rows"] == 200
@@ -65,19 +52,19 @@ def test_producer_beats_the_naive_loop(figures_dir: Path) -> None:
 
 def test_drainer_memory_ceiling_ordering(figures_dir: Path) -> None:
     assert drain.main(["--rows", "2000", "--batches", "512", "--restart-rows", "3000"]) == 0
-    drained = _figures(figures_dir, "drainer")
+    drained = figures(figures_dir, "drainer")
     assert drained["results"][0]["stream_left"] == 0
     assert drained["restart"]["rows"] == 3000
     assert memory.main(["--sizes", "300", "--valkey-rows", "300"]) == 0
-    mem = _figures(figures_dir, "memory")
+    mem = figures(figures_dir, "memory")
     assert mem["valkey"]["written"] == 300
     assert mem["valkey"]["base_bytes"] <= mem["valkey"]["p50_bytes"] <= mem["valkey"][
         "peak_bytes"]
     assert ceiling.main(["--rows", "100", "--gpus", "2"]) == 0
-    ceil = _figures(figures_dir, "ceiling")
+    ceil = figures(figures_dir, "ceiling")
     assert ceil["done"] == 100 and ceil["rows_per_s"] > 0
     assert ordering.main(["--rows", "200", "--seeds", "2"]) == 0
-    ratios = _figures(figures_dir, "ordering")["ratios"]
+    ratios = figures(figures_dir, "ordering")["ratios"]
     assert len(ratios["input order"]) == 2
     # No order can beat the ideal (total service / slots); none should idle half the fleet.
     assert all(0.999 <= v < 2 for values in ratios.values() for v in values)
@@ -85,7 +72,7 @@ def test_drainer_memory_ceiling_ordering(figures_dir: Path) -> None:
 
 def test_worker_and_plain_client_cpu_in_one_run(figures_dir: Path) -> None:
     assert worker_cpu.main(["--requests", "60", "--rounds", "1", "--warmup", "20"]) == 0
-    w = _figures(figures_dir, "worker")
+    w = figures(figures_dir, "worker")
     # Both phases ran every request (the worker phase waits for its `done` counter, the
     # client phase raises on a missing answer) and each used some CPU of its own.
     assert w["worker_cpu_ms_per_request"] > 0 and w["client_cpu_ms_per_request"] > 0

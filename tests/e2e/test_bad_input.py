@@ -92,7 +92,7 @@ def wrong_columns(tmp_path: Path) -> Path:
     (["status", "--run", "nope"], exitcodes.CONFIG, "no run named"),
     (["drain", "--run", "r", "--out", "{tmp}/o", "--redis", "redis://127.0.0.1:9/0"],
      exitcodes.UNAVAILABLE, "cannot reach Redis"),
-    (["status", "--redis", "http://nope"], exitcodes.CONFIG, "FLEETGEN_REDIS_URL"),
+    (["status", "--redis", "http://nope"], exitcodes.CONFIG, "--redis must be"),
     (["produce", "{prompts}", "--context-length", "x"], exitcodes.USAGE, "usage"),
     (["produce", "{prompts}", "--run", "r", "--context-length", "8192", "--n", "0"],
      exitcodes.CONFIG, "--n must be in 1..128"),

@@ -33,3 +33,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def assert_one_line_exit(log: Path, code: int | None, expected: int, names: str) -> None:
+    """A worker that refused to start: exit `expected`, no traceback, one `fleetgen worker:`
+    line that names `names` (the setting or the cause)."""
+    text = log.read_text()
+    assert code == expected, text
+    assert "Traceback" not in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("fleetgen worker:")]
+    assert len(lines) == 1 and names in lines[0], text

@@ -15,7 +15,7 @@ from fleetgen.local.ports import lease_port
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.support.waiting import wait_until
-from tests.support.workers import heartbeat_key, start_worker, stop
+from tests.support.workers import assert_one_line_exit, heartbeat_key, start_worker, stop
 
 
 @pytest.fixture()
@@ -82,11 +82,7 @@ def test_worker_gives_up_on_an_engine_that_never_comes(redis_url: str, tmp_path:
     finally:
         stop(proc)
         lease.close()
-    text = log.read_text()
-    assert code == exitcodes.UNAVAILABLE, text
-    assert "Traceback" not in text
-    lines = [ln for ln in text.splitlines() if ln.startswith("fleetgen worker:")]
-    assert len(lines) == 1 and "FLEETGEN_ENGINE_WAIT_S" in lines[0], text
+    assert_one_line_exit(log, code, exitcodes.UNAVAILABLE, "FLEETGEN_ENGINE_WAIT_S")
 
 
 @pytest.mark.parametrize("concurrency", [None, 2])
@@ -102,8 +98,4 @@ def test_worker_refuses_a_server_without_text_output(redis_url: str, tmp_path: P
             code = None
         finally:
             stop(proc)
-    text = log.read_text()
-    assert code == exitcodes.CONFIG, text
-    assert "Traceback" not in text
-    lines = [ln for ln in text.splitlines() if ln.startswith("fleetgen worker:")]
-    assert len(lines) == 1 and "skip-tokenizer-init" in lines[0], text
+    assert_one_line_exit(log, code, exitcodes.CONFIG, "skip-tokenizer-init")

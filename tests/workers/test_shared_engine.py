@@ -18,7 +18,7 @@ from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
 from tests.support.waiting import wait_until
-from tests.support.workers import heartbeat_key, start_worker, stop
+from tests.support.workers import assert_one_line_exit, heartbeat_key, start_worker, stop
 from workers.startup import share_of
 
 
@@ -87,8 +87,4 @@ def test_a_malformed_share_is_one_line(redis_url: str, tmp_path: Path) -> None:
         code = proc.wait(timeout=60)
     finally:
         stop(proc)
-    text = log.read_text()
-    assert code == exitcodes.CONFIG, text
-    assert "Traceback" not in text
-    lines = [ln for ln in text.splitlines() if ln.startswith("fleetgen worker:")]
-    assert len(lines) == 1 and "FLEETGEN_ENGINE_SHARE" in lines[0], text
+    assert_one_line_exit(log, code, exitcodes.CONFIG, "FLEETGEN_ENGINE_SHARE")
