@@ -76,12 +76,6 @@ def _count_dropped(payload: TaskPayload) -> None:
                 "it dropped by this worker", payload["id"], run, count)
 
 
-def dropped_counts() -> dict[str, int]:
-    """Tasks dropped by this process, by run."""
-    with _dropped_lock:
-        return dict(_dropped)
-
-
 def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
                   worker: str, sleep: Callable[[float], None],
                   rng: random.Random | None) -> str:

@@ -7,6 +7,7 @@ import base64
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -78,14 +79,24 @@ def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
     """Slots (requests) of `run` now in the queue or held unacked by a worker. Both are bounded
     by the high-water mark and the fleet's concurrency, so this scan is small whatever the
     run's size."""
-    lines: set[int] = set()
-    messages = [orjson.loads(raw) for raw in client.lrange(QUEUE, 0, -1)]
-    messages += [orjson.loads(raw)[0] for raw in client.hvals(KOMBU_UNACKED)]
-    for message in messages:
-        payload = task_payload(message)
+    return {slot_of(payload) for _, payload in _queued_of(client, run)} | \
+        {slot_of(payload) for _, payload in _unacked_of(client, run)}
+
+
+def _queued_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """(raw message, payload) of each task of `run` in the queue."""
+    for raw in client.lrange(QUEUE, 0, -1):
+        payload = task_payload(orjson.loads(raw))
         if payload is not None and payload.get("run") == run:
-            lines.add(slot_of(payload))
-    return lines
+            yield raw, payload
+
+
+def _unacked_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """(delivery tag, payload) of each task of `run` a worker holds unacked."""
+    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
+        payload = task_payload(orjson.loads(raw)[0])
+        if payload is not None and payload.get("run") == run:
+            yield tag, payload
 
 
 def requeue_unacked(client: redis.Redis) -> int:
@@ -112,16 +123,12 @@ def remove_tasks(client: redis.Redis, run: str) -> tuple[int, int]:
     already running one drops its outcome when it finds the run's manifest gone
     (workers/sink.py)."""
     queued = 0
-    for raw in client.lrange(QUEUE, 0, -1):
-        payload = task_payload(orjson.loads(raw))
-        if payload is not None and payload.get("run") == run:
-            queued += int(client.lrem(QUEUE, 1, raw))  # type: ignore[arg-type]  # bytes too
+    for raw, _ in list(_queued_of(client, run)):
+        queued += int(client.lrem(QUEUE, 1, raw))
     unacked = 0
-    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
-        payload = task_payload(orjson.loads(raw)[0])
-        if payload is not None and payload.get("run") == run:
-            pipe = client.pipeline(transaction=True)
-            pipe.hdel(KOMBU_UNACKED, tag)
-            pipe.zrem(KOMBU_UNACKED_INDEX, tag)
-            unacked += int(pipe.execute()[0])
+    for tag, _ in list(_unacked_of(client, run)):
+        pipe = client.pipeline(transaction=True)
+        pipe.hdel(KOMBU_UNACKED, tag)
+        pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+        unacked += int(pipe.execute()[0])
     return queued, unacked

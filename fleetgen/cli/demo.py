@@ -16,16 +16,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
+from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, OutDir
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from producer.settings import setting_default
 
 if TYPE_CHECKING:
     from producer.settings import ProducerSettings
@@ -83,28 +82,21 @@ def sample_prompts() -> Path:
     return Path(str(resources.files("fleetgen") / "data" / "sample_prompts.jsonl"))
 
 
-def _recorded_run(out: Path) -> str | None:
+def _recorded_run(out: OutDir) -> str | None:
     """The run whose output `out` holds (the drainer's marker, else the summary's), if any."""
-    marker = out / RUN_MARKER
-    if marker.exists():
-        return marker.read_text().strip() or None
-    summary = out / SUMMARY
-    if summary.exists():
-        return str(orjson.loads(summary.read_bytes()).get("run", "")) or None
-    return None
+    return out.owner() or str((out.read_summary() or {}).get("run", "")) or None
 
 
 def _prepare_out(out: Path) -> str | None:
     """The run to resume in `out` (an unfinished demo whose Redis state is kept there), or
     None after clearing an earlier, finished demo's output for a new run. The demo touches
     only its own output, never another run's."""
-    run = _recorded_run(out)
+    run = _recorded_run(OutDir(out))
     if run is None and any((out / name).exists() for name in output_files()):
         raise ConfigError(f"{out} already holds output files; pick another --out")
     if run is not None and not run.startswith("demo-"):
         raise ConfigError(f"{out} holds the output of run {run!r}; pick another --out")
-    summary = out / SUMMARY
-    complete = summary.exists() and bool(orjson.loads(summary.read_bytes()).get("complete"))
+    complete = bool((OutDir(out).read_summary() or {}).get("complete"))
     # Exports (export.FORMAT.jsonl, export.parquet) are of results that are about to change.
     for stale in out.glob("export.*"):
         stale.unlink()
@@ -122,7 +114,8 @@ def _settings(args: argparse.Namespace, prompts: Path, run_name: str) -> Produce
     values = {**vars(args), "input": prompts, "run": run_name}
     if args.stop_if:
         values["high_water"] = args.high_water or STOP_IF_BATCH
-    values["batch_size"] = args.batch_size or (STOP_IF_BATCH if args.stop_if else 512)
+    values["batch_size"] = args.batch_size or (STOP_IF_BATCH if args.stop_if
+                                                   else setting_default("batch_size"))
     return settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
 
 

@@ -14,6 +14,7 @@ from fleetgen.base.contract import (
     QUEUE,
     STATE_COMPLETE,
     STATE_PRODUCED,
+    STATE_PRODUCING,
     RunKeys,
     worker_key,
 )
@@ -110,7 +111,7 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         state = STATE_COMPLETE
     started = float(manifest.get("started_at", now))
     # A run that has ended (the drainer pinned when) stops its clock there, as summary.json.
-    ended = float(manifest.get(FINISHED_AT) or 0) if state != "producing" else 0
+    ended = float(manifest.get(FINISHED_AT) or 0) if state != STATE_PRODUCING else 0
     elapsed = max((ended or now) - started, 1e-9)
 
     def n(source: dict[str, str], name: str) -> int:
