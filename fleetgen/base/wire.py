@@ -83,17 +83,34 @@ def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
         {slot_of(payload) for _, payload in _unacked_of(client, run)}
 
 
+# Messages read per reply when scanning the queue or the unacked hash: a task is ~13 KB (its
+# token ids), and the queue is shared by every run, so one LRANGE 0 -1 of a deep queue is a
+# reply of hundreds of megabytes that blocks Valkey while it is built. Pages keep each reply
+# a few megabytes.
+SCAN_PAGE = 256
+
+
 def _queued_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """(raw message, payload) of each task of `run` in the queue."""
-    for raw in client.lrange(QUEUE, 0, -1):
-        payload = task_payload(orjson.loads(raw))
-        if payload is not None and payload.get("run") == run:
-            yield raw, payload
+    """(raw message, payload) of each task of `run` in the queue, a page at a time. Workers pop
+    at the right end and producers push at the left, so a message is never skipped by the
+    pages (a push shifts it to a later index: seen twice at worst, and callers keep sets or
+    remove exact bytes); one popped meanwhile is in the unacked hash, scanned next."""
+    start = 0
+    while True:
+        page = client.lrange(QUEUE, start, start + SCAN_PAGE - 1)
+        for raw in page:
+            payload = task_payload(orjson.loads(raw))
+            if payload is not None and payload.get("run") == run:
+                yield raw, payload
+        if len(page) < SCAN_PAGE:
+            return
+        start += SCAN_PAGE
 
 
 def _unacked_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """(delivery tag, payload) of each task of `run` a worker holds unacked."""
-    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
+    """(delivery tag, payload) of each task of `run` a worker holds unacked, by HSCAN pages
+    (a tag present for the whole scan is returned, maybe twice)."""
+    for tag, raw in client.hscan_iter(KOMBU_UNACKED, count=SCAN_PAGE):
         payload = task_payload(orjson.loads(raw)[0])
         if payload is not None and payload.get("run") == run:
             yield tag, payload
@@ -105,7 +122,8 @@ def requeue_unacked(client: redis.Redis) -> int:
     start): each one is then a prompt a stopped worker held, which kombu would otherwise give
     back only after the visibility timeout (hours)."""
     requeued = 0
-    for tag, raw in client.hgetall(KOMBU_UNACKED).items():
+    # A dict: HSCAN may return a tag twice, and each must be requeued once.
+    for tag, raw in dict(client.hscan_iter(KOMBU_UNACKED, count=SCAN_PAGE)).items():
         message, _exchange, routing_key = orjson.loads(raw)
         pipe = client.pipeline(transaction=True)
         pipe.rpush(routing_key or QUEUE, orjson.dumps(message))  # BRPOP takes the right end

@@ -1,0 +1,87 @@
+"""The scans of the shared queue and of kombu's unacked hash (fleetgen/base/wire.py) against a
+real Valkey: exact answers, and never one reply holding the whole queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from fleetgen.base.contract import QUEUE, TaskPayload
+from fleetgen.base.wire import (
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    SCAN_PAGE,
+    lines_in_flight,
+    remove_tasks,
+    requeue_unacked,
+    task_message,
+)
+
+
+def _message(run: str, line: int) -> bytes:
+    payload = TaskPayload(run=run, line=line, id=f"{run}-{line}", input_ids=[1, 2, 3],
+                          max_tokens=8, sampling={}, row={})
+    return task_message(payload)
+
+
+def _fill(client: redis.Redis, queued: dict[str, range], unacked: dict[str, range]) -> None:
+    for run, lines in queued.items():
+        client.lpush(QUEUE, *(_message(run, n) for n in lines))
+    for run, lines in unacked.items():
+        for n in lines:
+            tag = f"tag-{run}-{n}"
+            entry = [orjson.loads(_message(run, n)), "", QUEUE]
+            client.hset(KOMBU_UNACKED, tag, orjson.dumps(entry))
+            client.zadd(KOMBU_UNACKED_INDEX, {tag: 1.0})
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_lines_in_flight_pages_through_a_deep_shared_queue(rclient: redis.Redis) -> None:
+    queued_a, queued_b = range(1, 1001), range(1, 601)
+    _fill(rclient, {"a": queued_a, "b": queued_b}, {"a": range(2001, 2301), "b": range(5, 9)})
+    rclient.config_resetstat()
+    found = lines_in_flight(rclient, "a")
+    assert found == set(queued_a) | set(range(2001, 2301))
+    depth = len(queued_a) + len(queued_b)
+    # One LRANGE per page (the last one short), never LRANGE 0 -1; the hash by HSCAN.
+    assert _calls(rclient, "lrange") == depth // SCAN_PAGE + 1
+    assert _calls(rclient, "hscan") >= 2
+    assert _calls(rclient, "hgetall") == 0
+
+
+def test_a_page_scan_misses_nothing_while_producers_push(rclient: redis.Redis,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A push at the left end between two pages shifts every message right: the scan sees some
+    twice and loses none."""
+    _fill(rclient, {"a": range(1, 801)}, {})
+    original = rclient.lrange
+
+    def lrange_then_push(name: str, start: int, end: int) -> Any:
+        page = original(name, start, end)
+        rclient.lpush(QUEUE, *(_message("other", start + i) for i in range(100)))
+        return page
+
+    monkeypatch.setattr(rclient, "lrange", lrange_then_push)
+    found = lines_in_flight(rclient, "a")
+    assert found == set(range(1, 801))
+    assert rclient.llen(QUEUE) >= 800 + 3 * 100  # the pushes landed between the pages
+
+
+def test_remove_and_requeue_count_each_message_once(rclient: redis.Redis) -> None:
+    _fill(rclient, {"gone": range(1, 700), "kept": range(1, 300)},
+          {"gone": range(700, 1000), "kept": range(300, 310)})
+    assert remove_tasks(rclient, "gone") == (699, 300)
+    assert lines_in_flight(rclient, "gone") == set()
+    assert rclient.llen(QUEUE) == 299
+    assert rclient.hlen(KOMBU_UNACKED) == 10
+    assert requeue_unacked(rclient) == 10
+    assert rclient.hlen(KOMBU_UNACKED) == 0 and rclient.zcard(KOMBU_UNACKED_INDEX) == 0
+    assert lines_in_flight(rclient, "kept") == set(range(1, 310))
+    assert rclient.llen(QUEUE) == 309
