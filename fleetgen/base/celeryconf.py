@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import Celery
 
+from fleetgen.base.broker import TRANSPORT
 from fleetgen.base.contract import QUEUE, TASK_NAME
 
 
@@ -33,6 +34,9 @@ def celery_config(
     }
     return {
         "broker_url": redis_url,
+        # kombu's Redis transport with one client per channel (fleetgen/base/broker.py); the
+        # URL still says redis://, rediss:// or unix://, and kombu reads it as before.
+        "broker_transport": TRANSPORT,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
