@@ -68,11 +68,23 @@ FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "be
 OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines"}
 
 
+# The folders whose modules take longest (a serial run's durations, docs/testing.md), run
+# first: with `-n N --dist loadscope` a process takes the next module when it is free, so long
+# modules started last leave the other processes idle at the end. The rest keep their order.
+LONG_FIRST = ("chaos", "e2e", "ops", "workers", "bench", "real_engines", "producer")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).parent
-    for item in items:
+
+    def folder(item: pytest.Item) -> str:
         parts = Path(item.path).relative_to(root).parts
-        if parts and parts[0] in FLEET_FOLDERS:
+        return parts[0] if len(parts) > 1 else ""
+
+    for item in items:
+        if folder(item) in FLEET_FOLDERS:
             item.add_marker(pytest.mark.fleet)
-        if parts and parts[0] in OWN_MARKERS:
-            item.add_marker(getattr(pytest.mark, OWN_MARKERS[parts[0]]))
+        if folder(item) in OWN_MARKERS:
+            item.add_marker(getattr(pytest.mark, OWN_MARKERS[folder(item)]))
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(folder(item), len(LONG_FIRST)))  # stable

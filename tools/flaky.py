@@ -4,7 +4,8 @@
 
 Each run writes its own JUnit XML (DIR/run-K.xml) and runs without pytest's cache, so no run
 reorders or deselects tests because of an earlier one. Exit status: 0 if every test passed in
-every run, 1 if any failed or errored at least once, 2 for a usage error.
+every run, 1 if any failed or errored at least once, 2 for a usage error. Each run's wall time
+is printed with the report (docs/testing.md keeps three of them per tier).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -56,23 +58,33 @@ def failed_tests(xml: Path) -> list[str]:
     return failed
 
 
-def report(counts: Counter[str], runs: int) -> str:
+def report(counts: Counter[str], runs: int, seconds: list[float] | None = None) -> str:
+    timing = ("\nflaky: wall time of each run: " + ", ".join(_min_s(s) for s in seconds)
+              if seconds else "")
     if not counts:
-        return f"flaky: no test failed in {runs} run(s)"
+        return f"flaky: no test failed in {runs} run(s){timing}"
     lines = [f"flaky: {len(counts)} test(s) failed at least once in {runs} run(s):"]
     for test, failures in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         lines.append(f"  {failures}/{runs}  {test}")
-    return "\n".join(lines)
+    return "\n".join(lines) + timing
+
+
+def _min_s(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     counts: Counter[str] = Counter()
+    seconds: list[float] = []
     for run in range(1, args.runs + 1):
+        started = time.monotonic()
+        xml = run_suite(run, args.out, args.pytest_args)
+        seconds.append(time.monotonic() - started)
         # A test is counted once per run even if it has several failing phases.
-        counts.update(set(failed_tests(run_suite(run, args.out, args.pytest_args))))
-    print(report(counts, args.runs))
+        counts.update(set(failed_tests(xml)))
+    print(report(counts, args.runs, seconds))
     return 1 if counts else 0
 
 

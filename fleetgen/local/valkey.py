@@ -25,9 +25,10 @@ def valkey_binary() -> str:
 
 
 def probe_valkey(client: redis.Redis, pid: int) -> bool:
-    """True once the server on the client's port answers as process `pid`; False while
-    nothing answers. A server with another process id (or password) is someone else's:
-    NotOurServer, since a ping alone would take it for ours and use its data."""
+    """True once the server on the client's port answers as process `pid` and has loaded its
+    data; False while nothing answers or it is still loading. A server with another process
+    id (or password) is someone else's: NotOurServer, since a ping alone would take it for ours
+    and use its data."""
     try:
         info = client.info("server")
     except redis.AuthenticationError as error:  # a subclass of ConnectionError: first
@@ -39,6 +40,12 @@ def probe_valkey(client: redis.Redis, pid: int) -> bool:
     if int(info.get("process_id", -1)) != pid:
         raise NotOurServer(f"the server on the port is process {info.get('process_id')}, "
                            f"not ours ({pid})")
+    # INFO is answered while the AOF is still being loaded, and almost nothing else is (every
+    # other command gets -LOADING): ours, but ready only once a PING is answered too.
+    try:
+        client.ping()
+    except redis.BusyLoadingError:
+        return False
     return True
 
 

@@ -260,3 +260,26 @@ def test_a_killed_embedded_valkey_restarts_on_its_port_and_stop_releases_it(
 ])
 def test_simulator_ports_come_from_its_ready_line(line: str, ports: list[int]) -> None:
     assert sim_ports_reported("some log line\n" + line + "\n") == ports
+
+
+def test_a_restarted_valkey_is_ready_only_once_its_data_is_loaded(tmp_path: Path) -> None:
+    """INFO is answered while the AOF loads, every other command gets -LOADING: start() must
+    not return before (the resumed demo failed with 'Valkey is loading the dataset')."""
+    server = EmbeddedValkey(tmp_path / "v", appendfsync="no").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        value = b"x" * 4096
+        for first in range(0, 40_000, 2_000):  # ~160 MB of AOF: loading takes a while
+            pipe = client.pipeline(transaction=False)
+            for key in range(first, first + 2_000):
+                pipe.set(f"k{key}", value)
+            pipe.execute()
+        client.close()
+        server.kill()
+        server.start(timeout_s=60)
+        # Right after start() returns, the data is there and commands are served.
+        assert redis.Redis.from_url(server.url).dbsize() == 40_000
+        log = server.log_path.read_text()
+        assert "DB loaded from append only file" in log or "Done loading" in log, log[-2000:]
+    finally:
+        server.stop()

@@ -3,6 +3,7 @@ exit status says so."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def test_flaky_reports_a_test_that_failed_in_some_runs(
     printed = capsys.readouterr().out  # ours only: pytest's own output bypasses capsys
     assert "1 test(s) failed at least once in 3 run(s)" in printed
     assert "2/3" in printed and "test_flips" in printed and "test_steady" not in printed
+    assert re.search(r"wall time of each run: \d+ min \d+ s, \d+ min \d+ s, \d+ min \d+ s$",
+                     printed.strip()), printed
 
 
 def test_flaky_passes_when_nothing_failed_and_a_missing_report_counts_as_failed(
