@@ -27,8 +27,6 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# The test before a commit: lint and every test that starts no Celery worker, fleet or engine
-# (the `fleet` marker, tests/conftest.py), a few minutes on 2 cores.
 # The tests run in JOBS pytest-xdist processes, a module's tests on one of them (its module
 # fixtures start once), modules in the order tests/conftest.py collects them (slow folders
 # first) rather than xdist's largest-first; JOBS= runs them serially. 3 on 2 cores: the fleet
@@ -39,6 +37,8 @@ XDIST := $(if $(JOBS),-n $(JOBS) --dist loadscope --no-loadscope-reorder,)
 # often set PYTHONDONTWRITEBYTECODE): the suite starts a thousand Python processes.
 TEST_ENV := PYTHONDONTWRITEBYTECODE=
 
+# The test before a commit: lint and every test that starts no Celery worker, fleet or engine
+# (the `fleet` marker, tests/conftest.py), under 2 minutes on 2 cores.
 check: lint
 	$(TEST_ENV) $(BIN)/pytest -q $(XDIST) -m "not fleet" tests
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench.common import chat_row
+from producer import qwen_build
 from producer.tokenizer import QwenTokenizer, load_tokenizer, qwen_tiktoken_encoding
 
 
@@ -36,6 +37,44 @@ def rate(label: str, count: int, fn: Callable[[], Any], repeat: int = 3) -> Any:
     return result
 
 
+def load_times(path: Path) -> None:
+    """CPU seconds of loading the cached tokenizer the way producer/qwen_build.py does and the
+    way it did before (transformers' from_pretrained, base64.b64decode of the ranks), best of
+    3 each, in this process (transformers already imported)."""
+    import base64
+    import resource
+
+    from transformers import PreTrainedTokenizerFast
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def old() -> None:
+        PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        lines = qwen_build.QWEN_VOCAB_FILE.read_bytes().splitlines()
+        ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in lines if line)}
+        assert len(ranks) == len(qwen_build.qwen_ranks())
+
+    def new() -> None:
+        qwen_build._loaded.clear()
+        qwen_build.qwen_ranks.cache_clear()
+        assert qwen_build.load_cached(path) is not None
+        qwen_build.qwen_ranks()
+
+    best = {}
+    for name, fn in (("from_pretrained + b64decode (before)", old), ("load_cached (ours)", new)):
+        runs = []
+        for _ in range(3):
+            start = cpu()
+            fn()
+            runs.append(cpu() - start)
+        best[name] = min(runs)
+        print(f"load: {name:<46} {best[name]:>9.2f} CPU s")
+    before, ours = best.values()
+    print(f"load: ours / before {ours / before:>38.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4000)
@@ -44,6 +83,7 @@ def main() -> None:
 
     tok = load_tokenizer("qwen3.6", args.cache_dir)
     assert isinstance(tok, QwenTokenizer)
+    load_times(tok.cache_path)
     hf, enc, n = tok.hf, qwen_tiktoken_encoding(), args.rows
     rows = make_rows(n)
 

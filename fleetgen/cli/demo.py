@@ -91,12 +91,13 @@ def _prepare_out(out: Path) -> str | None:
     """The run to resume in `out` (an unfinished demo whose Redis state is kept there), or
     None after clearing an earlier, finished demo's output for a new run. The demo touches
     only its own output, never another run's."""
-    run = _recorded_run(OutDir(out))
+    outdir = OutDir(out)
+    run = _recorded_run(outdir)
     if run is None and any((out / name).exists() for name in output_files()):
         raise ConfigError(f"{out} already holds output files; pick another --out")
     if run is not None and not run.startswith("demo-"):
         raise ConfigError(f"{out} holds the output of run {run!r}; pick another --out")
-    complete = bool((OutDir(out).read_summary() or {}).get("complete"))
+    complete = bool((outdir.read_summary() or {}).get("complete"))
     # Exports (export.FORMAT.jsonl, export.parquet) are of results that are about to change.
     for stale in out.glob("export.*"):
         stale.unlink()

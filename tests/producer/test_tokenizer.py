@@ -247,6 +247,9 @@ def test_second_load_uses_the_cache_and_gives_identical_ids(tok: QwenTokenizer) 
     texts = list(CORPUS.values())
     assert second.encode_batch(texts) == first.encode_batch(texts)
     assert [second.hf.encode(t) for t in texts] == [first.hf.encode(t) for t in texts]
+    # A third load in this process reuses the second's HF tokenizer (files unchanged).
+    third = load_tokenizer("qwen3.6", cache)
+    assert isinstance(third, QwenTokenizer) and third.hf is second.hf
 
 
 @pytest.mark.parametrize("damage", ["truncate-tokenizer-json", "remove-marker"])
