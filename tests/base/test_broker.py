@@ -4,6 +4,7 @@ ack still work through it. TLS (rediss://) through it: tests/chaos/test_security
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from fleetgen.base import broker
@@ -34,9 +35,18 @@ def test_the_app_uses_one_client_per_channel_and_pool(redis_url: str) -> None:
     assert again.ping()
 
 
-def test_unacked_copy_and_ack_go_through_the_shared_client(redis_url: str,
-                                                           rclient: redis.Redis) -> None:
+def test_unacked_copy_and_ack_go_through_the_shared_client(
+        redis_url: str, rclient: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     channel = _channel(redis_url)
+    channel._create_client()  # the one synchronous client, made before counting
+    made: list[object] = []
+    make = channel.Client
+
+    def counted(**kwargs: object) -> object:
+        made.append(kwargs)
+        return make(**kwargs)
+
+    monkeypatch.setattr(channel, "Client", counted)  # kombu makes every client through it
     message = channel.prepare_message("body", properties={"delivery_tag": "tag-1"})
     message["properties"]["delivery_info"] = {"exchange": "", "routing_key": "fleetgen"}
     channel.qos.append(channel.Message(message, channel=channel), "tag-1")
@@ -45,4 +55,5 @@ def test_unacked_copy_and_ack_go_through_the_shared_client(redis_url: str,
     channel.qos.ack("tag-1")
     assert not rclient.hexists(KOMBU_UNACKED, "tag-1")
     assert rclient.zcard(KOMBU_UNACKED_INDEX) == 0
+    assert made == [], "kombu made a new Redis client for the unacked copy or the ack"
 
