@@ -47,6 +47,9 @@ def run_naive(path: Path, url: str, tokenizer: Any) -> int:
     from producer.budget import Limits, budget
 
     app = make_app(url, visibility_timeout_s=3600)
+    # A first script's Celery has kombu's own Redis transport, not fleetgen's (one client per
+    # channel, fleetgen/base/broker.py), which would make each of its publishes cheaper.
+    app.conf.broker_transport = None
     limits = Limits(context_length=CONTEXT)
     hf = tokenizer.hf
     sent = 0
