@@ -1,27 +1,81 @@
-"""kombu's Redis transport, with one change: a channel's synchronous Redis client is made once.
+"""kombu's Redis transport and JSON codec, with what a worker pays per message made cheaper.
 
-kombu 5.7 (`kombu/transport/redis.py`) makes a new `redis.Redis` on every
-`Channel.conn_or_acquire()` without a client: `QoS.append` (the unacked copy of every
-delivered message) and `QoS.ack` (its removal) each call `Channel._create_client()`, and
-`redis.Redis.__init__` builds its ~200-entry `CaseInsensitiveDict` of response callbacks each
-time. Profiled in a worker at hundreds of prompts a second (py-spy --gil,
-docs/performance.md), those constructions were 12 % of its CPU. A `redis.Redis` holds no
-connection of its own (every command and pipeline borrows one from the pool), so one client per
-channel and pool serves every thread; a new pool (kombu drops it after a fork or on close)
-gets a new client.
+Profiled in a worker at hundreds of prompts a second (py-spy --gil, docs/performance.md):
+
+- kombu 5.7 (`kombu/transport/redis.py`) makes a new `redis.Redis` on every
+  `Channel.conn_or_acquire()` without a client: `QoS.append` (the unacked copy of every
+  delivered message) and `QoS.ack` (its removal) each call `Channel._create_client()`, and
+  `redis.Redis.__init__` builds its ~200-entry `CaseInsensitiveDict` of response callbacks each
+  time: 12 % of the worker's CPU. A `redis.Redis` holds no connection of its own (every
+  command and pipeline borrows one from the pool), so one client per channel and pool serves
+  every thread; a new pool (kombu drops it after a fork or on close) gets a new client.
+- The task body (the prompt's token ids) is decoded by the stdlib's `json` with kombu's
+  `object_hook` on every dict, in the consumer's one thread (Celery's `task_message_handler`
+  asks `'args' not in message.payload` of every message, `celery/worker/strategy.py`): 6 %.
+  `use_orjson_decoder` keeps the content type and kombu's encoder and decodes with orjson
+  whatever carries none of kombu's typed values.
+- `QoS.append` re-encodes the whole message (body included) with the stdlib for the unacked
+  copy: 3 %. The QoS below encodes it with orjson; kombu reads it back as any JSON.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import orjson
+from kombu import serialization
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils import json as kombu_json
 
 # What Celery's `broker_transport` names (fleetgen/base/celeryconf.py).
 TRANSPORT = f"{__name__}:Transport"
 
+JSON = "application/json"
+# kombu's JSON writes a value the stdlib cannot (a datetime, a UUID, bytes…) as an object
+# {"__type__": …, "__value__": …} that its `object_hook` turns back (`kombu/utils/json.py`).
+_TYPED = b'"__type__"'
+
+
+def json_loads(data: bytes | str) -> Any:
+    """kombu's JSON decoder, by orjson when the text holds no typed value of kombu's (and is
+    JSON orjson reads: not NaN or Infinity, which the stdlib writes)."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if _TYPED not in raw:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return kombu_json.loads(raw)
+
+
+def use_orjson_decoder() -> None:
+    """Decode application/json messages with `json_loads` in this process; encoding, content
+    type and what Celery accepts stay kombu's."""
+    serialization.registry.register("json", None, json_loads, content_type=JSON)
+
+
+class QoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: str) -> None:
+        """kombu's `QoS.append` (transport/redis.py: ZADD of the tag's time to the unacked
+        index, HSET of `[message, exchange, routing key]` in the unacked hash, in one
+        pipeline; then the in-memory entry), with the copy encoded by orjson."""
+        delivery = message.delivery_info
+        copy = [message._raw, delivery["exchange"], delivery["routing_key"]]
+        try:
+            encoded: bytes | str = orjson.dumps(copy)
+        except TypeError:  # a value orjson cannot write: kombu's encoder can
+            encoded = kombu_json.dumps(copy)
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag, encoded) \
+                .execute()
+        virtual.QoS.append(self, message, delivery_tag)
+
 
 class Channel(kombu_redis.Channel):
+    QoS = QoS
     _sync: tuple[Any, Any] | None = None  # (the pool it was made for, the client)
 
     def _create_client(self, asynchronous: bool = False) -> Any:

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-from fleetgen.base.broker import TRANSPORT
+from fleetgen.base.broker import TRANSPORT, use_orjson_decoder
 from fleetgen.base.contract import QUEUE, TASK_NAME
 
 
@@ -84,6 +84,7 @@ def mutex_expire_s(visibility_timeout_s: float) -> int:
 
 
 def make_app(redis_url: str, *, visibility_timeout_s: float, max_connections: int = 64) -> Celery:
+    use_orjson_decoder()  # kombu's registry is the process's: every app here decodes so
     app = Celery("fleetgen", set_as_current=False)
     app.conf.update(
         celery_config(

@@ -91,33 +91,57 @@ def positive_int(value: Any) -> int | None:
         else None
 
 
-class ThreadClients:
-    """One `httpx.Client` per calling thread, each with one kept-alive connection to the
-    engine, for the generation requests of a pool of threads that each hold one request at
-    a time. A single Client shared by 128 threads costs every request a scan of the whole
-    pool under one lock (httpcore `ConnectionPool._assign_requests_to_connections` polls
-    every idle socket for expiry): about 15 % of a worker's CPU per request at -c 33. Same
-    connections, same reuse, no shared lock."""
+class ThreadPosts:
+    """The generation POSTs of a pool of threads that each hold one request at a time: one
+    `httpx.HTTPTransport` per calling thread, each with one kept-alive connection, and each
+    request handed straight to it.
+
+    A single Client shared by 128 threads cost every request a scan of the whole pool under
+    one lock (httpcore `ConnectionPool._assign_requests_to_connections` polls every idle
+    socket for expiry): about 15 % of a worker's CPU at -c 33. And `Client.send` wraps the
+    transport in layers a generation never uses (auth flow, redirects, cookie jar through
+    `urllib.request`, event hooks, base-URL merging): sent to the transport itself, a request
+    costs a third less of the client's CPU (`python -m bench.http_client`). What remains is
+    httpx's own: its `Request`, its transport and connection pool, h11."""
 
     def __init__(self, base_url: str, *, headers: dict[str, str], timeout: httpx.Timeout
                  ) -> None:
-        self._kwargs: dict[str, Any] = {
-            "base_url": base_url, "headers": headers, "timeout": timeout,
-            "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1)}
+        self._base = base_url.rstrip("/")
+        self._headers = {**headers, **JSON_HEADERS}
+        self._extensions = {"timeout": timeout.as_dict()}
+        self._urls: dict[str, httpx.URL] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._all: list[httpx.Client] = []
+        self._all: list[httpx.HTTPTransport] = []
 
-    def get(self) -> httpx.Client:
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(**self._kwargs)
+    def post(self, path: str, content: bytes, headers: dict[str, str] | None = None
+             ) -> httpx.Response:
+        """POST a JSON body; the response is read whole. httpx.HTTPError as `Client.post`."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self._base + path)
+        request = httpx.Request("POST", url, content=content,
+                                headers={**self._headers, **headers} if headers
+                                else self._headers, extensions=self._extensions)
+        response = self._transport().handle_request(request)
+        response.request = request
+        try:
+            response.read()
+        finally:
+            response.close()  # the connection back to this thread's pool
+        return response
+
+    def _transport(self) -> httpx.HTTPTransport:
+        transport: httpx.HTTPTransport | None = getattr(self._local, "transport", None)
+        if transport is None:
+            transport = self._local.transport = httpx.HTTPTransport(
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
             with self._lock:
-                self._all.append(client)
-        return client
+                self._all.append(transport)
+        return transport
 
     def close(self) -> None:
         with self._lock:
-            clients, self._all = self._all, []
-        for client in clients:
-            client.close()
+            transports, self._all = self._all, []
+        for transport in transports:
+            transport.close()

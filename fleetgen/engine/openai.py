@@ -17,9 +17,8 @@ from fleetgen.base.reasoning import THINK_END, THINK_START
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import (
-    JSON_HEADERS,
     RETRYABLE_STATUSES,
-    ThreadClients,
+    ThreadPosts,
     auth_headers,
     error_message,
     from_transport,
@@ -153,13 +152,13 @@ class OpenAIClient:
         self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
                                   limits=limits, timeout=timeout)
         self._probe = Prober(self._http, PROBE_TIMEOUT_S)
-        # Generations go through a client of their own per pool thread (see ThreadClients);
-        # probes and the rest through the shared one.
-        self._clients = ThreadClients(self.base_url, headers=auth_headers(api_key),
+        # Generations go through a transport of their own per pool thread (see ThreadPosts);
+        # probes and the rest through the shared client.
+        self._posts = ThreadPosts(self.base_url, headers=auth_headers(api_key),
                                       timeout=timeout)
 
     def close(self) -> None:
-        self._clients.close()
+        self._posts.close()
         self._http.close()
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
@@ -171,9 +170,8 @@ class OpenAIClient:
             # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`:
             # its logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the
             # body) and llama.cpp's server (tools/server) never read the header.
-            response = self._clients.get().post(
-                "/v1/completions", content=orjson.dumps(body),
-                headers={**JSON_HEADERS, "X-Request-Id": rid})
+            response = self._posts.post("/v1/completions", orjson.dumps(body),
+                                        {"X-Request-Id": rid})
         except httpx.HTTPError as exc:
             raise from_transport(exc) from exc
         if response.status_code != 200:

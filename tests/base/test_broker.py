@@ -1,11 +1,20 @@
 """fleetgen's kombu transport (fleetgen/base/broker.py) against a real Valkey: the Celery app
 uses it, a channel makes its synchronous client once per pool, and kombu's unacked copy and
-ack still work through it. TLS (rediss://) through it: tests/chaos/test_security.py."""
+ack still work through it; the unacked copy (orjson) is what kombu restores; the JSON
+decoder reads plain JSON with orjson and kombu's typed values as kombu does. TLS (rediss://)
+through it: tests/chaos/test_security.py."""
 
 from __future__ import annotations
 
+import json
+import math
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 import redis
+from kombu import serialization
+from kombu.utils import json as kombu_json
 
 from fleetgen.base import broker
 from fleetgen.base.celeryconf import make_app
@@ -57,3 +66,59 @@ def test_unacked_copy_and_ack_go_through_the_shared_client(
     assert rclient.zcard(KOMBU_UNACKED_INDEX) == 0
     assert made == [], "kombu made a new Redis client for the unacked copy or the ack"
 
+
+
+def test_the_unacked_copy_is_what_kombu_restores(redis_url: str, rclient: redis.Redis) -> None:
+    """The copy orjson writes is read back by kombu's own `restore_by_tag` (its stdlib JSON):
+    the message returns to the queue it came from, body and properties as delivered."""
+    channel = _channel(redis_url)
+    message = channel.prepare_message("a body", properties={"delivery_tag": "tag-2"},
+                                      headers={"task": "t", "retries": 0})
+    message["properties"]["delivery_info"] = {"exchange": "", "routing_key": "fleetgen"}
+    channel.qos.append(channel.Message(message, channel=channel), "tag-2")
+    copy = json.loads(rclient.hget(KOMBU_UNACKED, "tag-2") or b"")
+    assert copy == [message, "", "fleetgen"]
+    channel.qos.restore_by_tag("tag-2")
+    assert not rclient.hexists(KOMBU_UNACKED, "tag-2")
+    (queued,) = rclient.lrange("fleetgen", 0, -1)
+    back = json.loads(queued)
+    # kombu flags what it restores (`_do_restore_message`): the rest is as delivered.
+    assert back["body"] == "a body"
+    assert back["headers"] == {"task": "t", "retries": 0, "redelivered": True}
+    assert back["properties"]["delivery_tag"] == "tag-2"
+
+
+def test_the_json_decoder_is_orjsons_for_plain_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    make_app("redis://127.0.0.1:1/0", visibility_timeout_s=60)  # registers it
+    stdlib: list[object] = []
+    real = kombu_json.loads
+
+    def counted(data: object) -> object:
+        stdlib.append(data)
+        return real(data)
+
+    # kombu's registry holds its decoder itself; ours falls back through kombu_json.loads.
+    assert serialization.registry._decoders["application/json"] is broker.json_loads
+    monkeypatch.setattr(kombu_json, "loads", counted)
+    body = b'[[{"run": "r", "input_ids": [1, 2, 3]}], {}, {"callbacks": null}]'
+    assert serialization.loads(body, "application/json", "utf-8", accept={"application/json"}
+                               ) == [[{"run": "r", "input_ids": [1, 2, 3]}], {},
+                                     {"callbacks": None}]
+    assert stdlib == [], "plain JSON went through the stdlib"
+
+
+@pytest.mark.parametrize("value", [
+    datetime(2026, 12, 1, 21, 0, tzinfo=UTC),  # kombu's typed value
+    uuid.UUID(int=7),
+    float("nan"),  # JSON orjson refuses (the stdlib writes it)
+])
+def test_what_orjson_cannot_read_as_kombu_wrote_it_is_kombus(value: object) -> None:
+    make_app("redis://127.0.0.1:1/0", visibility_timeout_s=60)
+    encoded = kombu_json.dumps({"v": value, "ids": [1, 2]})
+    decoded = serialization.loads(encoded.encode(), "application/json", "utf-8",
+                                  accept={"application/json"})
+    assert decoded == kombu_json.loads(encoded)
+    if isinstance(value, float):
+        assert math.isnan(decoded["v"])
+    else:
+        assert decoded["v"] == value and type(decoded["v"]) is type(value)

@@ -1,0 +1,120 @@
+"""fleetgen/engine/http.py `ThreadPosts`: the generation POSTs sent straight to an httpx
+transport per thread, against a real HTTP server on a socket: what reaches the server (headers,
+body), the connection each thread keeps, and httpx's errors for a refused connection and a
+timeout, as `Client.post` raised them."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+
+from fleetgen.engine.http import ThreadPosts
+
+TIMEOUT = httpx.Timeout(0.5, connect=1.0)
+
+
+class Recorder(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as an engine's server
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Recorder.seen.append({"path": self.path, "headers": dict(self.headers), "body": body,
+                              "peer": self.client_address[1]})
+        if self.path == "/slow":
+            time.sleep(1.5)
+        reply = json.dumps({"echo": json.loads(body)}).encode()
+        self.send_response(200 if self.path != "/bad" else 400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    Recorder.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_post_carries_its_headers_and_body_and_is_read_whole(server: str) -> None:
+    posts = ThreadPosts(server, headers={"Authorization": "Bearer k"}, timeout=TIMEOUT)
+    try:
+        response = posts.post("/generate", b'{"a": 1}', {"X-Request-Id": "run:1:abc"})
+        plain = posts.post("/generate", b'{"a": 2}')
+    finally:
+        posts.close()
+    assert response.status_code == 200 and response.json() == {"echo": {"a": 1}}
+    assert plain.json() == {"echo": {"a": 2}}
+    assert response.request.url == httpx.URL(server.rstrip("/") + "/generate")
+    first, second = Recorder.seen
+    assert first["path"] == "/generate" and first["body"] == b'{"a": 1}'
+    assert first["headers"]["Content-Type"] == "application/json"
+    assert first["headers"]["Authorization"] == "Bearer k"
+    assert first["headers"]["X-Request-Id"] == "run:1:abc"
+    assert "X-Request-Id" not in second["headers"]  # one request's header is not the next's
+
+
+def test_an_error_status_is_a_response_not_an_exception(server: str) -> None:
+    posts = ThreadPosts(server, headers={}, timeout=TIMEOUT)
+    try:
+        response = posts.post("/bad", b'{"b": 1}')
+    finally:
+        posts.close()
+    assert response.status_code == 400 and response.json() == {"echo": {"b": 1}}
+
+
+def test_each_thread_keeps_one_connection_of_its_own(server: str) -> None:
+    posts = ThreadPosts(server, headers={}, timeout=TIMEOUT)
+
+    def three() -> None:
+        for i in range(3):
+            posts.post("/generate", json.dumps({"i": i}).encode())
+
+    try:
+        threads = [threading.Thread(target=three) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        posts.close()
+    peers = [seen["peer"] for seen in Recorder.seen]
+    assert len(peers) == 6
+    assert len(set(peers)) == 2, "each thread reuses its one kept-alive connection"
+
+
+def test_a_refused_connection_raises_httpx_connect_error() -> None:
+    probe = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    port = probe.server_address[1]
+    probe.server_close()  # nothing listens there now
+    posts = ThreadPosts(f"http://127.0.0.1:{port}", headers={}, timeout=TIMEOUT)
+    with pytest.raises(httpx.ConnectError):
+        posts.post("/generate", b"{}")
+    posts.close()
+
+
+def test_the_read_timeout_holds(server: str) -> None:
+    posts = ThreadPosts(server, headers={}, timeout=TIMEOUT)
+    started = time.monotonic()
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            posts.post("/slow", b"{}")
+    finally:
+        posts.close()
+    assert time.monotonic() - started < 1.4  # 0.5 s read timeout, not the server's 1.5 s
