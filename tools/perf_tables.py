@@ -196,7 +196,8 @@ def scale_summary(figs: Figures) -> list[list[str]]:
         rows.append(["worker CPU per request (zero-latency engine)",
                      f"**{w['worker_cpu_ms_per_request']:.2f} ms**, "
                      f"{w['worker_over_client']:.2f} × a plain asyncio client's",
-                     "kombu's delivery and the outcome's Redis round trips"])
+                     "Celery and kombu's per-message work, the Redis round trips "
+                     "exactly-once needs"])
     if "gpu" in figs:
         shapes = figs["gpu"]["shapes"]
         rows.append(["one GPU's pool (zero-latency engine), by worker processes",
