@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from fleetgen.engine.http import ThreadPosts
+from tests.support.httpd import serving
 
 TIMEOUT = httpx.Timeout(0.5, connect=1.0)
 
@@ -44,12 +45,8 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[str]:
     Recorder.seen = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Recorder) as url:
+        yield url + "/"
 
 
 def test_a_post_carries_its_headers_and_body_and_is_read_whole(server: str) -> None:

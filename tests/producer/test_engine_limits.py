@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,6 +25,7 @@ from fleetgen.engine.api import ServerLimits
 from producer.budget import budget
 from producer.build import build_producer, grammar_cannot_wait, resolve_limits
 from producer.settings import ProducerSettings
+from tests.support.httpd import serving
 from tests.support.sim import StartSim
 
 # EAGLE with topk 2 x 4 steps and 6 draft tokens: SGLang reserves max(2 x 4, 6) = 8 tokens
@@ -163,12 +163,8 @@ class DllmLikeServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def dllm_like() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), DllmLikeServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(DllmLikeServer) as url:
+        yield url
 
 
 @pytest.mark.parametrize("server", ["speculative", "dllm-like"])
