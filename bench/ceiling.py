@@ -8,7 +8,6 @@ orchestration's own cost; the CPU seconds each part used say which one limits it
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import tempfile
 import threading
@@ -18,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import save, table, write_uniform_prompts
+from bench.common import save, self_cpu_s, table, write_uniform_prompts
 from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 
@@ -61,7 +60,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
         assert fleet.valkey.proc is not None
         pids["valkey"] = fleet.valkey.proc.pid
         before = {name: cpu_s(pid) for name, pid in pids.items()}
-        self_before = _self_cpu_s()
+        self_before = self_cpu_s()
         started = time.perf_counter()
         thread = threading.Thread(target=producer.run, daemon=True)
         thread.start()
@@ -70,7 +69,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
         thread.join()
         drainer.close()
         used = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
-        used["producer + drainer (bench process)"] = _self_cpu_s() - self_before
+        used["producer + drainer (bench process)"] = self_cpu_s() - self_before
         summary = drainer.write_summary()
     finally:
         fleet.stop()
@@ -82,11 +81,6 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
             "rows_per_s": rows / seconds, "cpu_s": parts,
             "cpu_ms_per_row": {k: 1000 * v / rows for k, v in parts.items()},
             "gpus_fed": rows / seconds / (GPU_TOKENS_PER_S / TOKENS_PER_ROW)}
-
-
-def _self_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def main(argv: list[str]) -> int:

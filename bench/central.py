@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import Any
 import orjson
 import psutil
 
-from bench.common import save, table, write_uniform_prompts
+from bench.common import save, self_cpu_s, table, write_uniform_prompts
 from fleetgen.base.contract import QUEUE
 from fleetgen.base.outcomes import Generation
 from fleetgen.base.redisconn import connect
@@ -100,11 +99,6 @@ def consumer(url: str, name: str, words: int) -> None:
         pipe.zrem(UNACKED_INDEX, tag).hdel(UNACKED, tag).execute()
 
 
-def _self_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def _cpu_s(pid: int) -> float:
     try:
         t = psutil.Process(pid).cpu_times()
@@ -158,7 +152,7 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
         base_memory = int(client.info("memory")["used_memory"])
         client.config_resetstat()
         before = {k: sum(_cpu_s(p) for p in v) for k, v in pids.items()}
-        self_before = _self_cpu_s()
+        self_before = self_cpu_s()
         started = time.perf_counter()
         thread = threading.Thread(target=producer.run, daemon=True)
         thread.start()
@@ -167,7 +161,7 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
         thread.join()
         drainer.close()
         used = {k: sum(_cpu_s(p) for p in v) - before[k] for k, v in pids.items()}
-        used["producer + drainer"] = _self_cpu_s() - self_before
+        used["producer + drainer"] = self_cpu_s() - self_before
         commands = _commands(client)
         net_in, net_out = _net(client)
         written = drainer.tally.written

@@ -126,6 +126,13 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "loadavg_1_5_15": os.getloadavg()}
 
 
+def self_cpu_s() -> float:
+    """This process's CPU seconds (user + system, all threads): what a bench's in-process
+    part (a producer, a plain client, a calibration loop) spent."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def peak_rss_bytes() -> int:
     """This process's peak RSS (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 import orjson
 
 from bench import ceiling, common
-from bench.common import save, table
+from bench.common import save, self_cpu_s, table
 
 # Run-to-run spread of CPU per row on this 2-core machine under the other sessions' load: the
 # worker bench's ratio moved by about +-0.1 on 0.8 (~12 %) between back-to-back runs
@@ -40,11 +39,6 @@ ROWS = 2000
 GPUS = 2
 
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def calibrate(rounds: int = 5) -> float:
     """CPU ms of a fixed pure-Python workload (JSON, dicts, strings: what the pipeline does),
     the median of `rounds`: the machine's unit for this run."""
@@ -52,12 +46,12 @@ def calibrate(rounds: int = 5) -> float:
               "meta": {"a": 1.5, "b": [1, 2, 3]}}
     times = []
     for _ in range(rounds):
-        started = _cpu_s()
+        started = self_cpu_s()
         for i in range(4000):
             data = orjson.dumps({**record, "line": i})
             back = orjson.loads(data)
             "|".join(str(t) for t in back["tokens"][:50])
-        times.append(1000 * (_cpu_s() - started))
+        times.append(1000 * (self_cpu_s() - started))
     return sorted(times)[len(times) // 2]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import resource
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.common import self_cpu_s
 from fleetgen.engine.http import JSON_HEADERS, ThreadPosts
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 
@@ -28,11 +28,6 @@ PROMPT_TOKENS = 300
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 
 Post = Callable[[bytes], Any]
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def client_post(url: str) -> tuple[Post, Callable[[], None]]:
@@ -73,9 +68,9 @@ def measure(url: str, requests: int, rounds: int) -> dict[str, Any]:
         for name, make in WAYS.items():
             post, close = make(url)
             post(sent[0])  # connect outside the clock
-            start = cpu_s()
+            start = self_cpu_s()
             got = [post(body)["text"] for body in sent]
-            cpu[name] += cpu_s() - start
+            cpu[name] += self_cpu_s() - start
             close()
             answers.setdefault(name, got)
     first, second = answers.values()

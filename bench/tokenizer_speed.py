@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from bench.common import chat_row
+from bench.common import chat_row, self_cpu_s
 from producer import qwen_build
 from producer.tokenizer import QwenTokenizer, load_tokenizer, qwen_tiktoken_encoding
 
@@ -42,13 +42,8 @@ def load_times(path: Path) -> None:
     way it did before (transformers' from_pretrained, base64.b64decode of the ranks), best of
     3 each, in this process (transformers already imported)."""
     import base64
-    import resource
 
     from transformers import PreTrainedTokenizerFast
-
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
 
     def old() -> None:
         PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
@@ -66,9 +61,9 @@ def load_times(path: Path) -> None:
     for name, fn in (("from_pretrained + b64decode (before)", old), ("load_cached (ours)", new)):
         runs = []
         for _ in range(3):
-            start = cpu()
+            start = self_cpu_s()
             fn()
-            runs.append(cpu() - start)
+            runs.append(self_cpu_s() - start)
         best[name] = min(runs)
         print(f"load: {name:<46} {best[name]:>9.2f} CPU s")
     before, ours = best.values()

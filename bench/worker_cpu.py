@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import resource
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, run_baseline
-from bench.common import save, table
+from bench.common import save, self_cpu_s, table
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
 from fleetgen.base.redisconn import connect
 from fleetgen.base.wire import task_message
@@ -42,11 +41,6 @@ WARMUP = 300
 def cpu_s(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return float(t.user + t.system)
-
-
-def self_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def prompts(count: int, seed: int) -> list[list[int]]:

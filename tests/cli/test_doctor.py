@@ -4,9 +4,8 @@ the values it prints, its verdict and its exit code."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -16,6 +15,7 @@ from fleetgen.base import exitcodes
 from fleetgen.cli.doctor import COLUMNS, DISAGREES
 from fleetgen.cli.main import main
 from fleetgen.simulator import SimConfig, SimThread, run_in_thread
+from tests.support.httpd import serving
 
 StartSim = Callable[..., SimThread]
 EAGLE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4,
@@ -143,13 +143,8 @@ class NoContext(BaseHTTPRequestHandler):
 
 
 def test_a_server_without_a_context_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NoContext)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        code, out = doctor(capsys, f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(NoContext) as url:
+        code, out = doctor(capsys, url)
     assert code == exitcodes.CONFIG, out
     assert "reports no context length" in out
 
@@ -329,14 +324,8 @@ def test_without_tokenize_sglang_is_compared_by_count(
         path.write_text(template)
     sim = start_sim(chat_template=None if path is None else str(path))
     handler = type("Proxy", (WithoutTokenize,), {"upstream": sim.url})
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{proxy.server_address[1]}"
-    try:
+    with serving(handler) as url:
         got, out = doctor(capsys, url)
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
     assert got == code, out
     one = template_lines(out, url)["one user turn"]
     via = "(/v1/chat/completions usage.prompt_tokens (no /tokenize: counts only))"

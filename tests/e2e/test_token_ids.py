@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from fleetgen.base import exitcodes
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from tests.support.content import assert_fleet_content, input_rows, tokenizer
 from tests.support.fleet import started_fleet
+from tests.support.httpd import serving
 from tests.support.pipeline import assert_exactly_once
 from tests.support.trainers import specforge_prompt_tasks, speculators_rows
 
@@ -235,11 +235,7 @@ class NoIdsServer(http.server.BaseHTTPRequestHandler):
 
 def test_a_server_without_token_ids_is_refused_at_start(sglang_fleet: LocalFleet,
                                                         tmp_path: Path) -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoIdsServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serving(NoIdsServer) as url:
         prompts = write_prompts(tmp_path / "p.jsonl")
         args = ("produce", str(prompts), "--run", "refused", "--engine-url", url,
                 "--engine-protocol", "openai", "--no-wait")
@@ -250,8 +246,6 @@ def test_a_server_without_token_ids_is_refused_at_start(sglang_fleet: LocalFleet
         # Without the flag the same server is fine: the refusal is the flag's.
         plain = fleetgen(*args[:3], "refused-plain", *args[4:], redis=sglang_fleet.redis_url)
         assert plain.returncode == 0, plain.stderr
-    finally:
-        server.shutdown()
 
 
 @pytest.fixture(scope="module")

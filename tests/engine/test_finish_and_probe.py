@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -18,6 +18,7 @@ from fleetgen.engine.openai import parse_completion
 from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
+from tests.support.httpd import serving
 from tests.support.sim import StartSim
 from tests.support.waiting import wait_until
 
@@ -116,15 +117,8 @@ def _server(handle: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def test_a_server_that_answers_late_is_slow_not_gone() -> None:

@@ -4,8 +4,7 @@ context-length 400, the answer shape, and protocol detection over real HTTP."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import httpx
@@ -17,6 +16,7 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.engine import openai
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.detect import detect
+from tests.support.httpd import serving
 from tests.support.sim import StartSim
 
 VLLM_LONG = ("This model's maximum context length is 4096 tokens. However, your prompt contains "
@@ -172,19 +172,13 @@ def test_llama_cpp_gets_its_own_name_for_the_repetition_penalty() -> None:
     """llama.cpp reads `repeat_penalty` (server-schema.cpp `make_llama_cmpl_schema`) and drops
     what its schema lacks: the client that detected llama.cpp renames it; vLLM and SGLang keep
     `repetition_penalty`."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), LlamaLike)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     sampling = {"repetition_penalty": 1.15, "temperature": 0.5}
-    try:
-        client = openai.PROTOCOL.connect(f"http://127.0.0.1:{server.server_address[1]}",
-                                         timeout_s=5, concurrency=1)
+    with serving(LlamaLike) as url:
+        client = openai.PROTOCOL.connect(url, timeout_s=5, concurrency=1)
         try:
             client.generate([1, 2, 3], 8, dict(sampling), "run:1:ab")
         finally:
             client.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     sent = LlamaLike.bodies[-1]
     assert sent["repeat_penalty"] == 1.15 and "repetition_penalty" not in sent
     assert sent["temperature"] == 0.5

@@ -9,13 +9,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar
 
 import httpx
 import pytest
 
 from fleetgen.engine.http import ThreadPosts
+from fleetgen.local.ports import lease_port
 from tests.support.httpd import serving
 
 TIMEOUT = httpx.Timeout(0.5, connect=1.0)
@@ -97,13 +98,11 @@ def test_each_thread_keeps_one_connection_of_its_own(server: str) -> None:
 
 
 def test_a_refused_connection_raises_httpx_connect_error() -> None:
-    probe = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    port = probe.server_address[1]
-    probe.server_close()  # nothing listens there now
-    posts = ThreadPosts(f"http://127.0.0.1:{port}", headers={}, timeout=TIMEOUT)
-    with pytest.raises(httpx.ConnectError):
-        posts.post("/generate", b"{}")
-    posts.close()
+    with lease_port() as nothing:  # free, and held from other tests while it runs
+        posts = ThreadPosts(f"http://127.0.0.1:{nothing.port}", headers={}, timeout=TIMEOUT)
+        with pytest.raises(httpx.ConnectError):
+            posts.post("/generate", b"{}")
+        posts.close()
 
 
 def test_the_read_timeout_holds(server: str) -> None:

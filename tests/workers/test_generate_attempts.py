@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from fleetgen.base.contract import TaskPayload
 from fleetgen.engine.sglang import SGLangClient, generate_body
+from tests.support.httpd import serving
 from workers.generate import RetryPolicy, generate_one, generate_options, request_id
 
 ABORTED = {"text": "the model", "output_ids": [1, 2], "meta_info": {
@@ -57,11 +57,8 @@ def aborting_server() -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", rids
-    server.shutdown()
-    server.server_close()
+    with serving(Handler) as url:
+        yield url, rids
 
 
 def test_aborted_on_every_attempt_is_a_failure_with_the_abort_message(
