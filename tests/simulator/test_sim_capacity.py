@@ -71,7 +71,10 @@ def test_bounded_queue_answers_503_when_full(
     sim = start_sim(max_running_requests=1, max_queued_requests=1, tpot_ms=TPOT_MS,
                     output_tokens_mean=ENDLESS)
     with httpx.Client(base_url=sim.url, timeout=10) as client:
-        running = pool.submit(generate, client, [1], 10)
+        # 150 tokens at 20 ms run 3 s: the second request is seen queued within that window
+        # even on loaded cores (10 tokens, 0.2 s, let it start before the poll saw it queued:
+        # a CI run under -n 3 timed out waiting for "one queued").
+        running = pool.submit(generate, client, [1], 150)
         wait_until(lambda: stats(client)["num_running_reqs"] == 1, what="one running")
         queued = pool.submit(generate, client, [2], 10)
         wait_until(lambda: stats(client)["num_queue_reqs"] == 1, what="one queued")
