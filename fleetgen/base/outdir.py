@@ -6,6 +6,7 @@ report, the producer and the demo read its names and the summary through it."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def usable_dir(path: Path) -> None:
+    """Create `path` if need be and prove a file can be written in it: ConfigError, one line
+    naming it and the cause (a file in the way, no permission, a read-only disk), before any
+    process is started or any row sent."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".fleetgen-probe-"):
+            pass
+    except OSError as error:
+        cause = error.strerror or type(error).__name__
+        raise ConfigError(f"cannot write in {path}: {cause}; pick another --out") from None
+
+
 class OutDir:
     """One drained output directory. Reading names and the summary is free for anyone; the
     writing methods are the drainer's, the only writer of these files."""
@@ -115,7 +129,7 @@ class OutDir:
         """Tie the directory to `run` (creating it if need be): one directory holds one run,
         as mixing two would break exactly-once. ConfigError if it holds another run's files.
         Leftovers of a crash inside `replace` (temporary files of ours) are removed."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        usable_dir(self.path)
         owner = self.owner()
         if owner is not None and owner != run:
             raise ConfigError(f"{self.path} holds the output of run {owner!r}, not {run!r}; "

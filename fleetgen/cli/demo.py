@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, OutDir
+from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, OutDir, usable_dir
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.cli.progress import Bar
@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     resolve_input(prompts)  # InputError (one line) for a missing file or an empty glob
     if args.gpus < 1:
         raise ConfigError(f"--gpus must be at least 1, got {args.gpus}")
-    resumed = _prepare_out(args.out) if args.out.exists() else None
+    usable_dir(args.out)
+    resumed = _prepare_out(args.out)
     run_name = resumed or f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     settings = _settings(args, prompts, run_name)
     spec = FleetSpec(gpus=args.gpus, context_length=args.context_length,

@@ -58,7 +58,9 @@ class EmbeddedValkey:
 
     def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None,
                  appendfsync: str = "everysec") -> None:
-        self.data_dir = data_dir
+        # Absolute: valkey-server changes into its --dir before it opens its --logfile, so a
+        # relative data dir would make it look for the log under itself and exit.
+        self.data_dir = data_dir.absolute()
         self.fixed_port = port
         self.port = port or 0
         self.password = password

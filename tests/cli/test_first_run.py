@@ -71,3 +71,14 @@ def test_the_demo_refuses_a_bad_request_option_before_starting(
     assert done.returncode == 3
     assert done.stderr == f"fleetgen demo: {message}\n"
     assert "starting" not in done.stdout, "the fleet was started before the options were checked"
+
+
+@pytest.mark.parametrize("where", ["a-file/out", "a-file"])
+def test_an_output_directory_that_cannot_be_used_is_one_line(tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-file").write_text("not a directory\n")
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "demo", "--out", where],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"fleetgen demo: cannot write in {where}: ")
+    assert "starting" not in done.stdout, "the fleet was started before --out was checked"

@@ -283,3 +283,17 @@ def test_a_restarted_valkey_is_ready_only_once_its_data_is_loaded(tmp_path: Path
         assert "DB loaded from append only file" in log or "Done loading" in log, log[-2000:]
     finally:
         server.stop()
+
+
+def test_an_embedded_valkey_serves_from_a_relative_data_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # valkey-server changes into --dir before it opens --logfile: a relative pair made it
+    # look for out/demo/.fleetgen-demo/out/demo/.fleetgen-demo/valkey.log and exit (the
+    # README's `make demo`, whose default --out is relative).
+    monkeypatch.chdir(tmp_path)
+    server = EmbeddedValkey(Path("out/demo/.state")).start()
+    try:
+        assert redis.Redis.from_url(server.url).ping()
+        assert (tmp_path / "out/demo/.state/valkey.log").stat().st_size > 0
+    finally:
+        server.stop()
