@@ -4,12 +4,13 @@ is gone and takes them again once it is back, and publishes the worker's heartbe
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, ClassVar
 
 from celery import bootsteps
 
-from fleetgen.base.contract import QUEUE, WORKER_TTL_S, worker_key
+from fleetgen.base import heartbeat
+from fleetgen.base.celeryconf import sweep_interval_s
+from fleetgen.base.contract import QUEUE, worker_key
 from fleetgen.engine.health import Watch
 from workers import runtime
 
@@ -61,18 +62,27 @@ class HealthGate(bootsteps.StartStopStep):
                         rt.worker)
             c.add_task_queue(QUEUE)
             self._consuming = True
-        self._heartbeat(rt, watch)
+        self._heartbeat(rt, watch, c)
 
-    def _heartbeat(self, rt: runtime.Runtime, watch: Watch) -> None:
+    def _heartbeat(self, rt: runtime.Runtime, watch: Watch, c: Any) -> None:
+        """The beat and the lease renewal together: what the beat says the worker holds is
+        what it has just renewed, so `status` never shows a live worker's prompts as lost."""
+        s = rt.settings
+        sweep_s = sweep_interval_s(s.visibility_timeout_s)
         key = worker_key(rt.worker)
         try:
+            held = c.task_consumer.channel.qos.renew()
+            beat = heartbeat.fields(interval_s=s.health_interval_s,
+                                    lease_s=s.visibility_timeout_s, sweep_s=sweep_s, held=held)
+            fields: dict[Any, Any] = {
+                "engine": rt.engine.base_url, "healthy": int(watch.up()),
+                "engine_state": watch.last.state.value, "consuming": int(self._consuming),
+                "concurrency": runtime.concurrency(), "inflight": runtime.in_flight_count()}
+            fields.update(beat)
             pipe = rt.redis.pipeline()
-            pipe.hset(key, mapping={"engine": rt.engine.base_url, "healthy": int(watch.up()),
-                                    "engine_state": watch.last.state.value,
-                                    "consuming": int(self._consuming), "at": time.time(),
-                                    "concurrency": runtime.concurrency(),
-                                    "inflight": runtime.in_flight_count()})
-            pipe.expire(key, WORKER_TTL_S)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, heartbeat.ttl_s(s.health_interval_s, s.visibility_timeout_s,
+                                             sweep_s))
             pipe.execute()
         except Exception:  # a heartbeat must never kill the consumer's timer
             log.debug("heartbeat failed", exc_info=True)

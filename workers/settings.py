@@ -17,6 +17,8 @@ from fleetgen.base.redisconn import redis_url
 
 T = TypeVar("T")
 ENV = "env"  # the field metadata that names a field's variable
+# Heartbeats per visibility timeout, at least.
+LEASE_BEATS = 5
 
 
 def _setting(var: ev.EnvVar[T], *, required: bool = False) -> Any:
@@ -73,11 +75,13 @@ class WorkerSettings:
         self.share()  # a malformed share is a ConfigError at start
         if self.max_attempts < 1:
             raise ConfigError(f"{ev.MAX_ATTEMPTS.name} must be >= 1, got {self.max_attempts}")
-        if self.visibility_timeout_s <= self.request_timeout_s:
+        # The lease is renewed at every heartbeat: a few late beats must not let it lapse
+        # under a live worker (a lapse costs a second generation, not a second answer).
+        if self.visibility_timeout_s < LEASE_BEATS * self.health_interval_s:
             raise ConfigError(
-                f"{ev.VISIBILITY_TIMEOUT_S.name} ({self.visibility_timeout_s:g}) must exceed "
-                f"{ev.REQUEST_TIMEOUT_S.name} ({self.request_timeout_s:g}), or every slow "
-                "prompt would be delivered twice")
+                f"{ev.VISIBILITY_TIMEOUT_S.name} ({self.visibility_timeout_s:g}) must be at least "
+                f"{LEASE_BEATS} x {ev.HEALTH_INTERVAL_S.name} ({self.health_interval_s:g}): it "
+                "is the lease each heartbeat renews")
 
     def share(self) -> tuple[int, int]:
         """(I, N) of FLEETGEN_ENGINE_SHARE, 1-based; (1, 1) when unset."""

@@ -73,6 +73,22 @@ class QoS(kombu_redis.QoS):
                 .execute()
         virtual.QoS.append(self, message, delivery_tag)
 
+    def renew(self) -> int:
+        """Renew the lease on every message this channel holds (delivered, not acked): its
+        score in the unacked index, the delivery time kombu's sweep (`QoS.restore_visible`)
+        compares with the visibility timeout, becomes now. ZADD XX touches only tags still in
+        the index, so one acked, or already handed to another worker by a sweep, stays as it
+        is. Returns how many it holds. Called from the worker's heartbeat (workers/gate.py):
+        while the worker lives, nothing it holds is redelivered, however long a generation
+        takes; once it is dead the leases lapse after the visibility timeout."""
+        acked = self._dirty
+        held = [tag for tag in tuple(self._delivered) if tag not in acked]
+        if held:
+            with self.pipe_or_acquire() as pipe:
+                pipe.zadd(self.unacked_index_key, dict.fromkeys(held, time.time()),
+                          xx=True).execute()
+        return len(held)
+
 
 class Channel(kombu_redis.Channel):
     QoS = QoS

@@ -23,7 +23,7 @@ def celery_config(
         "retry_on_timeout": True,
         # Sweep for abandoned (SIGKILLed) messages often enough that a small visibility
         # timeout means a quick redelivery: every min(10 s, timeout / 10), no throttling.
-        "unacked_restore_interval": max(1, min(10, int(visibility_timeout_s // 10))),
+        "unacked_restore_interval": sweep_interval_s(visibility_timeout_s),
         "unacked_restore_throttle": 1,
         # Every sweep runs under a Redis lock that expires after `unacked_mutex_expire` (kombu
         # 5.7 transport/redis.py `QoS.restore_visible` -> `Mutex`, default 300 s). A worker
@@ -75,6 +75,11 @@ def celery_config(
         "worker_hijack_root_logger": False,
         "broker_channel_error_retry": True,
     }
+
+
+def sweep_interval_s(visibility_timeout_s: float) -> int:
+    """Seconds between two sweeps of a worker for messages whose lease has lapsed."""
+    return max(1, min(10, int(visibility_timeout_s // 10)))
 
 
 def mutex_expire_s(visibility_timeout_s: float) -> int:

@@ -75,12 +75,10 @@ def runs_index_key() -> str:
 
 
 def worker_key(worker: str) -> str:
-    """Hash a worker refreshes while alive (engine url, concurrency, health); 60 s TTL so a
-    dead worker disappears from the fleet view by itself."""
+    """Hash a worker refreshes while alive (engine url, concurrency, health, its lease); it
+    expires once a dead worker's prompts are back in the queue (fleetgen/base/heartbeat.py)."""
     return f"{PREFIX}:worker:{worker}"
 
-
-WORKER_TTL_S: Final = 60
 
 
 class Sampling(TypedDict, total=False):

@@ -115,14 +115,16 @@ ENGINE_GONE_S: EnvVar[float] = EnvVar(
 ENGINE_WAIT_S: EnvVar[float] = EnvVar(
     "FLEETGEN_ENGINE_WAIT_S", "seconds", 600.0, _seconds, WORKERS,
     "how long a worker without `-c` waits for its engine at start-up; then exit code 4")
-# The visibility timeout: longer than the worst task (every attempt timing out plus backoff,
-# see WorkerSettings). A SIGKILLed worker's prompts come back after this; a worker stopped
-# with SIGTERM hands back what it still runs after FLEETGEN_HANDBACK_S (workers/handback.py;
-# Celery's warm shutdown alone would wait for every running task).
+# The visibility timeout is a lease, not a bound on a task: every heartbeat renews it on each
+# prompt the worker holds (fleetgen/base/broker.py `QoS.renew`), so a generation of any length
+# is never redelivered while its worker lives, and a SIGKILLed worker's prompts come back this
+# long after its last beat, plus one sweep. A worker stopped with SIGTERM hands back what it
+# still runs after FLEETGEN_HANDBACK_S (workers/handback.py).
 VISIBILITY_TIMEOUT_S: EnvVar[float] = EnvVar(
-    "FLEETGEN_VISIBILITY_TIMEOUT_S", "seconds", 7200.0, _seconds, WORKERS,
-    "a SIGKILLed worker's prompts come back after this; must exceed "
-    "`FLEETGEN_REQUEST_TIMEOUT_S`")
+    "FLEETGEN_VISIBILITY_TIMEOUT_S", "seconds", 60.0, _seconds, WORKERS,
+    "the lease on a held prompt, renewed at every heartbeat: a SIGKILLed worker's prompts "
+    "come back this long after its last heartbeat (plus one sweep, <= 10 s); at least 5 x "
+    "`FLEETGEN_HEALTH_INTERVAL_S`")
 WAIT_AOF: EnvVar[bool] = EnvVar(
     "FLEETGEN_WAIT_AOF", "0/1", False, _flag, WORKERS,
     "1: each outcome is durable in the AOF (`WAITAOF`) before its ack")

@@ -67,7 +67,8 @@ def check_worker(client: redis.Redis, name: str, max_age_s: float,
     except redis.RedisError:
         return Check(f"worker {name}", False, "cannot read its heartbeat")
     if not beat:
-        return Check(f"worker {name}", False, "no heartbeat (not started, or dead > 60 s)")
+        return Check(f"worker {name}", False, "no heartbeat (not started, or dead long "
+                     "enough for its prompts to be back in the queue)")
     age = (now or time.time()) - float(beat.get("at", 0))
     if age > max_age_s:
         return Check(f"worker {name}", False, f"heartbeat {age:.0f} s old")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 import redis
@@ -10,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fleetgen.base.contract import QUEUE, RunKeys, runs_index_key
+from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.monitor import status
 
@@ -62,11 +64,27 @@ def _worker_metrics(beats: dict[str, dict[str, str]]) -> list[Metric]:
                                  labels=["worker"])
     slots = GaugeMetricFamily("fleetgen_worker_concurrency", "the worker's pool size",
                               labels=["worker"])
+    lost = GaugeMetricFamily("fleetgen_worker_lost",
+                             "1 if the worker's heartbeat lapsed (dead or frozen)",
+                             labels=["worker"])
+    held = GaugeMetricFamily("fleetgen_worker_held",
+                             "prompts the worker holds under its lease (as of its heartbeat)",
+                             labels=["worker"])
+    back = GaugeMetricFamily("fleetgen_worker_lease_back_in_seconds",
+                             "a lost worker: seconds until what it holds is back in the queue",
+                             labels=["worker"])
+    now = time.time()
     for name, beat in sorted(beats.items()):
+        lease = Heartbeat.of(beat)
         healthy.add_metric([name], int(beat.get("healthy", 0) or 0))
         inflight.add_metric([name], int(beat.get("inflight", 0) or 0))
         slots.add_metric([name], int(beat.get("concurrency", 0) or 0))
-    return [healthy, inflight, slots]
+        lost.add_metric([name], int(lease.lost(now)))
+        held.add_metric([name], lease.held or 0)
+        back_in_s = lease.back_in_s(now)
+        if lease.lost(now) and back_in_s is not None:
+            back.add_metric([name], round(back_in_s, 1))
+    return [healthy, inflight, slots, lost, held, back]
 
 
 def _run_metrics(runs: list[status.RunStatus],

@@ -18,6 +18,7 @@ from fleetgen.base.contract import (
     RunKeys,
     worker_key,
 )
+from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.base.runstate import run_complete
 
@@ -28,11 +29,17 @@ class WorkerStatus:
     done: int = 0
     failed: int = 0
     completion_tokens: int = 0
-    healthy: bool | None = None  # None: no heartbeat (stopped, or dead for over a minute)
+    healthy: bool | None = None  # None: no heartbeat (stopped, or its prompts back long ago)
     consuming: bool | None = None
     engine: str | None = None
     in_flight: int | None = None  # from the heartbeat, so up to one health interval old
     concurrency: int | None = None
+    # Its heartbeat lapsed (fleetgen/base/heartbeat.py): dead or frozen. `held` prompts are
+    # its until its leases lapse, back in the queue within `back_in_s`.
+    lost: bool = False
+    held: int | None = None
+    back_in_s: float | None = None
+    health: str = "offline"  # what status, the live page and metrics show
     rows_per_s: float = 0.0  # average since the run started
     tokens_per_s: float = 0.0
     recent_rows_per_s: float | None = None  # over the last --watch interval
@@ -73,6 +80,9 @@ class RunStatus:
     # Failures the workers have written, counting those a `fleetgen retry` has since fixed
     # (`failed` is what stands now).
     failed_attempts: int = 0
+    # Prompts held by lost workers, and the seconds until the last of them is back in the queue.
+    lost_held: int = 0
+    lost_back_in_s: float | None = None
 
     @property
     def truncation_rate(self) -> float:
@@ -92,6 +102,7 @@ class RunStatus:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["truncation_rate"] = round(self.truncation_rate, 4)
+        data["lost_line"] = lost_line(self) if self.lost_held else None
         data["shares"] = {name: round(self.share(count), 4) for name, count in (
             ("truncated", self.truncated), ("empty", self.empty),
             ("unfinished", self.unfinished), ("failed", self.failed))}
@@ -145,7 +156,11 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.empty, status.unfinished = n(stats, "empty"), n(stats, "reasoning_unfinished")
     status.stop_reason = manifest.get("stop_reason")
     status.blocked = blocked
-    status.workers = _workers(client, stats, elapsed)
+    status.workers = _workers(client, stats, elapsed, now)
+    lost = [w for w in status.workers if w.lost]
+    status.lost_held = sum(w.held or 0 for w in lost)
+    waits = [w.back_in_s for w in lost if w.held and w.back_in_s is not None]
+    status.lost_back_in_s = round(max(waits), 1) if waits else None
     return status
 
 
@@ -156,7 +171,8 @@ def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
             for key in client.scan_iter(match=worker_key("*"), count=1000)}
 
 
-def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float) -> list[WorkerStatus]:
+def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float,
+             now: float) -> list[WorkerStatus]:
     by_name: dict[str, WorkerStatus] = {}
     for key, value in stats.items():
         if "|" not in key:
@@ -167,14 +183,14 @@ def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float) -> list
             setattr(w, field_name, int(value))
     # Idle workers show too: an online GPU that does nothing is what one wants to spot.
     for name, beat in live_workers(client).items():
-        _apply_heartbeat(by_name.setdefault(name, WorkerStatus(name)), beat)
+        _apply_heartbeat(by_name.setdefault(name, WorkerStatus(name)), beat, now)
     for w in by_name.values():
         w.rows_per_s = round(w.done / elapsed, 2)
         w.tokens_per_s = round(w.completion_tokens / elapsed, 1)
     return sorted(by_name.values(), key=lambda w: w.name)
 
 
-def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str]) -> None:
+def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str], now: float) -> None:
     def flag(name: str) -> bool | None:
         return bool(int(beat[name])) if name in beat else None
 
@@ -184,6 +200,22 @@ def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str]) -> None:
     w.healthy, w.consuming = flag("healthy"), flag("consuming")
     w.engine = beat.get("engine")
     w.in_flight, w.concurrency = number("inflight"), number("concurrency")
+    lease = Heartbeat.of(beat)
+    w.lost, w.held = lease.lost(now), lease.held
+    if w.lost:
+        w.back_in_s = lease.back_in_s(now)
+        w.back_in_s = None if w.back_in_s is None else round(w.back_in_s, 1)
+    w.health = _health(w, lease.age_s(now))
+
+
+def _health(w: WorkerStatus, age_s: float) -> str:
+    if w.lost:
+        return f"LOST (no heartbeat for {age_s:.0f} s)"
+    if w.healthy is None:
+        return "offline"
+    if not w.healthy:
+        return "ENGINE DOWN"
+    return "ok" if w.consuming is not False else "paused"
 
 
 def with_window(current: RunStatus, previous: RunStatus | None) -> RunStatus:
@@ -233,6 +265,8 @@ def render(s: RunStatus) -> str:
     ]
     if s.stop_reason:
         lines.insert(1, f"  STOPPED EARLY: {s.stop_reason}")
+    if s.lost_held:
+        lines.insert(1, f"  WAITING {lost_line(s)}")
     if s.workers:
         lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'in flight':>9} "
                      f"{'rows/s':>8} {'tok/s':>9}  health")
@@ -244,14 +278,17 @@ def _worker_line(w: WorkerStatus) -> str:
     rows_s = w.recent_rows_per_s if w.recent_rows_per_s is not None else w.rows_per_s
     tok_s = w.recent_tokens_per_s if w.recent_tokens_per_s is not None else w.tokens_per_s
     in_flight = "-" if w.in_flight is None else f"{w.in_flight}/{w.concurrency or '?'}"
-    if w.healthy is None:
-        health = "offline"
-    elif not w.healthy:
-        health = "ENGINE DOWN"
-    else:
-        health = "ok" if w.consuming is not False else "paused"
     return (f"  {w.name:<28} {w.done:>8} {w.failed:>6} {in_flight:>9} {rows_s:>8.1f} "
-            f"{tok_s:>9.0f}  {health}")
+            f"{tok_s:>9.0f}  {w.health}")
+
+
+def lost_line(s: RunStatus) -> str:
+    """Why a run waits while its live workers idle: what lost workers hold, and until when."""
+    names = ", ".join(w.name for w in s.workers if w.lost and w.held)
+    when = ("at the next sweep" if not s.lost_back_in_s
+            else f"within {_duration(s.lost_back_in_s)}")
+    return (f"{s.lost_held} prompt(s) held by lost worker(s) {names}: back in the queue {when}, "
+            "when their leases lapse (FLEETGEN_VISIBILITY_TIMEOUT_S after the last heartbeat)")
 
 
 def _duration(seconds: float) -> str:

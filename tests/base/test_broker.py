@@ -122,3 +122,35 @@ def test_what_orjson_cannot_read_as_kombu_wrote_it_is_kombus(value: object) -> N
         assert math.isnan(decoded["v"])
     else:
         assert decoded["v"] == value and type(decoded["v"]) is type(value)
+
+
+def _held(channel: broker.Channel, tag: str) -> None:
+    message = channel.prepare_message("a prompt", properties={"delivery_tag": tag})
+    message["properties"]["delivery_info"] = {"exchange": "", "routing_key": "fleetgen"}
+    channel.qos.append(channel.Message(message, channel=channel), tag)
+
+
+def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
+                                                          rclient: redis.Redis) -> None:
+    """The heartbeat's `renew` moves the delivery time of what the channel holds to now, so
+    kombu's own sweep (`restore_visible`, 60 s timeout) leaves it; the same sweep hands back a
+    message whose holder stopped renewing. An acked tag is not put back in the index."""
+    channel = _channel(redis_url)
+    rclient.delete("fleetgen")
+    for tag in ("live-1", "live-2", "acked", "dead"):
+        _held(channel, tag)
+    channel.qos.ack("acked")
+    long_ago = 1_000.0  # delivered long before any visibility timeout
+    rclient.zadd(KOMBU_UNACKED_INDEX, dict.fromkeys(["live-1", "live-2", "dead"], long_ago))
+    channel.qos._delivered.pop("dead")  # its holder: another channel, one that died
+    assert channel.qos.renew() == 2
+    scores = {tag: rclient.zscore(KOMBU_UNACKED_INDEX, tag) for tag in ("live-1", "live-2")}
+    assert all(s is not None and s > long_ago for s in scores.values()), scores
+    assert rclient.zscore(KOMBU_UNACKED_INDEX, "acked") is None
+    channel.qos.restore_visible(num=None, interval=1)
+    assert rclient.zrange(KOMBU_UNACKED_INDEX, 0, -1) == [b"live-1", b"live-2"]
+    (back,) = rclient.lrange("fleetgen", 0, -1)
+    assert json.loads(back)["properties"]["delivery_tag"] == "dead"
+    for tag in ("live-1", "live-2"):
+        channel.qos.ack(tag)
+    assert channel.qos.renew() == 0

@@ -47,7 +47,8 @@ def test_demo_runs_the_bundled_sample_and_stops_everything(tmp_path: Path) -> No
     assert summary["rejected"] >= 8  # too-long and malformed rows ship in the sample
     assert "completion tokens/s" in stdout
     # The last line names the report, written beside the output files.
-    assert stdout.strip().splitlines()[-1].startswith("fleetgen demo: report at out/demo/report.html")
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("fleetgen demo: report at out/demo/report.html")
     assert b"uPlot" in (out / "report.html").read_bytes()
     # Every answer is the one the demo's simulators (its defaults: 8192 context, 32 slots,
     # 200-token mean, seed 0) give for that row: a fleet of the same spec, never started,

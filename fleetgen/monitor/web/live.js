@@ -47,8 +47,7 @@ window.fleetgenLive = function (root, d) {
         el("td", {class: "n"}, w.in_flight == null ? "–" : w.in_flight + "/" + (w.concurrency ?? "?")),
         el("td", {class: "n"}, F.num(w.recent_rows_per_s ?? w.rows_per_s)),
         el("td", {class: "n"}, F.num(w.recent_tokens_per_s ?? w.tokens_per_s)),
-        w.healthy == null ? "offline" : (!w.healthy ? "ENGINE DOWN" :
-          (w.consuming === false ? "paused" : "ok"))]), {id: "workers"});
+        el("td", {class: w.lost ? "warn" : ""}, w.health)]), {id: "workers"});
   }
 
   function draw(snap) {
@@ -59,7 +58,8 @@ window.fleetgenLive = function (root, d) {
       state.textContent = "state " + st.state + " · updated " + new Date(st.at * 1000).toLocaleTimeString();
       state.className = "ok";
     }
-    banner.textContent = st.stop_reason ? "STOPPED EARLY: " + st.stop_reason : "";
+    banner.textContent = [st.stop_reason ? "STOPPED EARLY: " + st.stop_reason : "",
+                          st.lost_held ? "WAITING " + st.lost_line : ""].filter(x => x).join(" · ");
     const total = st.total || st.read || 0;
     progress.max = Math.max(total, 1);
     progress.value = st.done + st.failed + st.rejected;
