@@ -96,10 +96,8 @@ def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retr
             if _should_retry(exc, state, policy, engine, payload["id"], sleep):
                 sleep(policy.backoff_s(state.retries, rng))
                 continue
-            _emit_failure(payload, exc, state, sink, worker)
-            return KIND_FAILURE
-        _emit_result(payload, gen, state, sink, worker)
-        return KIND_RESULT
+            return _emit_failure(payload, exc, state, sink, worker)
+        return _emit_result(payload, gen, state, sink, worker)
 
 
 def generate_options(payload: TaskPayload) -> GenerateOptions:
@@ -179,8 +177,18 @@ def _engine_back(engine: Engine, policy: RetryPolicy, sleep: Callable[[float], N
     return False
 
 
+def _recorded(kind: str, written: bool, payload: TaskPayload) -> str:
+    """The outcome kind, or 'skipped' for one the sink refused as a second outcome: another
+    worker answered the prompt while this one held it past its lease (frozen, cut off)."""
+    if written:
+        return kind
+    log.warning("id=%s was answered by another worker while this one held it past its lease; "
+                "this %s is dropped", payload["id"], kind)
+    return "skipped"
+
+
 def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Sink,
-                 worker: str) -> None:
+                 worker: str) -> str:
     record = result_record(payload, gen, max_tokens=state.max_tokens, attempts=state.attempts,
                            worker=worker)
     stats = {
@@ -192,15 +200,16 @@ def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Si
         # Only the ones that happened: each is a Redis command pair per result.
         **{name: n for name, n in quality_counts(record).items() if n},
     }
-    sink.emit(payload["run"], KIND_RESULT, slot_of(payload), record, stats)
+    return _recorded(KIND_RESULT, sink.emit(payload["run"], KIND_RESULT, slot_of(payload),
+                                            record, stats), payload)
 
 
 def _emit_failure(payload: TaskPayload, exc: errors.EngineError, state: Attempt, sink: Sink,
-                  worker: str) -> None:
+                  worker: str) -> str:
     log.warning("id=%s failed after %d attempt(s): %s", payload["id"], state.attempts,
                 exc.message)
     record = failure_record(payload, exc, max_tokens=state.max_tokens, attempts=state.attempts,
                             worker=worker)
     stats = {"failed": 1, "retries": state.retries}
-    sink.emit(payload["run"], KIND_FAILURE, slot_of(payload), record, stats,
-              dict(payload))
+    return _recorded(KIND_FAILURE, sink.emit(payload["run"], KIND_FAILURE, slot_of(payload),
+                                             record, stats, dict(payload)), payload)

@@ -24,16 +24,21 @@ class Sink(Protocol):
     def is_done(self, run: str, line: int) -> bool: ...
 
     def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
-             stats: dict[str, int], payload: dict[str, Any] | None = None) -> None: ...
+             stats: dict[str, int], payload: dict[str, Any] | None = None) -> bool: ...
 
 
 # The outcome's commands, run only while the run's manifest (KEYS[1]) exists: a run purged
 # while its prompt ran would otherwise get its keys back (a stream, a done bit, counters that
-# no command can see or remove). A script, not a MULTI, so the check and the writes are one
-# atomic step in one round trip. ARGV: for each command, its word count, then its words.
+# no command can see or remove); and only while the row's done bit (KEYS[2], ARGV[1]) is
+# clear: a worker whose lease lapsed while it was frozen finishes a prompt that another worker
+# has since answered, and its late answer must not be a second outcome (nor count twice).
+# `fleetgen retry` clears the bit of a row it sends back. A script, not a MULTI, so the checks
+# and the writes are one atomic step in one round trip. ARGV[2..]: for each command, its word
+# count, then its words.
 _EMIT_IF_RUN_EXISTS = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local i = 1
+if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return 2 end
+local i = 2
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   redis.call(unpack(ARGV, i + 1, i + n))
@@ -67,7 +72,9 @@ class StreamSink:
         return bool(done)
 
     def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
-             stats: dict[str, int], payload: dict[str, Any] | None = None) -> None:
+             stats: dict[str, int], payload: dict[str, Any] | None = None) -> bool:
+        """False if the row already has an outcome (nothing written); RunPurged if the run
+        is gone."""
         keys = RunKeys(run)
         entry = stream_entry(kind, record)
         commands: list[Command] = [
@@ -86,9 +93,13 @@ class StreamSink:
             commands.append(("HSET", keys.failed, request_key(record), orjson.dumps(payload)))
         elif kind == KIND_RESULT:
             commands.append(("HDEL", keys.failed, request_key(record)))
-        args = [word for command in commands for word in (len(command), *command)]
-        if not self._emit(keys=[keys.manifest], args=args):
+        args = [line, *(word for command in commands for word in (len(command), *command))]
+        written = self._emit(keys=[keys.manifest, keys.done], args=args)
+        if not written:
             raise RunPurged(run)
+        if written == 2:
+            return False
         if self._wait_aof:
             # The outcome is on disk before the task is acked (Redis >= 7.2 / Valkey 8).
             self._redis.execute_command("WAITAOF", 1, 0, 1000)
+        return True

@@ -10,10 +10,15 @@ import time
 from pathlib import Path
 
 import redis
+from prometheus_client import CollectorRegistry, generate_latest
 
+from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import RunKeys
+from fleetgen.base.envvars import HEALTH_INTERVAL_S, VISIBILITY_TIMEOUT_S
 from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.monitor.metrics import FleetCollector
+from fleetgen.monitor.status import WorkerStatus, gather, render
 from producer.pipeline import Progress
 from tests.support import held
 from tests.support.cli import fleetgen_cli
@@ -36,17 +41,25 @@ def start_producer(fleet: LocalFleet, prompts: Path, run: str) -> threading.Thre
     return thread
 
 
+# At the defaults a user gets: the visibility timeout (the lease each heartbeat renews) and the
+# heartbeat interval are the workers' own (local fleets beat every 1 s: fleetgen/local/fleet.py).
+DEFAULT_LEASE = {HEALTH_INTERVAL_S.name: str(HEALTH_INTERVAL_S.default)}
+
+
 def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory,
                                                         tmp_path: Path) -> None:
-    fleet = make_fleet(worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "15",
-                                   "FLEETGEN_REQUEST_TIMEOUT_S": "4"})
+    """A worker SIGKILLed mid-run (the OOM killer, a node reboot) and never restarted, at the
+    default lease: status shows it LOST with what it holds and when that is back, and the run
+    is complete within 120 s of the kill with every row once (at the old 7,200 s visibility
+    timeout it sat at `in flight 9` for two hours)."""
+    fleet = make_fleet(worker_env=DEFAULT_LEASE)
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     rows = 600  # short answers go fast: enough rows that the kill lands mid-run
     kinds = make_prompts(prompts, rows)
     client = redis.Redis.from_url(fleet.redis_url)
     gpu1, worker = worker_name(1), fleet.workers[1]
     # Answers of <= 200 tokens (<= 0.25 s): the survivors' prompts leave `unacked` long
-    # before the dead worker's come back (15 s), which tells the two apart. The producer waits
+    # before the dead worker's come back (60 s), which tells the two apart. The producer waits
     # for the run and reconciles, as `fleetgen produce` does by default: kombu moves a message
     # into `unacked` after its BRPOP, not with it, so a worker killed in between loses that one
     # message, and only the producer's reconciliation brings it back (a run here lost 1 of 600
@@ -63,9 +76,10 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
 
     wait_until(busy, 60, "gpu1 to hold requests after writing results")
     worker.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
     assert worker.proc.wait(timeout=10) == -signal.SIGKILL
-    # Dead: from here on nothing of gpu1's changes. Its prompts stay unacked until the
-    # visibility timeout; the survivors' leave once they finish them.
+    # Dead: from here on nothing of gpu1's changes. Its prompts stay unacked until its lease
+    # lapses; the survivors' leave once they finish them.
     before = held.worker_done(client, "kill9", gpu1)
     at_kill = held.unacked_lines(client, "kill9") - held.done_lines(client, "kill9", rows)
     done_at_kill = held.done_count(client, "kill9")
@@ -74,11 +88,14 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
     stuck = (at_kill & held.unacked_lines(client, "kill9")) - \
         held.done_lines(client, "kill9", rows)
     assert stuck, "gpu1 held nothing unacked when it died: the test proves nothing"
+    lost = assert_shown_lost(client, "kill9", gpu1)
 
     try:
         drain(fleet, "kill9", out, timeout_s=120)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{where_missing(client, 'kill9', rows, stuck)}") from None
+    recovered_s = time.monotonic() - killed_at
+    assert recovered_s < 120, f"the run took {recovered_s:.0f} s after the kill"
     data = assert_exactly_once(out, set(kinds["good"]))
     assert len(data["results"]) == rows and not data["failures"]
     assert_fleet_content(fleet, prompts, data)
@@ -89,10 +106,37 @@ def test_worker_sigkill_mid_run_prompts_are_redelivered(make_fleet: FleetFactory
     # A row gpu1 wrote but had not acked comes back too, and is skipped as done.
     wait_until(lambda: client.hlen("unacked") == 0, 30, "every redelivery to be acked")
     wait_until(lambda: bool(report), 30, "the producer to see the run generated")
-    print(f"\nworker SIGKILL: gpu1 wrote {before} results before the kill, 0 after; it held "
-          f"{len(stuck)} unacked prompts, redelivered after the visibility timeout and written "
-          f"by {sorted({by_line[line]['worker'].split('@')[0] for line in stuck})}; "
-          f"{report[0].requeued} lost between a BRPOP and its unacked entry, re-enqueued")
+    print(f"\nworker SIGKILL at the default lease: gpu1 wrote {before} results before the "
+          f"kill, 0 after; status showed it {lost.health} holding {lost.held}; its "
+          f"{len(stuck)} unacked prompts were redelivered and written by "
+          f"{sorted({by_line[line]['worker'].split('@')[0] for line in stuck})}; run complete "
+          f"{recovered_s:.1f} s after the kill; {report[0].requeued} lost between a BRPOP and "
+          f"its unacked entry, re-enqueued")
+
+
+def assert_shown_lost(client: redis.Redis, run: str, worker: str) -> WorkerStatus:
+    """What the user sees while a dead or frozen worker's prompts wait for its lease: status
+    (and the live page, from the same gather) names it LOST, what it holds, and when that is
+    back; metrics says it too."""
+    def lost() -> WorkerStatus | None:
+        snapshot = gather(client, run)
+        found = [w for w in snapshot.workers if w.name == worker] if snapshot else []
+        return found[0] if found and found[0].lost else None
+
+    wait_until(lambda: lost() is not None, 30, f"status to show {worker} lost")
+    w, snapshot = lost(), gather(client, run)
+    assert w is not None and snapshot is not None
+    assert w.held and w.health.startswith("LOST") and w.back_in_s is not None
+    lease_s = VISIBILITY_TIMEOUT_S.default
+    assert 0 < w.back_in_s <= lease_s + sweep_interval_s(lease_s)
+    assert snapshot.lost_held >= w.held
+    text = render(snapshot)
+    assert f"held by lost worker(s) {worker}: back in the queue within" in text, text
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(client, runs=lambda: [run]))
+    exposed = generate_latest(registry).decode()
+    assert f'fleetgen_worker_lost{{worker="{worker}"}} 1.0' in exposed
+    return w
 
 
 def where_missing(client: redis.Redis, run: str, rows: int, stuck: set[int]) -> str:

@@ -31,8 +31,9 @@ class MemorySink:
         return False
 
     def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
-             stats: dict[str, int], payload: dict[str, Any] | None = None) -> None:
+             stats: dict[str, int], payload: dict[str, Any] | None = None) -> bool:
         self.emitted.append((kind, record))
+        return True
 
 
 @pytest.fixture()

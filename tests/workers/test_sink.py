@@ -33,3 +33,24 @@ def test_counters_status_reads_per_worker_and_no_zero_increments(redis_url: str)
     (worker,) = status.workers
     assert (worker.name, worker.done, worker.failed, worker.completion_tokens) == \
         ("gpu0@h", 2, 1, 16)
+
+
+def test_a_second_outcome_for_a_done_row_writes_nothing(redis_url: str) -> None:
+    """A worker frozen past its lease finishes a prompt another worker has answered since: its
+    late answer is refused in the same script that would write it (no second stream entry, no
+    counter twice), and a row `fleetgen retry` sent back (done bit cleared) is written again."""
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys("late")
+    client.hset(keys.manifest, mapping={"total": 1, "started_at": 0})
+    first, late = StreamSink(client, worker="gpu0@h"), StreamSink(client, worker="gpu1@h")
+    record = {"id": "a", "line": 1, "completion": "x"}
+    assert first.emit("late", KIND_RESULT, 1, record, {"done": 1, "completion_tokens": 7})
+    assert not late.emit("late", KIND_RESULT, 1, {**record, "worker": "gpu1@h"},
+                         {"done": 1, "completion_tokens": 9})
+    assert client.xlen(keys.stream) == 1
+    stats = {k.decode(): int(v) for k, v in client.hgetall(keys.stats).items()}
+    assert stats == {"done": 1, "completion_tokens": 7, "gpu0@h|done": 1,
+                     "gpu0@h|completion_tokens": 7}
+    client.setbit(keys.done, 1, 0)  # what `fleetgen retry` does (runstate.mark_retrying)
+    assert late.emit("late", KIND_RESULT, 1, record, {"done": 1})
+    assert client.xlen(keys.stream) == 2
