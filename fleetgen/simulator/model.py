@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetgen.simulator import vocab
 from fleetgen.simulator.config import SimConfig
 
-# Qwen3-style vocabulary bounds: generated ids stay below the special tokens and
-# a natural stop reports the end-of-turn id, as a real Qwen3 server would.
-VOCAB_SIZE = 248044
-STOP_TOKEN_ID = 248046
+# Qwen3.6's vocabulary (fleetgen/simulator/vocab.py): ordinary ids below VOCAB_SIZE, and a
+# natural stop ends the output with the end-of-turn id, as a real Qwen3.6 server's does.
+VOCAB_SIZE = vocab.ORDINARY_SIZE
+STOP_TOKEN_ID = vocab.EOS_ID
 MAX_INPUT_ID = 2**31 - 1
 
 # Crude tokenizer for `text` prompts: one token per word and per punctuation mark.
@@ -26,17 +27,10 @@ TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 # Heavy tail like real completion lengths: lognormal, sigma 1 (mean/median ≈ 1.65).
 LENGTH_SIGMA = 1.0
 
-WORDS = (
-    "the", "model", "answers", "with", "a", "short", "plain", "sentence", "about",
-    "data", "and", "then", "it", "adds", "one", "more", "line", "of", "text", "to",
-    "make", "your", "reply", "longer", "so", "that", "every", "token", "counts", "once",
-    "here", "is", "an", "example", "list", "first", "second", "third", "finally",
-    "because", "this", "step", "works", "well", "in", "practice", "we", "check",
-    "result", "again", "before", "writing", "output", "file", "each", "row", "gets",
-    "its", "own", "completion", "which", "ends", "now", ".",
-)
-# A fixed id per word, spread over the vocabulary, so `text` and `output_ids` agree.
-WORD_IDS = tuple((1013 + 3889 * index) % VOCAB_SIZE for index in range(len(WORDS)))
+# Every word is one Qwen3.6 token at the start of a text and another after a space, so `text`
+# and `output_ids` agree (the ids are the tokenizer's own encoding of the text).
+WORDS = vocab.WORDS
+WORD_IDS = vocab.SPACED_IDS
 
 
 @dataclass(frozen=True)
@@ -57,11 +51,13 @@ class Completion:
         return len(self.output_ids)
 
     def token_texts(self) -> list[str]:
-        """The text of each output token (for logprobs that carry it)."""
+        """The text of each output token, special ones included (for logprobs that carry it:
+        SGLang decodes each id alone, `detokenize_logprob_tokens`)."""
         if self.pieces is not None:
             return list(self.pieces)
-        return [word if index == 0 else f" {word}"
-                for index, word in enumerate(self.text.split(" ") if self.text else [])]
+        texts = [word if index == 0 else f" {word}"
+                 for index, word in enumerate(self.text.split(" ") if self.text else [])]
+        return texts + [vocab.EOS_TEXT] * (len(self.output_ids) - len(texts))
 
     def prefix(self, tokens: int, finish_reason: dict[str, Any]) -> Completion:
         """The first `tokens` tokens, as a request cut short (aborted) would have them."""
@@ -72,15 +68,19 @@ class Completion:
         return Completion(" ".join(words), self.output_ids[:tokens], finish_reason)
 
 
-# Special tokens the simulated model writes (Qwen3's `<think>` and `</think>`): in `text` only
-# when the request keeps special tokens.
-SPECIAL_IDS = frozenset({248068, 248069})
+# Special tokens (Qwen3.6's `special: true`, fleetgen/simulator/vocab.py): in `text` only when
+# the request keeps special tokens. `<think>` and `</think>` are not among them.
+SPECIAL_IDS = vocab.SPECIAL_IDS
 
 
 def joined(pieces: Sequence[str], ids: Sequence[int], finish_reason: dict[str, Any],
            skip_special_tokens: bool) -> Completion:
-    """A completion from its tokens' texts and ids."""
-    text = "".join(piece for piece, token in zip(pieces, ids, strict=True)
+    """A completion from its tokens' texts and ids. The stop token that ended it is in the ids
+    and never in the text: SGLang decodes the ids without it (`DetokenizerManager.
+    trim_matched_stop`: "Trim stop token", `output[:-1]` when `matched` is an int), vLLM's
+    detokenizer skips it (`stop_terminated`), llama.cpp gives a control token no text."""
+    shown = len(ids) - 1 if ids and finish_reason.get("matched") == ids[-1] else len(ids)
+    text = "".join(piece for piece, token in zip(pieces[:shown], ids[:shown], strict=True)
                    if not (skip_special_tokens and token in SPECIAL_IDS))
     return Completion(text, list(ids), finish_reason, tuple(pieces), skip_special_tokens)
 
@@ -129,25 +129,32 @@ def generate(
     """The deterministic answer for `key`, cut at `max_new_tokens`.
 
     The words are drawn after the length from the same stream, so a smaller limit
-    gives a prefix of the longer answer, as greedy decoding would.
+    gives a prefix of the longer answer, as greedy decoding would. A natural stop is one
+    more token, the end-of-turn id, counted in `completion_tokens` and left out of the text:
+    SGLang keeps the stop token in the output (`Req.output_ids_through_stop`, "Stop position
+    is included"; `_check_token_based_finish` sets `finished_len = matched_pos + 1`), and it
+    is checked before the length cap (`update_finish_state`), so it still fits when it is
+    the `max_new_tokens`-th token. `min_new_tokens` holds it back until that many tokens
+    came (the EOS is masked before), `ignore_eos` for good.
     """
     rng = random.Random(key)
-    wanted = natural_length(rng, mean_tokens)
+    words = natural_length(rng, mean_tokens)
     if ignore_eos:
-        wanted = max_new_tokens + 1
-    wanted = max(wanted, min_new_tokens)
-    produced = min(wanted, max_new_tokens)
+        words = max_new_tokens + 1
+    words = max(words, min_new_tokens)
+    produced = min(words, max_new_tokens)
     indices = rng.choices(range(len(WORDS)), k=produced)
+    ids = [vocab.SPACED_IDS[i] for i in indices]
+    if ids:
+        ids[0] = vocab.FIRST_IDS[indices[0]]
     finish: dict[str, Any]
-    if wanted <= max_new_tokens:
+    if words < max_new_tokens:
+        ids.append(STOP_TOKEN_ID)
         finish = {"type": "stop", "matched": STOP_TOKEN_ID}
     else:
         finish = {"type": "length", "length": max_new_tokens}
-    return Completion(
-        text=" ".join(WORDS[i] for i in indices),
-        output_ids=[WORD_IDS[i] for i in indices],
-        finish_reason=finish,
-    )
+    return Completion(text=" ".join(WORDS[i] for i in indices), output_ids=ids,
+                      finish_reason=finish)
 
 
 def per_token_s(config: SimConfig, running: int) -> float:

@@ -57,9 +57,11 @@ def test_sglang_native_client(start_sim: StartSim) -> None:
         client.close()
     check(gen, Style(thinking=True, schema=SCHEMA, reasoning_first=True,
                      skip_special_tokens=False))
-    # without options: tags dropped from the text, no logprobs, the ids still there
-    assert plain.logprobs is None and "<think>" not in plain.text
+    # without options: no logprobs; the tags stay in the text all the same (Qwen3.6 marks
+    # them `special: false`), the ids end with the end-of-turn token
+    assert plain.logprobs is None and plain.text.startswith("<think>\n")
     assert plain.output_ids is not None and plain.output_ids[0] == 248068
+    assert plain.output_ids[-1] == 248046 and plain.completion_tokens == len(plain.output_ids)
 
 
 def test_vllm_client(start_sim: StartSim) -> None:

@@ -281,12 +281,14 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["name", "age"], "$defs": {"kind": {"enum": ["x", "y"]}}}
 
 
-def thought(prompt: list[int], budget: int = 200, **sampling: Any) -> Exchange:
+def thought(prompt: list[int], budget: int = 200, require_reasoning: bool = False,
+            **sampling: Any) -> Exchange:
     """A thinking answer, reduced to where its tags are (the words are tested elsewhere)."""
     def run(ctx: Ctx) -> Any:
+        top = {"require_reasoning": True} if require_reasoning else {}
         body = ctx.client.post("/generate", json={
             "input_ids": prompt, "sampling_params": {"max_new_tokens": budget, **sampling},
-            "rid": "t"}).json()
+            "rid": "t", **top}).json()
         ids, text = body["output_ids"], body["text"]
         return {"opens": ids[:2] == [THINK, NL],
                 "ends_reasoning_at": ids.index(END) if END in ids else None,
@@ -294,6 +296,22 @@ def thought(prompt: list[int], budget: int = 200, **sampling: Any) -> Exchange:
                 "tags_in_text": ["<think>" in text, "</think>" in text],
                 "reasoning_tokens": body["meta_info"]["reasoning_tokens"],
                 "finish": body["meta_info"]["finish_reason"]["type"]}
+    return run
+
+
+def ended(budget_less: int = 0) -> Exchange:
+    """A plain answer asked once with room, then with `budget_less` fewer tokens than it took:
+    where its ids end, what they count, and whether the text holds the stop token."""
+    def run(ctx: Ctx) -> Any:
+        def ask(budget: int) -> dict[str, Any]:
+            return ctx.sampled({"max_new_tokens": budget}).json()
+
+        free = ask(80)
+        body = ask(len(free["output_ids"]) - budget_less) if budget_less else free
+        ids, info = body["output_ids"], body["meta_info"]
+        return {"last_id": ids[-1], "counted": info["completion_tokens"] == len(ids),
+                "words": len(body["text"].split()), "ids": len(ids),
+                "eos_in_text": "<|im_end|>" in body["text"], "finish": info["finish_reason"]}
     return run
 
 
@@ -562,14 +580,23 @@ CASES = [
          {**SLOW, "max_running_requests": 1, "max_queued_requests": 1}),
     # -------- a thinking model (a reasoning parser on the server)
     Case("thinking-tags-kept", "srt/managers/detokenizer_manager.py (skip_special_tokens "
-         "false); schedule_batch.py Req.update_self_opened_reasoning_tokens",
+         "false); batch_result_processor.py _maybe_update_reasoning_tokens (counts only with "
+         "require_reasoning: the qwen3 parser has no self_opened_think_start_ids)",
          thought([1, 2], skip_special_tokens=False), None,
          {"opens": True, "ends_reasoning_at": 18, "text_opens": True,
+          "tags_in_text": [True, True], "reasoning_tokens": 0, "finish": "stop"}, THINKING),
+    Case("thinking-tags-in-text-by-default", "srt/sampling/sampling_params.py "
+         "(skip_special_tokens defaults to true); Qwen3.6's tokenizer marks <think> and "
+         "</think> special: false, so skipping special tokens keeps them",
+         thought([1, 2]), None,
+         {"opens": True, "ends_reasoning_at": 18, "text_opens": True,
+          "tags_in_text": [True, True], "reasoning_tokens": 0, "finish": "stop"}, THINKING),
+    Case("thinking-reasoning-tokens-required", "batch_result_processor.py "
+         "_maybe_update_reasoning_tokens; schedule_batch.py Req.update_reasoning_tokens "
+         "(require_reasoning: every token up to and including </think>)",
+         thought([1, 2], require_reasoning=True), None,
+         {"opens": True, "ends_reasoning_at": 18, "text_opens": True,
           "tags_in_text": [True, True], "reasoning_tokens": 19, "finish": "stop"}, THINKING),
-    Case("thinking-tags-skipped-by-default", "srt/sampling/sampling_params.py "
-         "(skip_special_tokens defaults to true)", thought([1, 2]), None,
-         {"opens": True, "ends_reasoning_at": 18, "text_opens": False,
-          "tags_in_text": [False, False], "reasoning_tokens": 19, "finish": "stop"}, THINKING),
     Case("thinking-off-by-empty-block", "Qwen3 chat template enable_thinking=false",
          thought([1, 2, THINK, PARA, END, PARA], skip_special_tokens=False), None,
          {"opens": False, "ends_reasoning_at": None, "text_opens": False,
@@ -582,7 +609,24 @@ CASES = [
     Case("thinking-budget-ends-in-reasoning", "scheduler.py (finish length, no </think>)",
          thought([1, 2], 5, skip_special_tokens=False), None,
          {"opens": True, "ends_reasoning_at": None, "text_opens": True,
-          "tags_in_text": [True, False], "reasoning_tokens": 5, "finish": "length"}, THINKING),
+          "tags_in_text": [True, False], "reasoning_tokens": 0, "finish": "length"}, THINKING),
+    # -------- the stop token
+    Case("eos-ends-the-output", "schedule_batch.py Req.output_ids_through_stop ('Stop position "
+         "is included'), _check_token_based_finish (finished_len = matched_pos + 1); "
+         "detokenizer_manager.py trim_matched_stop (the text without it)",
+         ended(), None, {"last_id": 248046, "counted": True, "words": 3, "ids": 4,
+                         "eos_in_text": False, "finish": {"type": "stop", "matched": 248046}},
+         {"output_tokens_mean": 8}),
+    Case("eos-fits-as-the-last-budgeted-token", "schedule_batch.py update_finish_state (the "
+         "stop token is checked before the length cap)",
+         ended(0), None, {"last_id": 248046, "counted": True, "words": 3, "ids": 4,
+                          "eos_in_text": False,
+                          "finish": {"type": "stop", "matched": 248046}},
+         {"output_tokens_mean": 8}),
+    Case("eos-cut-by-the-budget", "schedule_batch.py update_finish_state (FINISH_LENGTH one "
+         "token short of the stop token)",
+         ended(1), None, {"last_id": 1179, "counted": True, "words": 3, "ids": 3,
+                          "eos_in_text": False, "finish": length(3)}, {"output_tokens_mean": 8}),
     # -------- structured output
     Case("json-schema-document", "constrained/xgrammar_backend.py dispatch_json",
          structured(SCHEMA), None, {"valid": True, "reasoned": False, "finish": "stop"}),
@@ -596,9 +640,9 @@ CASES = [
     Case("json-schema-waits-on-a-closed-block", "constrained/reasoner_grammar_backend.py "
          "ReasonerGrammarObject.maybe_init_reasoning (require_reasoning on a prompt that closed "
          "the think block: the </think> it waits for never comes, the grammar never applies; "
-         "Req.update_reasoning_tokens counts every token as reasoning)",
+         "Req.update_reasoning_tokens counts every token as reasoning, the stop token too)",
          grammar_held([1, 2, THINK, PARA, END, PARA], require_reasoning=True), None,
-         {"document": False, "reasoned": False, "reasoning_tokens": 9, "parser": "qwen3"},
+         {"document": False, "reasoned": False, "reasoning_tokens": 10, "parser": "qwen3"},
          THINKING),
     Case("json-schema-closed-block-from-first-token", "constrained/grammar_manager.py "
          "process_req_with_grammar (require_reasoning false)",

@@ -70,12 +70,17 @@ def test_same_key_same_answer_and_shorter_limit_gives_a_prefix() -> None:
     long = generate(key, 256, 100_000)
     assert long == generate(key, 256, 100_000)
     assert long.finish_reason == {"type": "stop", "matched": STOP_TOKEN_ID}
+    # The stop token ends the ids and counts; the text is the words before it.
+    assert long.output_ids[-1] == STOP_TOKEN_ID
+    assert len(long.text.split(" ")) == long.completion_tokens - 1
+    exact = generate(key, 256, long.completion_tokens)
+    assert exact == long
     cut = generate(key, 256, long.completion_tokens - 1)
     assert cut.finish_reason == {"type": "length", "length": long.completion_tokens - 1}
-    assert cut.output_ids == long.output_ids[:-1]
-    assert long.text.startswith(cut.text)
-    assert all(0 <= token < VOCAB_SIZE for token in long.output_ids)
-    assert len(long.text.split(" ")) == long.completion_tokens
+    assert cut.output_ids == long.output_ids[:-1] and cut.text == long.text
+    shorter = generate(key, 256, long.completion_tokens - 2)
+    assert shorter.output_ids == long.output_ids[:-2] and long.text.startswith(shorter.text)
+    assert all(0 <= token < VOCAB_SIZE for token in cut.output_ids)
 
 
 def test_key_depends_on_seed_prompt_and_sample() -> None:
@@ -99,7 +104,9 @@ def test_lengths_are_heavy_tailed_around_the_mean() -> None:
 def test_min_new_tokens_and_ignore_eos() -> None:
     key = request_key(0, [5])
     natural = generate(key, 4, 1000).completion_tokens
-    assert generate(key, 4, 1000, min_new_tokens=natural + 10).completion_tokens == natural + 10
+    # The stop token is held back until min_new_tokens came, then ends the answer.
+    held = generate(key, 4, 1000, min_new_tokens=natural + 10)
+    assert held.completion_tokens == natural + 11 and held.output_ids[-1] == STOP_TOKEN_ID
     forced = generate(key, 4, 50, ignore_eos=True)
     assert forced.completion_tokens == 50
     assert forced.finish_reason == {"type": "length", "length": 50}

@@ -112,22 +112,26 @@ def test_logprobs_as_token_ids_and_vllm_limit(start_sim: StartSim) -> None:
         "Requested sample logprobs of 21, which is greater than max allowed: 20")
 
 
-def test_thinking_keeps_tags_only_when_asked(start_sim: StartSim) -> None:
+def test_thinking_tags_are_text_whatever_skip_special_tokens(start_sim: StartSim) -> None:
+    """Qwen3.6's tokenizer marks `<think>` and `</think>` `special: false`: skipping special
+    tokens (vLLM's default) keeps them; the end-of-turn token is in the ids, never the text."""
     sim = start_sim(flavor="vllm", context_length=256, thinking=True, output_tokens_mean=8)
     with httpx.Client(base_url=sim.url, timeout=10) as client:
-        kept, dropped = (client.post("/v1/completions", json={
+        kept, skipped = (client.post("/v1/completions", json={
             "prompt": [1, 2], "max_tokens": 100, "skip_special_tokens": skip,
             "return_token_ids": True}).json()["choices"][0] for skip in (False, True))
-    assert kept["token_ids"] == dropped["token_ids"] and kept["token_ids"][0] == 248068
+    assert kept["token_ids"] == skipped["token_ids"] and kept["token_ids"][0] == 248068
+    assert kept["token_ids"][-1] == 248046 and kept["stop_reason"] is None
+    assert kept["text"] == skipped["text"]
     assert kept["text"].startswith("<think>\n") and "</think>\n\n" in kept["text"]
-    assert "<think>" not in dropped["text"] and "</think>" not in dropped["text"]
+    assert "<|im_end|>" not in kept["text"]
 
 
 def test_a_stop_string_ends_the_answer_and_is_its_stop_reason(start_sim: StartSim) -> None:
     """vLLM (`StopChecker.check_stop_strings`): the returned text is cut before the stop string,
     the token ids run to the token that completed it, `finish_reason` "stop" and `stop_reason`
     the string; vLLM has no `matched_stop`. The match is on the text it returns: `</think>`
-    dropped from the text (skip_special_tokens) is no stop."""
+    is text in Qwen3.6 whatever skip_special_tokens says, so it stops the answer either way."""
     sim = start_sim(flavor="vllm", context_length=256, thinking=True, output_tokens_mean=8)
     with httpx.Client(base_url=sim.url, timeout=10) as client:
         def ask(**extra: object) -> dict[str, object]:
@@ -145,6 +149,6 @@ def test_a_stop_string_ends_the_answer_and_is_its_stop_reason(start_sim: StartSi
     assert "matched_stop" not in cut and full["stop_reason"] is None
     assert cut["text"] == text[:text.index(stop)]
     assert cut["token_ids"] == ids[:len(cut["token_ids"])] and len(cut["token_ids"]) < len(ids)
-    assert hidden["stop_reason"] is None and hidden["token_ids"] == ids
+    assert hidden == shown
     assert shown["stop_reason"] == "</think>" and shown["text"] == text[:text.index("</think>")]
     assert shown["token_ids"][-1] == 248069

@@ -39,7 +39,7 @@ from fleetgen.simulator.answers import (
 )
 from fleetgen.simulator.cli import add_arguments, config_from_args
 from fleetgen.simulator.config import SimConfig
-from fleetgen.simulator.model import Completion, request_key
+from fleetgen.simulator.model import STOP_TOKEN_ID, Completion, request_key
 from fleetgen.simulator.protocol import schedule_limit, vllm_limit
 from producer.options import sample_seed
 from producer.rows import Row, read_rows
@@ -167,6 +167,8 @@ def reasoning_of(answer: Completion, reasoned: bool) -> dict[str, Any]:
     """The split of a thinking answer by its tokens: reasoning is every token up to and
     including `</think>` (all of them when the budget ended first)."""
     pieces, ids = list(answer.pieces or answer.token_texts()), answer.output_ids
+    if answer.finish_reason.get("matched") == STOP_TOKEN_ID:
+        pieces = pieces[:-1]  # the end-of-turn token: in the ids, never in the text
     if not reasoned:
         return {"completion": answer.text, "reasoning": None, "reasoning_tokens": 0,
                 "reasoning_unfinished": False}
