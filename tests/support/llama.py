@@ -29,7 +29,7 @@ from tests.support.waiting import wait_until
 # Weights are random (seeded); only the vocabulary is real. `context_length` is the training
 # context the server caps a slot at, so it must be at least the slot's n_ctx.
 RECIPE: dict[str, Any] = {
-    "version": 1,  # bump on any change to write_model below: it is part of the cache key
+    "version": 2,  # bump on any change to write_model below: it is part of the cache key
     "arch": "llama",
     "n_embd": 64,
     "n_layer": 2,
@@ -168,11 +168,16 @@ def write_model(path: Path) -> None:
     import gguf
     import numpy as np
 
+    from producer.qwen_build import QWEN_NOT_SPECIAL
     from producer.tokenizer import QWEN_SPECIAL_IDS
 
     tokens, merges = qwen_vocab_and_merges()
-    specials = set(QWEN_SPECIAL_IDS.values())
-    types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL
+    # As llama.cpp's convert_hf_to_gguf.py types Qwen3.6's added tokens: `special: true` ones
+    # CONTROL (never text), the `special: false` ones (<think>, </think>, ...) USER_DEFINED.
+    shown = {QWEN_SPECIAL_IDS[name] for name in QWEN_NOT_SPECIAL}
+    specials = set(QWEN_SPECIAL_IDS.values()) - shown
+    types = [gguf.TokenType.CONTROL if i in specials else
+             gguf.TokenType.USER_DEFINED if i in shown else gguf.TokenType.NORMAL
              for i in range(len(tokens))]
     r = RECIPE
     writer = gguf.GGUFWriter(str(path), r["arch"])
