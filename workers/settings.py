@@ -82,6 +82,13 @@ class WorkerSettings:
                 f"{ev.VISIBILITY_TIMEOUT_S.name} ({self.visibility_timeout_s:g}) must be at least "
                 f"{LEASE_BEATS} x {ev.HEALTH_INTERVAL_S.name} ({self.health_interval_s:g}): it "
                 "is the lease each heartbeat renews")
+        # A stopping worker beats no more (its consumer, the health gate's timer, stops first)
+        # while it finishes what it holds: it must hand the rest back before the leases lapse.
+        if self.handback_s >= self.visibility_timeout_s:
+            raise ConfigError(
+                f"{ev.HANDBACK_S.name} ({self.handback_s:g}) must be less than "
+                f"{ev.VISIBILITY_TIMEOUT_S.name} ({self.visibility_timeout_s:g}): a stopping "
+                "worker no longer renews its leases")
 
     def share(self) -> tuple[int, int]:
         """(I, N) of FLEETGEN_ENGINE_SHARE, 1-based; (1, 1) when unset."""

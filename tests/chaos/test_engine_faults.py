@@ -29,7 +29,8 @@ def test_flaky_engine_every_row_completes_and_retries_are_counted(make_fleet: Fl
     fleet = make_fleet(
         sim_args=["--error-rate", "0.08", "--queue-full-rate", "0.05", "--hang-rate", "0.02",
                   "--drop-rate", "0.03"],
-        worker_env={"FLEETGEN_REQUEST_TIMEOUT_S": "6", "FLEETGEN_VISIBILITY_TIMEOUT_S": "60",
+        # A hung request (--hang-rate) times out in 6 s, not the default 900 s; quick retries.
+        worker_env={"FLEETGEN_REQUEST_TIMEOUT_S": "6",
                     "FLEETGEN_MAX_ATTEMPTS": "10", "FLEETGEN_BACKOFF_BASE_S": "0.05",
                     "FLEETGEN_BACKOFF_CAP_S": "0.5"})
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"

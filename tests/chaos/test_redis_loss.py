@@ -88,8 +88,9 @@ COPY_AT: dict[str, Callable[[Run], bool]] = {
 def test_restart_from_an_older_copy_converges(make_fleet: FleetFactory, tmp_path: Path,
                                               point: str) -> None:
     # ~0.75 s a row on 24 slots: a run of ~10 s, long enough to copy and restore mid-run.
-    fleet = make_fleet(tpot_ms=3.0, worker_env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "30",
-                                                "FLEETGEN_REQUEST_TIMEOUT_S": "20"})
+    # The lease is the users' default: what the older copy lists as unacked but nobody holds
+    # any more comes back when its lease lapses (60 s after the copy's time), as on a real fleet.
+    fleet = make_fleet(tpot_ms=3.0)
     slots = fleet.spec.gpus * fleet.spec.max_running_requests
     run = Run(fleet, tmp_path, "lost")
     run.wait_until(lambda: COPY_AT[point](run), f"copy point {point}")

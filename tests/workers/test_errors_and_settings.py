@@ -87,9 +87,11 @@ def test_settings_validation_names_the_variable() -> None:
                        match=r"FLEETGEN_VISIBILITY_TIMEOUT_S \(9\) must be at least 5 x"):
         WorkerSettings.from_env({**base, "FLEETGEN_VISIBILITY_TIMEOUT_S": "9"})
     # A lease, not a bound on a task: far shorter than the request timeout is fine.
-    leased = WorkerSettings.from_env({**base, "FLEETGEN_VISIBILITY_TIMEOUT_S": "10",
+    leased = WorkerSettings.from_env({**base, "FLEETGEN_VISIBILITY_TIMEOUT_S": "40",
                                       "FLEETGEN_REQUEST_TIMEOUT_S": "900"})
-    assert leased.visibility_timeout_s == 10
+    assert leased.visibility_timeout_s == 40
+    with pytest.raises(ConfigError, match=r"FLEETGEN_HANDBACK_S \(60\) must be less than"):
+        WorkerSettings.from_env({**base, "FLEETGEN_HANDBACK_S": "60"})
     with pytest.raises(ConfigError, match="FLEETGEN_MAX_ATTEMPTS"):
         WorkerSettings.from_env({**base, "FLEETGEN_MAX_ATTEMPTS": "abc"})
     with pytest.raises(ConfigError, match="FLEETGEN_ENGINE_URL"):
