@@ -297,21 +297,26 @@ def parse_completion(data: Any, top_k: int = 0) -> Generation:
             latency_s=0.0,
             output_ids=output_ids,
             logprobs=logprobs,
-            stop_matched=_stop_string(choice),
+            stop_matched=_stop_string(choice, data),
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
 
 
-def _stop_string(choice: dict[str, Any]) -> str | None:
+def _stop_string(choice: dict[str, Any], data: dict[str, Any]) -> str | None:
     """The stop string that ended a choice: SGLang's `matched_stop`
     (`serving_completions.py`, the finish reason's `matched`), vLLM's `stop_reason`; both are
-    a token id (or null) when a stop token ended it."""
+    a token id (or null) when a stop token ended it. llama.cpp's OpenAI choice names no stop
+    at all: its `stopping_word` is only in the native shape (server-task.cpp
+    `to_json_non_oaicompat`), which the OpenAI answer carries as `__verbose` when asked
+    (`verbose`, sent with token ids), "" unless `stop_type` is "word"."""
     for name in ("matched_stop", "stop_reason"):
         value = choice.get(name)
         if isinstance(value, str):
             return value
-    return None
+    verbose = data.get("__verbose")
+    word = verbose.get("stopping_word") if isinstance(verbose, dict) else None
+    return word if isinstance(word, str) and word else None
 
 
 def _output_ids(choice: dict[str, Any], data: dict[str, Any],

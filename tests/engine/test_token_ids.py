@@ -11,6 +11,7 @@ import pytest
 
 from fleetgen.base import errors
 from fleetgen.base.outcomes import Generation
+from fleetgen.base.reasoning import split_reasoning
 from fleetgen.engine import GenerateOptions
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.openai import PROTOCOL as OPENAI
@@ -59,6 +60,34 @@ def test_bodies_ask_in_each_engines_names() -> None:
                             "usage": {"prompt_tokens": 1, "completion_tokens": 2},
                             "__verbose": {"content": "ab", "tokens": [7, 8]}})
     assert gen.output_ids == [7, 8]
+
+
+def llama_answer(text: str, tokens: list[int], stop_type: str, word: str) -> dict[str, Any]:
+    """llama-server's /v1/completions answer with `return_tokens` and `verbose`, as recorded
+    from the tests' real server (tests/real_engines; timings and settings left out)."""
+    return {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": "stop"}],
+            "object": "text_completion", "model": "qwen3.6-tiny.gguf",
+            "usage": {"completion_tokens": len(tokens), "prompt_tokens": 40,
+                      "total_tokens": 40 + len(tokens), "prompt_tokens_details": {
+                          "cached_tokens": 39}},
+            "__verbose": {"index": 0, "content": text, "tokens": tokens, "id_slot": 3,
+                          "stop": True, "tokens_predicted": len(tokens), "tokens_evaluated": 40,
+                          "has_new_line": "\n" in text, "truncated": False,
+                          "stop_type": stop_type, "stopping_word": word, "tokens_cached": 45}}
+
+
+def test_llama_cpp_stop_word_is_read_from_verbose() -> None:
+    """Its OpenAI choice names no stop: `stopping_word` under `__verbose` says a stop string
+    ended the answer, so a stop at `</think>` leaves the reasoning unfinished and the
+    completion empty, as on SGLang and vLLM; an end-of-turn stop names none."""
+    thought = [248068, 198, 1719, 1558, 198, 248069]
+    gen = parse_completion(llama_answer("<think>\nthe model\n", thought, "word", "</think>"))
+    assert gen.stop_matched == "</think>" and gen.output_ids == thought
+    split = split_reasoning(gen.text, gen.output_ids, stopped=gen.stop_matched is not None)
+    assert (split.reasoning, split.completion, split.unfinished) == ("the model", "", True)
+    ended = parse_completion(llama_answer("the model", [1719, 1558, 248046], "eos", ""))
+    assert ended.stop_matched is None and ended.output_ids == [1719, 1558, 248046]
+    assert ended.completion_tokens == 3
 
 
 class FakeEngine:

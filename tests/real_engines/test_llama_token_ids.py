@@ -66,3 +66,28 @@ def test_a_run_on_llama_cpp_keeps_token_ids_and_exports_them(
     for r in results:
         assert lines[r["id"]]["input_ids"] == sent[r["id"]][0] + r["output_ids"], r["id"]
         assert sum(lines[r["id"]]["loss_mask"]) == r["completion_tokens"]
+
+
+def test_llama_cpp_ends_with_its_stop_token_and_names_its_stop_word(llama: LlamaServer) -> None:
+    """llama.cpp keeps the end-of-turn token in its tokens and counts it (server-context.cpp
+    `process_token` pushes every sampled token before its EOG check), the text without it;
+    a stop string is named only by `__verbose.stopping_word`, which the client reads."""
+    with httpx.Client(base_url=llama.url, timeout=120.0) as http:
+        ended = http.post("/v1/completions", json={
+            "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "return_tokens": True,
+            "verbose": True, "logit_bias": [[248046, 100]]}).json()
+    assert ended["__verbose"]["tokens"] == [248046] and ended["usage"]["completion_tokens"] == 1
+    assert ended["choices"][0]["text"] == "" and ended["__verbose"]["stop_type"] == "eos"
+    client = PROTOCOL.connect(llama.url, timeout_s=120, concurrency=1)
+    try:
+        free = client.generate(PROMPT, 8, {"temperature": 0}, "ids:2:ab",
+                               GenerateOptions(token_ids=True))
+        stop = free.text[2:5]
+        cut = client.generate(PROMPT, 8, {"temperature": 0, "stop": [stop]}, "ids:3:ab",
+                              GenerateOptions(token_ids=True))
+    finally:
+        client.close()
+    assert free.stop_matched is None and len(stop) == 3
+    assert cut.stop_matched == stop and cut.finish_reason == "stop"
+    assert free.text.startswith(cut.text) and stop not in cut.text
+    assert cut.output_ids == free.output_ids[:len(cut.output_ids)]  # through the stop's token
