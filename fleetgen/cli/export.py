@@ -22,19 +22,24 @@ def add_parser(sub: Any) -> None:
         "Parquet, token ids)",
         description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
         "exports too) and writes one file, in input order, whole or not at all. "
-        "conversations: each result as SpecForge reads it, a `conversations` column of "
-        "{role, content} turns (ShareGPT from/value turned into role/content) ending in the "
-        "answer, its reasoning in reasoning_content, status 'success', for SFT and "
-        "draft-model trainers (JSONL; Parquet when --out ends in .parquet). openai-batch: "
+        "conversations: one line per answer as SpecForge's train_data_path reads it, a "
+        "`conversations` column of {role, content} turns (ShareGPT from/value turned into "
+        "role/content) ending in the answer, its reasoning in reasoning_content, the template "
+        "options it was rendered with (chat_template_kwargs, and each as a column, which "
+        "SpecForge hands to the chat template), thinking, status 'success'; a raw prompt as "
+        "prompt and completion with no conversation (no trainer wraps it in a chat turn); "
+        "with --turns all one line per regenerated turn. openai-batch: "
         "one line per input line as OpenAI's Batch API and vLLM's batch runner write them "
         "(failures and rejections as error lines). "
         "parquet: the results table. tokens: one {id, input_ids, loss_mask} line per "
-        "answer (the prompt's ids as sent, then the answer's; loss 0 then 1) for drafter "
-        "trainers (vLLM speculators, SpecForge prompts_path); needs a run produced with "
-        "--token-ids (Parquet when --out ends in .parquet). Exit 0; 1 when the run is not "
-        "complete (what is written so far is exported); 3 when DIR is not a drained output "
-        "directory "
-        "or the run cannot be exported in that format.")
+        "answer (the prompt's ids as sent, then the answer's; loss 0 then 1), exact for "
+        "drafter trainers (SpecForge prompts_path, vLLM speculators); needs a run produced "
+        "with --token-ids. conversations and tokens leave unfinished answers out (counted by "
+        "reason) unless --include-unfinished; with --out FILE.parquet they write a Parquet "
+        "table for datasets or pandas (SpecForge and speculators read JSONL only). Exit 0; 1 "
+        "when the run is not complete (what is written so far is exported); 3 when DIR is "
+        "not a drained output directory or the run cannot be exported in that format. "
+        "README 'Training a drafter' has the trainers' commands.")
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--format", required=True, choices=FORMATS)
@@ -50,9 +55,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", help="openai-batch: the model named in each body (default: the "
                    f"run's {SUMMARY}, else each Batch line's own, else 'fleetgen')")
     p.add_argument("--only-finished", action="store_true",
-                   help="conversations, parquet: leave out answers that are not whole (cut at "
-                   "their budget, finish_reason length; stopped inside their reasoning, "
-                   "reasoning_unfinished; empty), counted by reason in the summary line")
+                   help="parquet: leave out answers that are not whole (cut at their budget, "
+                   "finish_reason length; stopped inside their reasoning, "
+                   "reasoning_unfinished; empty), counted by reason in the summary line "
+                   "(conversations and tokens do so by default)")
+    p.add_argument("--include-unfinished", action="store_true",
+                   help="conversations, tokens: keep the answers that are not whole, marked "
+                   "(unfinished: the reason; conversations: status 'unfinished'): a trainer "
+                   "reading them learns to stop where the model did not")
     p.set_defaults(handler=run)
 
 
@@ -64,13 +74,14 @@ def run(args: argparse.Namespace) -> int:
         report = export(args.dir, Options(format=args.format, out=args.out,
                                           reasoning=args.reasoning, model=args.model,
                                           only_finished=args.only_finished,
+                                          include_unfinished=args.include_unfinished,
                                           prompt_ids=prompt_ids),
                         progress=bar.add, on_open=bar.set_total)
     finally:
         bar.close()
     unit = "rows" if writes_parquet(args.format, report.out) else "lines"
     print(f"fleetgen export: {report.written} {unit} of run {report.run!r} -> {report.out}"
-          f"{_left_out(report.left_out) if args.only_finished else ''}")
+          f"{_left_out(report.left_out) if report.left_out or args.only_finished else ''}")
     for name, size in report.torn.items():
         print(f"fleetgen export: {name} ends in a torn line ({size} bytes) that a drainer is "
               "writing or was killed writing: not exported; `fleetgen drain` repairs it",

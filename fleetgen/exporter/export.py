@@ -23,6 +23,7 @@ class Options:
     reasoning: str = "keep"
     model: str | None = None  # openai-batch: the body's model, over the run's own
     only_finished: bool = False  # leave out answers cut at length or inside their reasoning
+    include_unfinished: bool = False  # conversations, tokens: keep them (marked), not left out
     prompt_ids: tokens.PromptIdsFactory | None = None  # tokens: re-renders a row's prompt ids
 
 
@@ -45,6 +46,8 @@ PARQUET_SUFFIX = ".parquet"
 # Formats --only-finished applies to: one row per answer. openai-batch has one line per input
 # line, errors included, so leaving answers out would break that.
 FILTERABLE = ("conversations", "parquet", "tokens")
+# The training formats: unfinished answers left out unless --include-unfinished keeps them.
+TRAINING = ("conversations", "tokens")
 
 
 def default_out(directory: Path, fmt: str) -> Path:
@@ -72,8 +75,16 @@ def export(directory: Path, options: Options,
         raise ConfigError(f"--only-finished does not apply to --format {options.format} (one "
                           "line per input line, errors too); filter on finish_reason instead, "
                           f"or pick one of {', '.join(FILTERABLE)}")
+    if options.include_unfinished and options.format not in TRAINING:
+        raise ConfigError(f"--include-unfinished applies to --format {' and '.join(TRAINING)} "
+                          f"(which leave unfinished answers out by default); --format "
+                          f"{options.format} keeps every answer")
+    if options.include_unfinished and options.only_finished:
+        raise ConfigError("--include-unfinished and --only-finished contradict each other; "
+                          "pick one")
     out = options.out or default_out(directory, options.format)
-    selection = Selection(options.only_finished)
+    selection = Selection(options.only_finished or (options.format in TRAINING
+                                                    and not options.include_unfinished))
     with OutputDir(directory, progress) as source:
         refuse_drainer_files(directory, out)
         _refuse_turns(source, options, out)

@@ -59,7 +59,7 @@ def conversation(record: dict[str, Any]) -> tuple[str, list[Any]]:
             continue
         value = source[key]
         if key == "prompt":
-            return "messages", [{"role": "user", "content": _prompt_text(value)}]
+            return "messages", [{"role": "user", "content": prompt_text(value)}]
         turns = list(value) if isinstance(value, list) else []
         while turns and is_assistant(turns[-1]):
             turns.pop()
@@ -67,7 +67,7 @@ def conversation(record: dict[str, Any]) -> tuple[str, list[Any]]:
     return "messages", []
 
 
-def _prompt_text(value: Any) -> Any:
+def prompt_text(value: Any) -> Any:
     # A completions body may hold a one-element list of prompts.
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         return value[0]

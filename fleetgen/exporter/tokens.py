@@ -36,13 +36,13 @@ from fleetgen.base.errors import ConfigError, InputError
 from fleetgen.base.outcomes import ids_digest
 from fleetgen.base.outdir import SUMMARY
 from fleetgen.exporter import shape
-from fleetgen.exporter.finished import Selection
+from fleetgen.exporter.finished import Selection, unfinished
 from fleetgen.exporter.source import OutputDir
 
 PARQUET_SUFFIX = ".parquet"
 SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()),
                     ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-                    ("finish_reason", pa.string())])
+                    ("finish_reason", pa.string()), ("unfinished", pa.string())])
 # A --turns all run's lines say which turn they are (one line per turn).
 TURNS_SCHEMA = SCHEMA.insert(2, pa.field("turn", pa.int64()))
 GROUP_TOKENS = 4 << 20  # tokens per Parquet row group (about 20 MB in memory)
@@ -94,6 +94,9 @@ def token_row(record: Mapping[str, Any], prompt: list[int]) -> dict[str, Any]:
     row["input_ids"] = prompt + output
     row["loss_mask"] = [0] * len(prompt) + [1] * len(output)
     row["finish_reason"] = record.get("finish_reason")
+    why = unfinished(dict(record))
+    if why is not None:  # kept by --include-unfinished: say why it is not a whole answer
+        row["unfinished"] = why
     return row
 
 

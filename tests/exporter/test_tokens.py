@@ -110,7 +110,8 @@ def test_parquet_when_out_ends_in_parquet(export: Export, tmp_path: Path) -> Non
     ran = export(tmp_path / "out", "--format", "tokens", "--out", tmp_path / "t.parquet")
     assert ran.code == exitcodes.OK, ran.err
     table = pq.read_table(tmp_path / "t.parquet")
-    assert table.column_names == ["id", "sample", "input_ids", "loss_mask", "finish_reason"]
+    assert table.column_names == ["id", "sample", "input_ids", "loss_mask", "finish_reason",
+                                  "unfinished"]
     lines = read_jsonl(tmp_path / "out" / "export.tokens.jsonl")
     assert [{k: v for k, v in r.items() if v is not None} for r in table.to_pylist()] == lines
 
