@@ -130,7 +130,8 @@ def check_tokens_lines(lines: list[dict[str, Any]], results: list[dict[str, Any]
         assert line["loss_mask"] == [0] * len(prompt) + [1] * len(result["output_ids"])
         assert sum(line["loss_mask"]) == result["completion_tokens"] > 0
         assert line["finish_reason"] == result["finish_reason"]
-        assert set(line) <= {"id", "sample", "input_ids", "loss_mask", "finish_reason"}
+        assert set(line) <= {"id", "sample", "input_ids", "loss_mask", "finish_reason",
+                             "unfinished"}
 
 
 def test_token_ids_through_a_run_and_its_tokens_export(sglang_fleet: LocalFleet,
@@ -152,7 +153,8 @@ def test_token_ids_through_a_run_and_its_tokens_export(sglang_fleet: LocalFleet,
     assert 2.0 < per_token < 9.0
 
     ok(fleetgen("purge", "--run", "tokens", redis=sglang_fleet.redis_url))
-    done = ok(fleetgen("export", str(out), "--format", "tokens", redis=sglang_fleet.redis_url))
+    done = ok(fleetgen("export", str(out), "--format", "tokens", "--include-unfinished",
+                       redis=sglang_fleet.redis_url))
     assert "20 lines" in done.stdout
     lines = read_jsonl(out / "export.tokens.jsonl")
     check_tokens_lines(lines, results, prompts)
@@ -170,7 +172,8 @@ def test_token_ids_through_a_run_and_its_tokens_export(sglang_fleet: LocalFleet,
     assert kept["input_ids"] == [x["input_ids"] for x in lines]
     assert kept["seq_len"] == [len(x["input_ids"]) for x in lines]
 
-    ok(fleetgen("export", str(out), "--format", "tokens", "--out", str(tmp_path / "t.parquet"),
+    ok(fleetgen("export", str(out), "--format", "tokens", "--include-unfinished", "--out",
+                str(tmp_path / "t.parquet"),
                 redis=sglang_fleet.redis_url))
     table = pq.read_table(tmp_path / "t.parquet")
     assert table.schema.field("input_ids").type.value_type == pa.int32()
@@ -261,7 +264,8 @@ def test_token_ids_on_vllms_openai_protocol(vllm_fleet: LocalFleet, tmp_path: Pa
     data = produce_and_drain(vllm_fleet, prompts, "tokens-vllm", out, "--token-ids")
     assert assert_fleet_content(vllm_fleet, prompts, data, template_kwargs=RUN_KWARGS,
                                 options={"think": True, "token_ids": True}) == 20
-    ok(fleetgen("export", str(out), "--format", "tokens", redis=vllm_fleet.redis_url))
+    ok(fleetgen("export", str(out), "--format", "tokens", "--include-unfinished",
+                redis=vllm_fleet.redis_url))
     check_tokens_lines(read_jsonl(out / "export.tokens.jsonl"), data["results"], prompts)
 
 
@@ -284,6 +288,7 @@ def test_demo_keeps_token_ids_too(tmp_path: Path) -> None:
     assert assert_fleet_content(spec, prompts, data, template_kwargs=RUN_KWARGS,
                                 options={"think": True, "token_ids": True}) == 12
     done = subprocess.run([sys.executable, "-m", "fleetgen", "export", str(out), "--format",
-                           "tokens"], capture_output=True, text=True, timeout=120)
+                           "tokens", "--include-unfinished"], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     check_tokens_lines(read_jsonl(out / "export.tokens.jsonl"), data["results"], prompts)

@@ -100,22 +100,25 @@ def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
     assert "already complete" in again.stdout
     assert_exactly_once(out, expected_keys(convs, BAD))
 
-    # conversations: the whole regenerated conversation, the input's own answers gone.
-    fleetgen("export", str(out), "--format", "conversations")
-    rows = {r["id"]: r for r in map(orjson.loads,
-                                    (out / "export.conversations.jsonl").read_bytes().splitlines())}
-    assert set(rows) == set(convs), "one row per conversation that has a first turn"
-    for row_id, row in rows.items():
-        answers = sorted((r for r in results if r["id"] == row_id), key=lambda r: r["turn"])
+    # conversations: one line per regenerated turn, its history this run's earlier answers as
+    # they were sent, the input's own answers gone.
+    fleetgen("export", str(out), "--format", "conversations", "--include-unfinished")
+    rows = {(r["id"], r["turn"]): r for r in map(
+        orjson.loads, (out / "export.conversations.jsonl").read_bytes().splitlines())}
+    assert set(rows) == {(r["id"], r["turn"]) for r in results}, "one line per turn written"
+    for (row_id, turn), row in rows.items():
+        answers = sorted((r for r in results if r["id"] == row_id and r["turn"] <= turn),
+                         key=lambda r: r["turn"])
         last = {"role": "assistant", "content": answers[-1]["completion"],
                 "reasoning_content": answers[-1]["reasoning"]}
         want = [*prompt_of(convs[row_id], answers[:-1]), last]
         assert row["conversations"] == want, row_id
-        assert row["turns"] == len(answers) and row["status"] == "success"
+        assert row["status"] == ("success" if answers[-1]["finish_reason"] == "stop"
+                                 else "unfinished")
         assert "ORIGINAL ANSWER" not in orjson.dumps(row).decode()
 
     # tokens: one line per turn, its prompt the history as sent.
-    fleetgen("export", str(out), "--format", "tokens")
+    fleetgen("export", str(out), "--format", "tokens", "--include-unfinished")
     lines = list(map(orjson.loads, (out / "export.tokens.jsonl").read_bytes().splitlines()))
     assert len(lines) == len(results)
     tok = tokenizer()
