@@ -2,9 +2,8 @@
 demo --token-ids` on the bundled sample: Valkey, Celery workers, simulated GPUs, the drainer),
 then `fleetgen export --format tokens` as JSONL and as Parquet, and bytes per token of each.
 
-The simulator's output ids are spread over the whole Qwen3.6 vocabulary (mostly 6 digits); a
-real model's answers use the frequent, low ids more, like the prompts' ids (real text,
-measured here too).
+The simulator's output ids are Qwen3.6's own ids of 64 common English words (3 to 5 digits);
+a real model's answers look more like the prompts' ids (real text, measured here too).
 
     .venv/bin/python tools/token_ids_size.py [--gpus N]
 """
