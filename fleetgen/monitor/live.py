@@ -36,6 +36,11 @@ log = logging.getLogger("fleetgen.status")
 ENV_AUTH = envvars.STATUS_AUTH.name
 DEFAULT_HOST = "127.0.0.1"  # the page is for whoever can reach the port: loopback unless told
 WINDOW_S = 900.0  # the history the page draws: the last 15 minutes
+# Figures older than this many sampling periods (and never less than STALE_MIN_S) are stale:
+# the sampler is stuck on a Redis that does not answer (a client riding out an outage retries
+# for about 30 s per call), and the page must say so instead of showing old figures as live.
+STALE_PERIODS = 3
+STALE_MIN_S = 5.0
 # No network for the page but its own origin: scripts and styles are inline, data is fetched
 # from here.
 SECURITY_HEADERS = {
@@ -96,6 +101,8 @@ class Sampler:
         self.history: deque[dict[str, Any]] = deque(maxlen=max(int(WINDOW_S / interval_s), 2))
         self.latest: dict[str, Any] | None = None
         self.error: str | None = None
+        self.sampled_at: float | None = None  # the last time Redis answered (epoch s)
+        self._started_at = time.time()
         self._previous: status.RunStatus | None = None
         self._lock = threading.Lock()
 
@@ -107,6 +114,7 @@ class Sampler:
                 self.error = f"Redis unreachable ({str(exc).splitlines()[0] if str(exc) else ''})"
             return
         with self._lock:
+            self.sampled_at = time.time()
             self.error = None if current is not None else "no such run (yet) in this Redis"
             if current is None:
                 return
@@ -115,9 +123,21 @@ class Sampler:
             self.latest = current.to_json()
             self.history.append(_point(current))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """What the page shows; `error` also says when the figures are stale (no answer from
+        Redis for STALE_PERIODS periods), `idle` when the run is not moving."""
+        now = time.time() if now is None else now
         with self._lock:
-            return {"run": self.run, "interval_s": self.interval_s, "error": self.error,
+            error = self.error
+            last = self.sampled_at or self._started_at
+            age_s = now - last
+            if age_s > max(STALE_PERIODS * self.interval_s, STALE_MIN_S):
+                since = time.strftime("%H:%M:%S", time.localtime(last))
+                error = (f"no figures for {age_s:.0f} s (last read at {since}): "
+                         f"{error or 'Redis does not answer'}; the figures below are old")
+            return {"run": self.run, "interval_s": self.interval_s, "error": error,
+                    "sampled_at": self.sampled_at,
+                    "idle": (self.latest or {}).get("idle") if error is None else None,
                     "status": self.latest, "history": list(self.history)}
 
     def loop(self, should_stop: Callable[[], bool]) -> None:
@@ -237,8 +257,11 @@ class LivePage:
         return self
 
     def stop(self) -> None:
+        """Within a second: the server at once; the sampler (a daemon) may be blocked on a
+        Redis that does not answer, so it is given a moment, not waited for."""
         self._stop.set()
         self.server.shutdown()
         self.server.server_close()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        sampler, server = self._threads
+        server.join(timeout=5)
+        sampler.join(timeout=0.5)

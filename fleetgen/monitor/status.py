@@ -15,6 +15,7 @@ from fleetgen.base.contract import (
     STATE_COMPLETE,
     STATE_PRODUCED,
     STATE_PRODUCING,
+    STATE_STOPPED,
     RunKeys,
     worker_key,
 )
@@ -83,6 +84,8 @@ class RunStatus:
     # Prompts held by lost workers, and the seconds until the last of them is back in the queue.
     lost_held: int = 0
     lost_back_in_s: float | None = None
+    # Why the run is not moving though it is not over (no worker alive), else None.
+    idle: str | None = None
 
     @property
     def truncation_rate(self) -> float:
@@ -161,7 +164,19 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.lost_held = sum(w.held or 0 for w in lost)
     waits = [w.back_in_s for w in lost if w.held and w.back_in_s is not None]
     status.lost_back_in_s = round(max(waits), 1) if waits else None
+    status.idle = idle_line(status)
     return status
+
+
+def idle_line(s: RunStatus) -> str | None:
+    """Why a run that is not over makes no progress: no worker is alive (a stopped demo or
+    fleet; a worker's heartbeat lapses within three beats, its hash within a minute or so)."""
+    if s.state in (STATE_COMPLETE, STATE_STOPPED):
+        return None
+    if any(not w.lost and w.health != "offline" for w in s.workers):
+        return None
+    return ("no worker is alive (no heartbeat): nothing is being generated; start the "
+            "workers, or run the same command again to resume the run")
 
 
 def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
@@ -267,6 +282,8 @@ def render(s: RunStatus) -> str:
         lines.insert(1, f"  STOPPED EARLY: {s.stop_reason}")
     if s.lost_held:
         lines.insert(1, f"  WAITING {lost_line(s)}")
+    if s.idle:
+        lines.insert(1, f"  NOT MOVING: {s.idle}")
     if s.workers:
         lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'in flight':>9} "
                      f"{'rows/s':>8} {'tok/s':>9}  health")

@@ -52,11 +52,14 @@ window.fleetgenLive = function (root, d) {
 
   function draw(snap) {
     const st = snap.status;
+    // Green only while the figures are fresh and the run moves: a stale sample (Redis gone)
+    // or a run no worker serves says so in place of the state.
     if (snap.error) { state.textContent = snap.error; state.className = "warn"; }
     if (!st) return;
     if (!snap.error) {
-      state.textContent = "state " + st.state + " · updated " + new Date(st.at * 1000).toLocaleTimeString();
-      state.className = "ok";
+      state.textContent = "state " + st.state + " · updated " +
+        new Date(st.at * 1000).toLocaleTimeString() + (snap.idle ? " · NOT MOVING: " + snap.idle : "");
+      state.className = snap.idle ? "warn" : "ok";
     }
     banner.textContent = [st.stop_reason ? "STOPPED EARLY: " + st.stop_reason : "",
                           st.lost_held ? "WAITING " + st.lost_line : ""].filter(x => x).join(" · ");
@@ -106,9 +109,14 @@ window.fleetgenLive = function (root, d) {
     return h ? h + "h" + pad(m) + "m" + pad(s2) + "s" : m + "m" + pad(s2) + "s";
   }
 
+  // From the origin, not the page's own URL: a page opened as http://user:pw@host/ has
+  // credentials in its URL, and fetch() refuses any URL resolved against it; the browser
+  // keeps the login for the origin and sends it with this request.
+  const source = location.origin + location.pathname.replace(/[^/]*$/, "") + "status.json";
+
   async function refresh() {
     try {
-      const r = await fetch("status.json", {cache: "no-store"});
+      const r = await fetch(source, {cache: "no-store", credentials: "same-origin"});
       if (r.ok) draw(await r.json());
       else { state.textContent = "the server answered " + r.status; state.className = "warn"; }
     } catch (e) {
