@@ -7,3 +7,4 @@ CONFIG = 3  # a user mistake: missing file, bad setting, mismatched resume
 UNAVAILABLE = 4  # Redis or the engine cannot be reached
 BUG = 70  # an unexpected exception (EX_SOFTWARE); logged with its traceback
 INTERRUPTED = 130
+CLOSED_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as for any tool

@@ -17,6 +17,8 @@ from fleetgen.cli import signals
 
 Handler = Callable[[argparse.Namespace], int]
 _INTERRUPTS: list[BaseException] = []
+# The commands an interrupt leaves with work to go on with: the same command resumes it.
+RESUMABLE = frozenset({"demo", "run", "produce", "drain", "retry"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleetgen {args.command}: cannot reach Redis ({_no_secret(exc)}); check "
               f"{_redis_source(args)}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
+    except BrokenPipeError:
+        # The reader went away (`fleetgen status | head -3`): stop quietly, as a Unix tool
+        # that SIGPIPE ends does, with its exit code.
+        _close_stdout()
+        return exitcodes.CLOSED_PIPE
     except Exception:
         # A bug, not a user mistake: the traceback is what the next engineer needs. Exit 70,
         # so a script never mistakes it for 1 (the run is merely incomplete).
@@ -85,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         # Held until entrypoint's os._exit: letting go of its traceback would free all the
         # command held (a tokenizer's vocabulary: a second or more) before the exit.
         _INTERRUPTS.append(exc)
-        print(f"fleetgen {args.command}: interrupted; run the same command again to resume",
-              file=sys.stderr)
+        if not isinstance(exc, signals.Stopped):  # else the command has said how it stopped
+            again = "; run the same command again to resume" if args.command in RESUMABLE \
+                else ""
+            print(f"fleetgen {args.command}: interrupted{again}", file=sys.stderr)
         return exitcodes.INTERRUPTED
 
 
@@ -95,6 +104,17 @@ def _run(handler: Handler, args: argparse.Namespace) -> int:
         return handler(args)
     finally:
         signals.disarm()  # no grace timer fires into the command's way out
+
+
+def _close_stdout() -> None:
+    """Nothing more reaches the closed pipe, the interpreter's own flush at exit included
+    (else it prints "Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing to flush
+        pass
 
 
 def _redis_source(args: argparse.Namespace) -> str:

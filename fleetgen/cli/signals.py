@@ -15,6 +15,11 @@ _TIMERS: list[threading.Timer] = []
 _disarmed = threading.Event()
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop by Ctrl-C or SIGTERM that the command has already told the user about (how to
+    resume, what is kept): `main` exits 130 without a line of its own."""
+
+
 def sigterm_flag(grace_s: float = 1.0,
                  signums: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], bool]:
     """A `should_stop` that turns true on SIGTERM, so a command stops between two batches
