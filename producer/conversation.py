@@ -44,7 +44,19 @@ def messages(turns: Any, name: str, label: str | None = None) -> list[dict[str, 
         result.pop()
     if not result:
         raise ValueError(f"empty_{name}: no turn left to answer")
+    # One rule with a raw prompt's: nothing to answer is an empty prompt, whatever its shape.
+    if not _text(result[-1]["content"]).strip():
+        raise ValueError(f"empty_prompt: {label} turn {len(result) - 1}, the one to answer, "
+                         "is empty")
     return result
+
+
+def _text(content: str | list[Any]) -> str:
+    """A turn's text: the string, or its parts' (a part that is not text counts as some)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text") or "" if isinstance(part, dict) and
+                   part.get("type", "text") == "text" else "[part]" for part in content)
 
 
 def _turn(turn: Any, index: int, name: str, label: str) -> dict[str, Any]:

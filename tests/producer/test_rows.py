@@ -73,6 +73,14 @@ def test_integer_id_becomes_string(tmp_path: Path) -> None:
     ('{"id": "", "prompt": "x"}', "bad_id"),
     ('{"id": "x", "prompt": 5}', "bad_prompt"),
     ('{"id": "x", "prompt": "   "}', "empty_prompt"),
+    # One rule for every shape: the turn to answer has no text.
+    ('{"id": "x", "messages": [{"role": "user", "content": ""}]}', "empty_prompt"),
+    ('{"id": "x", "messages": [{"role": "system", "content": "Be brief."}, '
+     '{"role": "user", "content": " \\n"}, {"role": "assistant", "content": "old"}]}',
+     "empty_prompt"),
+    ('{"id": "x", "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}',
+     "empty_prompt"),
+    ('{"id": "x", "conversations": [{"from": "human", "value": ""}]}', "empty_prompt"),
 ])
 def test_bad_rows_are_rejected_with_line_number_and_reason(tmp_path: Path, line: str,
                                                            reason: str) -> None:
