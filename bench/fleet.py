@@ -187,27 +187,14 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
 
 
 def drain_alongside(drainer: Any, produce: Callable[[], object]) -> float:
-    """Drain until the run is complete while `produce` runs in a thread; an error of the
-    producer's is raised in the drainer's loop. Returns when the run was complete
-    (perf_counter), before the drainer and the thread are closed."""
-    errors: list[BaseException] = []
+    """The job's own producer-beside-drainer (fleetgen/cli/job.py); returns when the run was
+    complete (perf_counter), before the drainer is closed."""
+    from fleetgen.cli.job import Beside, drain_beside
 
-    def target() -> None:
-        try:
-            produce()
-        except BaseException as exc:  # handed to the drainer's loop, which raises it
-            errors.append(exc)
-
-    def check(_: Any) -> None:
-        if errors:
-            raise errors[0]
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    drainer.run_until_complete(on_progress=check)
+    producer = Beside(produce)
+    drain_beside(drainer, producer)
     end = time.perf_counter()
     drainer.close()
-    thread.join(timeout=30)
     return end
 
 

@@ -170,28 +170,43 @@ def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    api_key = envvars.ENGINE_API_KEY.value()
-    for url in args.engine_url:
-        engine.check_url(url)
-    try:
-        proto = engine.resolve(args.engine_protocol, args.engine_url[0], api_key)
-    except errors.EngineError:  # unreachable: each server's report says so
-        proto = engine.protocol(args.engine_protocol or engine.DEFAULT_PROTOCOL)
-    urls = expand_routers(args.engine_url, api_key)
-    # Read as produce reads it, so doctor checks the run's own options.
-    template = TemplateCheck(lambda: _load_renderer(args.tokenizer), json_object(
-        args.chat_template_kwargs, "--chat-template-kwargs"))
-    reports = [examine(url, proto, args.timeout_s, api_key, template) for url in urls]
-    known = {r.url: r.limits for r in reports if r.limits is not None}
-    fleet_checks = fleet_disagreements(known)
-    assumed = combine(list(known.values()), proto.rule_for(next(iter(known.values())))) \
-        if known else None
-    code = exit_code(reports, fleet_checks)
+    reports, fleet_checks, code = check_fleet(args.engine_url, args.engine_protocol,
+                                              args.timeout_s, args.tokenizer,
+                                              args.chat_template_kwargs)
+    known = [r.limits for r in reports if r.limits is not None]
+    proto = _protocol(args.engine_protocol, args.engine_url[0])
+    assumed = combine(known, proto.rule_for(known[0])) if known else None
     if args.json:
         print(render_json(reports, fleet_checks, assumed, code))
     else:
         print(render_text(reports, fleet_checks, assumed, code))
     return code
+
+
+def check_fleet(engine_urls: list[str], engine_protocol: str | None, timeout_s: float,
+                tokenizer: str, chat_template_kwargs: str | None,
+                ) -> tuple[list[Report], list[Check], int]:
+    """Every server's report, the checks across them, and the exit code (`fleetgen run`
+    stops on anything but OK before it starts a process)."""
+    api_key = envvars.ENGINE_API_KEY.value()
+    for url in engine_urls:
+        engine.check_url(url)
+    proto = _protocol(engine_protocol, engine_urls[0])
+    urls = expand_routers(engine_urls, api_key)
+    # Read as produce reads it, so doctor checks the run's own options.
+    template = TemplateCheck(lambda: _load_renderer(tokenizer), json_object(
+        chat_template_kwargs or "{}", "--chat-template-kwargs"))
+    reports = [examine(url, proto, timeout_s, api_key, template) for url in urls]
+    fleet_checks = fleet_disagreements({r.url: r.limits for r in reports
+                                        if r.limits is not None})
+    return reports, fleet_checks, exit_code(reports, fleet_checks)
+
+
+def _protocol(name: str | None, url: str) -> EngineProtocol:
+    try:
+        return engine.resolve(name, url, envvars.ENGINE_API_KEY.value())
+    except errors.EngineError:  # unreachable: each server's report says so
+        return engine.protocol(name or engine.DEFAULT_PROTOCOL)
 
 
 @functools.lru_cache(maxsize=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleetgen.base import envvars
@@ -48,14 +48,21 @@ class FleetSpec:
 
 
 class LocalFleet:
-    def __init__(self, work_dir: Path, spec: FleetSpec, valkey_dir: Path | None = None) -> None:
+    def __init__(self, work_dir: Path, spec: FleetSpec, valkey_dir: Path | None = None,
+                 engine_urls: list[str] | None = None, valkey_bind: str | None = None,
+                 valkey_port: int | None = None) -> None:
         """`valkey_dir`: where the embedded Valkey keeps its AOF (default: in `work_dir`); one
-        that outlives the fleet keeps its runs for the next (the demo's resume)."""
+        that outlives the fleet keeps its runs for the next (the demo's resume).
+        `engine_urls`: real servers, one worker each (`fleetgen run`), instead of simulated
+        GPUs; their workers read their pool size (K + 1) from the server and keep the
+        workers' default health settings. `valkey_bind`/`valkey_port`: a Valkey that other
+        hosts' workers can join (`fleetgen run --listen`)."""
         self.work_dir = work_dir
-        self.spec = spec
+        self.engine_urls = list(engine_urls or [])
+        self.spec = replace(spec, gpus=len(self.engine_urls)) if self.engine_urls else spec
         self.procs = ProcessGroup(work_dir / "logs")
-        self.valkey = EmbeddedValkey(valkey_dir or work_dir / "valkey",
-                                     password=spec.redis_password)
+        self.valkey = EmbeddedValkey(valkey_dir or work_dir / "valkey", port=valkey_port,
+                                     password=spec.redis_password, bind=valkey_bind)
         self.sim_ports: list[int] = []  # per GPU, as the simulators reported them
         self.sim: Child | None = None
         self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
@@ -66,6 +73,8 @@ class LocalFleet:
         return self.spec.redis_url or self.valkey.url
 
     def engine_url(self, gpu: int) -> str:
+        if self.engine_urls:
+            return self.engine_urls[gpu]
         return f"http://127.0.0.1:{self.sim_ports[gpu]}"
 
     def start(self, timeout_s: float = 60.0,
@@ -75,7 +84,8 @@ class LocalFleet:
             self.valkey.start()
         if before_workers is not None:
             before_workers(self.redis_url)
-        self.start_sims(timeout_s)
+        if not self.engine_urls:
+            self.start_sims(timeout_s)
         for gpu in range(self.spec.gpus):
             if self.spec.processes_per_gpu == 1:
                 self.start_worker(gpu)
@@ -84,7 +94,7 @@ class LocalFleet:
         self.wait_workers_ready(timeout_s)
         return self
 
-    def _sim_argv(self, count: int, extra: list[str]) -> list[str]:
+    def sim_argv(self, count: int, extra: list[str]) -> list[str]:
         s = self.spec
         # Port 0: each server binds a port of the kernel's choosing and reports it in its
         # ready line, so no two fleets (or anything else) can ever be handed the same one.
@@ -115,7 +125,7 @@ class LocalFleet:
         process bound, so the servers probed afterwards are certainly ours."""
         log_path = self.procs.log_dir / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
-        child = self.procs.start(name, self._sim_argv(count, extra))
+        child = self.procs.start(name, self.sim_argv(count, extra))
         ports: list[int] = []
 
         def reported() -> bool:
@@ -141,13 +151,15 @@ class LocalFleet:
     def worker_env(self, gpu: int) -> dict[str, str]:
         # A simulator is back (or dead) within a second, not a real server's minutes: call it
         # gone after 3 s instead of 10, so a local fleet fails over quickly.
+        quick = {} if self.engine_urls else {envvars.HEALTH_INTERVAL_S.name: "1",
+                                             envvars.ENGINE_GONE_S.name: "3"}
         return {envvars.REDIS_URL.name: self.redis_url,
-                envvars.ENGINE_URL.name: self.engine_url(gpu),
-                envvars.HEALTH_INTERVAL_S.name: "1", envvars.ENGINE_GONE_S.name: "3",
-                **self.spec.worker_env}
+                envvars.ENGINE_URL.name: self.engine_url(gpu), **quick, **self.spec.worker_env}
 
     def start_worker(self, gpu: int, name: str | None = None) -> Child:
-        concurrency = self.spec.concurrency or self.spec.max_running_requests
+        # A real server's worker sizes its pool from the server itself (no -c).
+        concurrency = self.spec.concurrency or (
+            None if self.engine_urls else self.spec.max_running_requests)
         child = self.procs.start(name or f"gpu{gpu}",
                                  celery_worker_argv(f"gpu{gpu}", concurrency,
                                                     self.spec.worker_loglevel,
@@ -164,14 +176,15 @@ class LocalFleet:
         from workers.startup import share_of
 
         count = self.spec.processes_per_gpu
-        total = self.spec.concurrency or self.spec.max_running_requests
+        total = self.spec.concurrency or (
+            None if self.engine_urls else self.spec.max_running_requests)
         started = []
         for i in range(1, count + 1):
             name = self.worker_name(gpu, i)
             env = {**self.worker_env(gpu), envvars.ENGINE_SHARE.name: f"{i}/{count}"}
+            share = None if total is None else share_of(total, (i, count))
             started.append(self.procs.start(name, celery_worker_argv(
-                name, share_of(total, (i, count)), self.spec.worker_loglevel,
-                self.spec.task_events), env=env))
+                name, share, self.spec.worker_loglevel, self.spec.task_events), env=env))
         self.workers += started
         return started
 

@@ -90,11 +90,13 @@ def python_argv(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def celery_worker_argv(name: str, concurrency: int, loglevel: str = "INFO",
+def celery_worker_argv(name: str, concurrency: int | None, loglevel: str = "INFO",
                        task_events: bool = False) -> list[str]:
+    """`concurrency` None: no -c, the worker sizes its pool from its server (K + 1)."""
     # -E: task events from the first task, for a fleet Flower watches from its start (Flower
     # would turn them on itself at its first broadcast, missing what ran before it).
+    pool = [] if concurrency is None else ["-c", str(concurrency)]
     return python_argv("-m", "celery", "-A", "workers", "worker", "-Q", "fleetgen",
-                       "-n", f"{name}@%h", "-P", "threads", "-c", str(concurrency),
+                       "-n", f"{name}@%h", "-P", "threads", *pool,
                        "--without-mingle", "--without-gossip", "-l", loglevel,
                        *(["-E"] if task_events else []))

@@ -57,7 +57,8 @@ class EmbeddedValkey:
     `--port 0` turns TCP off) and keeps the lease across kill() and start() until stop()."""
 
     def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None,
-                 appendfsync: str = "everysec") -> None:
+                 appendfsync: str = "everysec", bind: str | None = None) -> None:
+        """`bind`: an address other hosts reach it on, besides loopback (a password then)."""
         # Absolute: valkey-server changes into its --dir before it opens its --logfile, so a
         # relative data dir would make it look for the log under itself and exit.
         self.data_dir = data_dir.absolute()
@@ -65,6 +66,9 @@ class EmbeddedValkey:
         self.port = port or 0
         self.password = password
         self.appendfsync = appendfsync
+        # Every address takes loopback in; another address beside it.
+        self.bind = [bind] if bind in ("0.0.0.0", "*") else \
+            ["127.0.0.1"] + ([bind] if bind and bind != "127.0.0.1" else [])
         self.proc: subprocess.Popen[bytes] | None = None
         self.lease: PortLease | None = None
 
@@ -94,7 +98,7 @@ class EmbeddedValkey:
         """Start and wait until it serves; PortInUse (with the process stopped) if the
         port turns out to be another's."""
         self.port = port
-        args = [valkey_binary(), "--port", str(port), "--bind", "127.0.0.1",
+        args = [valkey_binary(), "--port", str(port), "--bind", *self.bind,
                 "--dir", str(self.data_dir), "--appendonly", "yes",
                 "--appendfsync", self.appendfsync, "--save", "",
                 "--maxmemory-policy", "noeviction", "--daemonize", "no",

@@ -3,7 +3,6 @@ the run, blocked on the high-water mark, following the stream, riding out a Redi
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import time
@@ -213,8 +212,11 @@ def test_demo_stops_and_takes_its_fleet_with_it(commands: Callable[..., Command]
                     "--output-tokens-mean", "200", "--max-output-tokens", "256")
     wait_until(lambda: "watch it from another shell" in demo.output(), 120,
                "the demo's run to start", check=demo.alive)
-    found = re.search(r"FLEETGEN_REDIS_URL=(\S+)", demo.output())
-    assert found
+    # The URL (its password in it) is in a file for the user, not on the terminal.
+    url_file = tmp_path / "out" / ".fleetgen-demo" / "redis.url"
+    assert f"FLEETGEN_REDIS_URL=$(cat {url_file})" in demo.output()
+    url = url_file.read_text().strip()
+    assert url.split("@")[0].count(":") == 2 and url.split("@")[0] not in demo.output()
     children = psutil.Process(demo.proc.pid).children(recursive=True)
     assert len(children) >= 4  # Valkey, the simulator, two workers
     code, _ = demo.terminate("demo, mid-run")
@@ -222,7 +224,7 @@ def test_demo_stops_and_takes_its_fleet_with_it(commands: Callable[..., Command]
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {[c.cmdline()[:3] for c in alive]}"
     with pytest.raises(redis.ConnectionError):
-        redis.Redis.from_url(found.group(1), socket_connect_timeout=1).ping()
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
 
 
 def teardown_module() -> None:

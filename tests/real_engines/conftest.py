@@ -58,13 +58,11 @@ def llama_fleet(llama: LlamaServer,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Valkey and one real worker per llama-server (no simulator), told the OpenAI protocol."""
     fleet = LocalFleet(tmp_path_factory.mktemp("llamafleet"), FleetSpec(
-        gpus=1, max_running_requests=SLOTS, concurrency=SLOTS,
-        worker_env={"FLEETGEN_ENGINE_PROTOCOL": "openai"}))
-    fleet.sim_ports = [llama.port]  # engine_url(0) is the llama-server
+        max_running_requests=SLOTS, concurrency=SLOTS,
+        worker_env={"FLEETGEN_ENGINE_PROTOCOL": "openai"}),
+        engine_urls=[f"http://127.0.0.1:{llama.port}"])
     try:
-        fleet.valkey.start()
-        fleet.start_worker(0)
-        fleet.wait_workers_ready(120)
+        fleet.start(timeout_s=120)
         yield fleet
     finally:
         fleet.stop()

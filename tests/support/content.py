@@ -99,7 +99,7 @@ def fleet_configs(fleet: LocalFleet) -> ConfigFor:
     """Per GPU, the config of the simulator the fleet started for it (its own flags)."""
     configs: dict[str, SimConfig] = {}
     for gpu in range(fleet.spec.gpus):
-        argv = fleet._sim_argv(1, fleet.spec.gpu_sim_args.get(gpu, []))
+        argv = fleet.sim_argv(1, fleet.spec.gpu_sim_args.get(gpu, []))
         configs[f"gpu{gpu}"] = sim_config(argv[argv.index("fleetgen.simulator") + 1:])
 
     def config_for(worker: str) -> SimConfig:

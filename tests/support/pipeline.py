@@ -4,7 +4,6 @@ output read back: every request exactly once."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import orjson
 
 from fleetgen.base.contract import request_key
 from fleetgen.base.redisconn import connect
+from fleetgen.cli.job import Beside
 from fleetgen.drainer import Drainer
 from fleetgen.local.fleet import LocalFleet
 from producer.pipeline import Progress
@@ -64,18 +64,10 @@ def produce(fleet: LocalFleet, prompts: Path, run: str, *, wait: bool = False,
 
 def run_pipeline(fleet: LocalFleet, prompts: Path, run: str, out: Path,
                  timeout_s: float = 180.0, **options: Any) -> dict[str, Any]:
-    """Producer in a thread, drainer here until the run is complete; returns the summary."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            produce(fleet, prompts, run, **options)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return drain(fleet, run, out, errors, timeout_s=timeout_s)
+    """Producer in a thread, drainer here until the run is complete, as the job runs them
+    (fleetgen/cli/job.py); returns the summary."""
+    producer = Beside(lambda: produce(fleet, prompts, run, **options))
+    return drain(fleet, run, out, producer.errors, timeout_s=timeout_s)
 
 
 def drain_until_complete(redis_url: str, run: str, out: Path, timeout_s: float = 60,

@@ -1,0 +1,260 @@
+"""The whole job on one node, the one code path of `fleetgen run` (real servers) and `fleetgen
+demo` (simulated ones): Redis, a worker per engine, the producer beside the drainer until every
+row is accounted for, the summary and the report; stopped by Ctrl-C or SIGTERM within 2 s and
+resumed by the same command."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetgen.base import exitcodes
+from fleetgen.base.redisconn import connect
+from fleetgen.cli.progress import Bar
+from fleetgen.cli.signals import sigterm_flag
+from fleetgen.local.fleet import LocalFleet
+
+if TYPE_CHECKING:
+    from fleetgen.drainer import Drainer
+    from producer.settings import ProducerSettings
+
+# After Ctrl-C or SIGTERM the command must be gone within 2 s: past this grace the handler
+# interrupts whatever still blocks (starting the fleet, a Redis call riding out an outage);
+# the summary and the cleanup that follow are shielded from it (`shield_from_signals`).
+STOP_GRACE_S = 1.5
+# How long the workers may take to come online: a real server's worker without -c waits for
+# its engine (the pre-flight saw it ready) and reads its pool size from it.
+WORKERS_READY_S = {"demo": 60.0, "run": 180.0}
+
+
+@dataclass
+class Job:
+    command: str  # "run" or "demo": the name its messages carry
+    fleet: LocalFleet  # not started yet
+    settings: ProducerSettings  # the Redis URL is the fleet's, filled in once it is up
+    out: Path
+    state_dir: Path  # the embedded Valkey's data, kept until the run is complete
+    resumed: bool
+    # Called once Redis is up, before the workers: Flower, the line for other hosts' workers.
+    on_redis: Callable[[LocalFleet], None] | None = None
+    linger: Callable[[Callable[[], bool]], None] | None = None
+
+    def say(self, text: str) -> None:
+        print(f"fleetgen {self.command}: {text}", flush=True)
+
+
+def execute(job: Job) -> int:
+    """Run the job to its end (or its stop); exit code as `main` expects it."""
+    # Ctrl-C and SIGTERM alike: the drainer stops within half a second, the summary is
+    # written, and everything started is stopped with a short grace (what the workers held
+    # goes back to the queue at the next start: `requeue_unacked`).
+    should_stop = sigterm_flag(grace_s=STOP_GRACE_S, signums=(signal.SIGTERM, signal.SIGINT))
+    summary: dict[str, Any] = {"complete": False}
+    fleet = job.fleet
+    try:
+        engines = "simulated GPUs" if job.command == "demo" else "engines"
+        job.say(f"{'resuming' if job.resumed else 'starting'} run {job.settings.run}: Valkey, "
+                f"{fleet.spec.gpus} {engines} and {len(fleet.worker_names())} workers ...")
+        fleet.start(timeout_s=WORKERS_READY_S[job.command],
+                    before_workers=lambda url: _before_workers(job, url))
+        if not should_stop():
+            settings = replace(job.settings, redis_url=fleet.redis_url)
+            summary = run_pipeline(job, settings, should_stop)
+            print(summary_table(summary, job.out))
+            _say_how_it_ended(job, summary, should_stop())
+        if job.linger is not None and not should_stop():
+            job.linger(should_stop)
+    finally:
+        shield_from_signals()
+        fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
+        fleet.valkey.stop()
+    if summary["complete"]:
+        import shutil
+
+        shutil.rmtree(job.state_dir, ignore_errors=True)  # nothing left to resume
+    if should_stop():
+        raise KeyboardInterrupt  # main: "interrupted; run the same command again", exit 130
+    return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+
+
+def shield_from_signals() -> None:
+    """From here on the command only writes what it has and stops what it started, each step
+    bounded (a worker gets half a second, then SIGKILL): neither another signal nor the
+    handler's grace timer may interrupt that half-way and leave processes behind."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
+
+
+def url_file(job: Job) -> Path:
+    """Where the run's Redis URL (its password in it) is kept for `status` and the others,
+    readable by the user alone: a secret is written to no terminal or log."""
+    return job.state_dir / "redis.url"
+
+
+def _before_workers(job: Job, redis_url: str) -> None:
+    """Once Redis is up: its URL for the user's other commands; on a resumed run, before any
+    worker, the prompts its stopped workers held back in the queue."""
+    from fleetgen.base.wire import requeue_unacked
+
+    path = url_file(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(redis_url + "\n")
+
+    requeued = requeue_unacked(connect(redis_url))
+    if requeued:
+        job.say(f"{requeued} prompt(s) the stopped workers held are queued again")
+    if job.on_redis is not None:
+        job.on_redis(job.fleet)
+
+
+def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> None:
+    if interrupted:
+        job.say(f"interrupted; what is written is kept: run the same command (same --out "
+                f"{job.out}) to resume run {summary['run']}")
+        return
+    _write_report(job)  # the report shows what a --stop-if rule saw, too
+    if summary.get("stopped"):
+        job.say(f"stopped early: {summary['stopped']}; the requests sent before the stop are "
+                f"all written. Fix the settings and run it with another --out, or the same "
+                f"command plus --ignore-stop to go on")
+
+
+def _write_report(job: Job) -> None:
+    """The run as pictures, from the output files alone, like `fleetgen report`."""
+    from fleetgen.monitor.report import build
+
+    built = build(job.out)
+    job.say(f"report at {built.out} ({built.size / 1024:.0f} KiB; open it in a browser, it "
+            f"needs no network; again with `fleetgen report {job.out}`)")
+
+
+def run_pipeline(job: Job, settings: ProducerSettings,
+                 should_stop: Callable[[], bool]) -> dict[str, Any]:
+    from fleetgen.drainer import Drainer
+
+    assert settings.out is not None
+    # The drainer first: on a resumed run it tells Redis what the files hold (done bits),
+    # so the producer sends only what is not written yet.
+    drainer = Drainer(connect(job.fleet.redis_url), settings.run, settings.out)
+    drainer.recover()
+    opened = threading.Event()
+    producer = Beside(producing(settings, opened))
+    # The drainer ends a run that is stopped and settled: a resumed one with --ignore-stop
+    # still is until the producer has opened it again (its first batch).
+    while not (opened.wait(0.05) or not producer.thread.is_alive() or should_stop()):
+        pass
+    job.say(f"run {settings.run}; watch it from another shell with\n"
+            f"  FLEETGEN_REDIS_URL=$(cat {url_file(job)}) fleetgen status --run "
+            f"{settings.run} --watch")
+    bar = Bar("rows written", show=sys.stderr.isatty())
+    ticker = MinuteLine(job)
+
+    def on_progress(d: Drainer) -> None:
+        producer.raise_error()
+        manifest = d.manifest()
+        total = manifest.get("total") or manifest.get("expected")
+        bar.advance_to(d.tally.written, int(total) if total else None)
+        ticker.tick(d.tally.written, int(total) if total else None)
+
+    try:
+        drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)
+    finally:
+        if should_stop():
+            shield_from_signals()  # the summary below is what the signal asked for
+        drainer.close()
+        bar.close()
+    return drainer.write_summary()
+
+
+class Beside:
+    """`work` (the producer) in a thread beside the drainer; an error it raises is handed to
+    the drainer's loop (`raise_error`), which stops the command with it."""
+
+    def __init__(self, work: Callable[[], object]) -> None:
+        self.errors: list[BaseException] = []
+        self._work = work
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._work()
+        except BaseException as exc:  # handed to the drainer's thread, which raises it
+            self.errors.append(exc)
+
+    def raise_error(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
+
+def producing(settings: ProducerSettings, opened: threading.Event) -> Callable[[], object]:
+    """The producer as the job runs it: quiet (the drainer's bar is the progress), `opened`
+    set at its first batch; --turns all stays to build each next turn from the answers."""
+    from producer.runner import Quiet, produce
+
+    class Opened(Quiet):
+        def read(self, rows: int, total: int) -> None:
+            opened.set()
+
+    return lambda: produce(settings, wait=settings.turns == "all", hooks=Opened())
+
+
+def drain_beside(drainer: Drainer, producer: Beside, *,
+                 on_progress: Callable[[Drainer], None] | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+    """The drainer here until the run is complete (or `should_stop`), the producer's error
+    raised at the next batch; then the producer's thread is given a moment to end."""
+
+    def check(d: Drainer) -> None:
+        producer.raise_error()
+        if on_progress is not None:
+            on_progress(d)
+
+    drainer.run_until_complete(on_progress=check, should_stop=should_stop)
+    if not should_stop():  # stopped: the producer thread (a daemon) dies with the process
+        producer.thread.join(timeout=5)
+    producer.raise_error()
+
+
+class MinuteLine:
+    """Where no bar is drawn (a log file, a CI job): a line a minute with rows, rate and ETA."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+        self._show = not sys.stderr.isatty()
+        self._start = self._last = time.monotonic()
+
+    def tick(self, written: int, total: int | None) -> None:
+        now = time.monotonic()
+        if not self._show or now - self._last < self.EVERY_S:
+            return
+        self._last = now
+        rate = written / max(now - self._start, 1e-9)
+        left = None if total is None or rate <= 0 else (total - written) / rate
+        eta = "-" if left is None else f"{left / 60:.0f} min"
+        self._job.say(f"{written}/{total if total is not None else '?'} rows written, "
+                      f"{rate:.1f} rows/s, ETA {eta}")
+
+
+def summary_table(s: dict[str, Any], out: Path) -> str:
+    rows = [("run", s["run"]), ("rows", s["total"]), ("done", s["done"]),
+            ("failed", s["failed"]), ("rejected", s["rejected"]),
+            ("truncated (finish=length)", s["truncated"]),
+            ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),
+            ("wall time", f"{s['wall_s']} s"), ("rows/s", s["rows_per_s"]),
+            ("completion tokens/s", s["completion_tokens_per_s"]),
+            ("complete", "yes" if s["complete"] else "NO")]
+    if s.get("stopped"):
+        rows.append(("stopped early", s["stopped"]))
+    rows.append(("output", str(out)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

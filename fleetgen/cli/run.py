@@ -1,0 +1,176 @@
+"""`fleetgen run`: the whole job on one node against real servers, in one command and resumable:
+an embedded Valkey under --out (or --redis), a worker per engine, the producer and the drainer
+(fleetgen/cli/job.py, the demo's own path)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetgen.base import envvars, exitcodes
+from fleetgen.base.errors import ConfigError, EngineUnreachable
+from fleetgen.base.outdir import OutDir, usable_dir
+from fleetgen.base.redisconn import redis_url
+from fleetgen.cli import job
+from fleetgen.cli.produce import add_producer_options, settings_from
+from fleetgen.local.fleet import FleetSpec, LocalFleet
+from producer.settings import setting_default
+
+# Beside the output files: the run's Valkey (its AOF) and its URL, kept until the run is
+# complete, so the same command resumes the run recorded there.
+STATE_DIR = ".fleetgen-state"
+# http://host:30000-30007: eight servers on consecutive ports.
+PORT_RANGE = re.compile(r"^(https?://[^/:]+):(\d+)-(\d+)(/.*)?$")
+MAX_RANGE = 64  # servers in one range: more is a typo (one node, a worker per server)
+PREFLIGHT_TIMEOUT_S = 60.0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run", help="the whole job on this node, against your servers (resumable)",
+        description="Checks every --engine-url as `fleetgen doctor` does, starts a Valkey "
+        "under --out (AOF on, a password, loopback only; --redis or $FLEETGEN_REDIS_URL for "
+        "your own), one Celery worker per engine (its pool sized from the server: K + 1), "
+        "the producer and the drainer; shows progress, prints the summary and writes the "
+        "report; exit 0 once every row is accounted for. Ctrl-C or SIGTERM stops it within "
+        "2 s; the same command resumes the run recorded in --out.")
+    p.add_argument("input", type=Path, metavar="INPUT",
+                   help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
+                   "quoted glob")
+    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+                   help="a server (repeat for each; http://HOST:30000-30007 for a range of "
+                   "ports); one worker each")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output dir")
+    p.add_argument("--run", metavar="NAME",
+                   help="run name (default: the one recorded in --out, else run-TIMESTAMP)")
+    p.add_argument("--redis", metavar="URL",
+                   help="a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
+                   f"under DIR/{STATE_DIR})")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="the embedded Valkey also listens there (with its password), so "
+                   "workers on other hosts can join the run; the line they need is printed")
+    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
+                   help="worker processes per engine, sharing its K + 1 slots "
+                   "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
+    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
+                   default=envvars.ENGINE_PROTOCOL.value(),
+                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    add_producer_options(p, demo=True)
+    # add_producer_options(demo=True) defaults what the demo does not ask; these run asks.
+    p.set_defaults(handler=run, engine_protocol=envvars.ENGINE_PROTOCOL.value(), engine_url=None)
+
+
+def expand_engine_urls(urls: list[str]) -> list[str]:
+    """Each URL, with a port range written out; ConfigError for a range that is not one."""
+    from fleetgen import engine
+
+    out: list[str] = []
+    for url in urls:
+        found = PORT_RANGE.match(url)
+        if found is None:
+            engine.check_url(url)
+            out.append(url)
+            continue
+        host, first, last, path = found.group(1), int(found.group(2)), int(found.group(3)), \
+            found.group(4) or ""
+        if not 0 < first <= last < 65536:
+            raise ConfigError(f"--engine-url {url}: the port range {first}-{last} is empty")
+        if last - first >= MAX_RANGE:
+            raise ConfigError(f"--engine-url {url}: {last - first + 1} servers, one worker "
+                              f"each on this node; a range names at most {MAX_RANGE}")
+        out += [f"{host}:{port}{path}" for port in range(first, last + 1)]
+    if len(set(out)) != len(out):
+        raise ConfigError("--engine-url: a server is named twice; one worker each")
+    return out
+
+
+def listen_address(value: str | None) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--listen must be HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def run_name(out: Path, given: str | None) -> tuple[str, bool]:
+    """The run to resume in `out` (its marker, else its summary), or a new one; True when
+    resumed. ConfigError when --run names another run than the one `out` holds."""
+    outdir = OutDir(out)
+    recorded = outdir.owner() or str((outdir.read_summary() or {}).get("run", "")) or None
+    if recorded is not None and given is not None and given != recorded:
+        raise ConfigError(f"{out} holds the output of run {recorded!r}, not {given!r}; "
+                          "drop --run to resume it, or pick another --out")
+    return recorded or given or f"run-{time.strftime('%Y%m%d-%H%M%S')}", recorded is not None
+
+
+def preflight(urls: list[str], args: argparse.Namespace) -> None:
+    """What `fleetgen doctor` checks, before anything starts: one line for the first server
+    that disagrees (exit 3) or cannot be reached (exit 4)."""
+    from fleetgen.cli import doctor
+
+    reports, fleet_checks, code = doctor.check_fleet(
+        urls, args.engine_protocol, PREFLIGHT_TIMEOUT_S, args.tokenizer,
+        args.chat_template_kwargs)
+    if code == exitcodes.OK:
+        return
+    failed = [f"{r.url} {c.name}: {c.detail}" for r in reports for c in r.checks if not c.ok]
+    failed += [c.line() for c in fleet_checks]
+    first = failed[0] if failed else doctor.VERDICTS[code]
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    message = (f"{first}{more}; `fleetgen doctor --engine-url {urls[0]}` shows every check")
+    if code == exitcodes.UNAVAILABLE:
+        raise EngineUnreachable(message)
+    raise ConfigError(message)
+
+
+def run(args: argparse.Namespace) -> int:
+    from producer.inputs import resolve_input
+
+    resolve_input(args.input)  # InputError (one line) for a missing file or an empty glob
+    urls = expand_engine_urls(args.engine_url)
+    listen = listen_address(args.listen)
+    if args.workers_per_engine < 1:
+        raise ConfigError(f"--workers-per-engine must be at least 1, got "
+                          f"{args.workers_per_engine}")
+    external = redis_url(args.redis) if args.redis or envvars.REDIS_URL.given() else None
+    if listen and external:
+        raise ConfigError("--listen is for the embedded Valkey; with --redis (or "
+                          "$FLEETGEN_REDIS_URL) the workers join that Redis")
+    usable_dir(args.out)
+    name, resumed = run_name(args.out, args.run)
+    values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
+              "batch_size": args.batch_size or setting_default("batch_size")}
+    settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
+    preflight(urls, args)
+    spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
+                     redis_password=secrets.token_urlsafe(18),
+                     worker_env=_protocol_env(args.engine_protocol))
+    with tempfile.TemporaryDirectory(prefix="fleetgen-run-") as tmp:
+        fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, engine_urls=urls,
+                           valkey_bind=listen[0] if listen else None,
+                           valkey_port=listen[1] if listen else None)
+        return job.execute(job.Job(
+            "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
+            on_redis=(lambda f: _say_join(f, listen)) if listen else None))
+
+
+def _protocol_env(protocol: str | None) -> dict[str, str]:
+    return {envvars.ENGINE_PROTOCOL.name: protocol} if protocol else {}
+
+
+def _say_join(fleet: LocalFleet, listen: tuple[str, int]) -> None:
+    """The line a worker on another host needs to join (its password in it: printed once, on
+    the terminal that asked for --listen, as Flower's generated one)."""
+    host, port = listen
+    reach = socket.gethostname() if host in ("0.0.0.0", "*") else host
+    url = f"redis://:{fleet.spec.redis_password}@{reach}:{port}/0"
+    print(f"fleetgen run: workers on other hosts join with, one per GPU server:\n"
+          f"  {envvars.REDIS_URL.name}={url} {envvars.ENGINE_URL.name}=http://SERVER:PORT "
+          f"celery -A workers worker -Q fleetgen -n gpuN@%h -P threads", flush=True)

@@ -1,0 +1,150 @@
+"""`fleetgen run` as a user runs it: against servers started separately (`fleetgen sim`, as real
+servers are), a relative --out, Ctrl-C mid-run, the same command again, every row once and no
+process left behind; more hosts joining through --listen with a worker started by hand."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fleetgen.base import exitcodes
+from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
+from fleetgen.local.ports import lease_port
+from fleetgen.local.procs import celery_worker_argv
+from tests.support.cli import fleetgen_cli
+from tests.support.content import assert_fleet_content
+from tests.support.held import worker_name
+from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.waiting import wait_until
+
+# Slow enough that the run is still going when it is interrupted or joined: 8 slots a server,
+# 4 ms a token, ~250 tokens an answer.
+SPEC = FleetSpec(gpus=2, context_length=4096, max_running_requests=8, tpot_ms=4.0,
+                 output_tokens_mean=250)
+
+
+@pytest.fixture()
+def servers(tmp_path: Path) -> Iterator[tuple[LocalFleet, list[str]]]:
+    """Two simulated servers in a process of their own, as a user starts `fleetgen sim`; the
+    fleet object only names their config (never started)."""
+    spec_fleet = LocalFleet(tmp_path / "spec", SPEC)
+    log = tmp_path / "sim.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(spec_fleet.sim_argv(2, []), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: len(sim_ports_reported(log.read_text())) == 2, 60,
+                   "the simulators' ready line")
+        ports = sim_ports_reported(log.read_text())
+        spec_fleet.sim_ports = ports
+        yield spec_fleet, [f"http://127.0.0.1:{p}" for p in ports]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def run_argv(prompts: Path, urls: list[str], *extra: str) -> list[str]:
+    return fleetgen_cli("run", str(prompts), *(a for u in urls for a in ("--engine-url", u)),
+                        "--out", "out/run", *extra)
+
+
+def written(out: Path) -> int:
+    path = out / "results.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_run_interrupted_and_resumed_writes_every_row_once(
+        servers: tuple[LocalFleet, list[str]], tmp_path: Path) -> None:
+    fleet, urls = servers
+    prompts = tmp_path / "p.jsonl"
+    rows = 300
+    kinds = make_prompts(prompts, rows)
+    out = tmp_path / "out" / "run"
+    log = tmp_path / "run1.log"
+    with log.open("wb") as stdout:
+        first = subprocess.Popen(run_argv(prompts, urls), cwd=tmp_path, stdout=stdout,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wait_until(lambda: written(out) >= 30 or first.poll() is not None, 120,
+               "the first rows written")
+    assert first.poll() is None, log.read_text()[-3000:]
+    children = descendants(first.pid)
+    assert len(children) >= 3, children  # Valkey and two workers
+    first.send_signal(signal.SIGINT)  # Ctrl-C
+    assert first.wait(timeout=5) == exitcodes.INTERRUPTED, log.read_text()[-3000:]
+    at_stop = written(out)
+    assert at_stop < rows, "the run ended before the interrupt: the test proves nothing"
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running: {[c.cmdline()[:4] for c in alive]}"
+    text = log.read_text()
+    assert "interrupted" in text and "same command" in text
+    assert (out / ".fleetgen-state" / "redis.url").exists()  # kept to resume
+
+    again = subprocess.run(run_argv(prompts, urls), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming run run-" in again.stdout
+    data = assert_exactly_once(out, set(kinds["good"]))
+    assert len(data["results"]) == rows and not data["failures"]
+    assert assert_fleet_content(fleet, prompts, data) == rows
+    assert not (out / ".fleetgen-state").exists()  # complete: nothing left to resume
+    assert "  complete                   yes" in again.stdout
+    assert (out / "report.html").exists()
+    print(f"\nfleetgen run: {at_stop} of {rows} rows written at Ctrl-C; the same command "
+          f"wrote the other {rows - at_stop}, each row once")
+
+
+def test_a_worker_started_by_hand_joins_a_listening_run(
+        servers: tuple[LocalFleet, list[str]], tmp_path: Path) -> None:
+    fleet, urls = servers
+    prompts = tmp_path / "p.jsonl"
+    rows = 200
+    kinds = make_prompts(prompts, rows)
+    out = tmp_path / "out" / "run"
+    lease = lease_port()
+    port = lease.port
+    lease.close()
+    log = tmp_path / "run.log"
+    with log.open("wb") as stdout:
+        run = subprocess.Popen(run_argv(prompts, urls[:1], "--listen", f"127.0.0.1:{port}"),
+                               cwd=tmp_path, stdout=stdout, stderr=subprocess.STDOUT)
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        wait_until(lambda: "join with" in log.read_text() or run.poll() is not None, 120,
+                   "the line for other hosts' workers")
+        joined = re.search(r"FLEETGEN_REDIS_URL=(\S+) FLEETGEN_ENGINE_URL=\S+ celery -A "
+                           r"workers worker -Q fleetgen -n gpuN@%h -P threads", log.read_text())
+        assert joined, log.read_text()
+        url = joined.group(1)
+        assert f":{port}/0" in url and url.startswith("redis://:")
+        # The line as printed, with this "host's" own server and name (gpu1: the run named
+        # its one worker gpu0).
+        env = {**os.environ, "FLEETGEN_REDIS_URL": url, "FLEETGEN_ENGINE_URL": urls[1]}
+        worker = subprocess.Popen(celery_worker_argv("gpu1", None, "WARNING"), env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=60)
+        if run.poll() is None:
+            run.kill()
+    data = assert_exactly_once(out, set(kinds["good"]))
+    assert len(data["results"]) == rows
+    assert_fleet_content(fleet, prompts, data)
+    by_hand = sum(r["worker"] == worker_name(1) for r in data["results"])
+    assert by_hand > 0, "the worker started by hand wrote nothing"
+    print(f"\nfleetgen run --listen: the worker started by hand wrote {by_hand} of {rows}")

@@ -1,0 +1,74 @@
+"""`fleetgen run` against a real llama-server (llama.cpp, the tiny Qwen3.6-vocabulary model): the
+pre-flight takes a server with Qwen3.6's official template and refuses one without it in one
+line before anything starts; the run writes every row once through the server's OpenAI API."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetgen.base import exitcodes
+from producer.qwen_build import QWEN_TEMPLATE_FILE
+from tests.support.cli import fleetgen_cli
+from tests.support.llama import LlamaServer
+from tests.support.pipeline import assert_exactly_once, make_prompts
+
+# As test_llama_doctor found it: the official template, without llama-server's default
+# `--reasoning-preserve`, renders every probe as transformers does.
+OFFICIAL = ["--jinja", "--chat-template-file", str(QWEN_TEMPLATE_FILE),
+            "--no-reasoning-preserve"]
+
+
+@pytest.fixture
+def llama_server(llama_binary: Path, llama_model: Path,
+                 tmp_path: Path) -> Iterator[list[LlamaServer]]:
+    servers: list[LlamaServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def start(servers: list[LlamaServer], binary: Path, model: Path, log: Path,
+          *flags: str) -> LlamaServer:
+    server = LlamaServer(binary, model, log, args=["-c", "8192", "-np", "2", *flags])
+    servers.append(server.start())
+    return server
+
+
+def fleetgen_run(tmp_path: Path, url: str, prompts: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(fleetgen_cli("run", str(prompts), "--engine-url", url, "--out",
+                                       "out/llama", "--max-output-tokens", "24"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def test_run_on_a_real_llama_server(llama_server: list[LlamaServer], llama_binary: Path,
+                                    llama_model: Path, tmp_path: Path) -> None:
+    server = start(llama_server, llama_binary, llama_model, tmp_path / "llama.log", *OFFICIAL)
+    prompts = tmp_path / "p.jsonl"
+    kinds = make_prompts(prompts, 12)
+    done = fleetgen_run(tmp_path, server.url, prompts)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = assert_exactly_once(tmp_path / "out" / "llama", set(kinds["good"]))
+    assert len(data["results"]) == 12 and not data["failures"]
+    # Every answer came from the server, within the budget the run gave it.
+    assert all(0 < r["completion_tokens"] <= r["max_tokens"] <= 24 for r in data["results"])
+    assert "  complete                   yes" in done.stdout
+
+
+def test_run_refuses_a_server_whose_template_disagrees(
+        llama_server: list[LlamaServer], llama_binary: Path, llama_model: Path,
+        tmp_path: Path) -> None:
+    # No template of its own: llama-server falls back to ChatML, which is not Qwen3.6's.
+    server = start(llama_server, llama_binary, llama_model, tmp_path / "llama.log")
+    prompts = tmp_path / "p.jsonl"
+    make_prompts(prompts, 4)
+    done = fleetgen_run(tmp_path, server.url, prompts)
+    assert done.returncode == exitcodes.CONFIG, done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("fleetgen run:")]
+    assert len(said) == 1 and "chat template" in said[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert "starting run" not in done.stdout
+    assert not (tmp_path / "out" / "llama" / ".fleetgen-state").exists()
