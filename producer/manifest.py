@@ -25,11 +25,17 @@ PINNED = ("input", "files", "tokenizer", "context_length", "max_output_tokens",
           "logprobs", "token_ids", "json_schema", "chat_template_kwargs", "reasoning", "turns")
 
 
+# How a command of fleetgen starts another run instead of resuming this one, as the messages
+# say it: `produce` names its run, the demo keeps its run in its --out.
+NEW_RUN = "use a new --run name"
+
+
 class RunManifest:
-    def __init__(self, client: redis.Redis, run: str) -> None:
+    def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN) -> None:
         self.redis = client
         self.run = run
         self.key = RunKeys(run).manifest
+        self.new_run = new_run
 
     def read(self) -> dict[str, str]:
         return read_hash(self.redis, self.key)
@@ -42,7 +48,8 @@ class RunManifest:
         """Start the run, or resume it after checking that the pinned settings are the same."""
         old = self.read()
         if old:
-            check_same_settings(self.run, orjson.loads(old.get("settings", "{}")), settings)
+            check_same_settings(self.run, orjson.loads(old.get("settings", "{}")), settings,
+                                self.new_run)
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(self.key, "state", STATE_PRODUCING)
             # Going on: the run has not ended any more (the drainer pins the end again).
@@ -71,7 +78,17 @@ class RunManifest:
         or from before files were pinned, passes)."""
         old = orjson.loads(self.read().get("settings", "{}"))
         if "files" in old:
-            check_same_settings(self.run, {"files": old["files"]}, {"files": files})
+            check_same_settings(self.run, {"files": old["files"]}, {"files": files},
+                                self.new_run)
+
+    def check_settings(self, settings: dict[str, Any]) -> None:
+        """ConfigError if the run was started with other pinned settings: the check a resume
+        makes when it opens the run, made before anything is started for it. A setting read
+        from the servers (the context length the limits give) is left to then."""
+        old = orjson.loads(self.read().get("settings", "{}"))
+        known = {k: v for k, v in settings.items() if k != "context_length"}
+        check_same_settings(self.run, {k: v for k, v in old.items() if k in known}, known,
+                            self.new_run)
 
     def record_read(self, rows: int) -> None:
         self.redis.hset(self.key, "read", rows)
@@ -109,17 +126,33 @@ class RunManifest:
         return True
 
 
-def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any],
+                        new_run: str = NEW_RUN) -> None:
     for name in PINNED:
         if name == "files" and name in old and old[name] != new.get(name):
             raise ConfigError(f"run {run!r} was started with other input files: "
                               f"{files_difference(old[name], new.get(name) or [])}; resume it "
                               f"with the same files (a row's number in the run depends on "
-                              f"them), or use a new --run name")
+                              f"them), or {new_run}")
         if name in old and old.get(name) != new.get(name):
             raise ConfigError(
-                f"run {run!r} was started with {name}={old.get(name)!r}, now {new.get(name)!r}; "
-                f"resume it with the same settings, or use a new --run name")
+                f"run {run!r} was started with {setting_name(name)} {shown(old.get(name))}, "
+                f"now {shown(new.get(name))}; resume it with the same settings, or {new_run}")
+
+
+def setting_name(name: str) -> str:
+    """A pinned setting as the user gives it: its flag where it has one."""
+    words = {"input": "input", "sampling": "sampling options"}
+    return words.get(name, "--" + name.replace("_", "-"))
+
+
+def shown(value: Any) -> str:
+    """A setting's value in a message: JSON's words, and none of Python's (`None`)."""
+    if value is None:
+        return "unset (the default)"
+    if isinstance(value, str):
+        return repr(value)
+    return orjson.dumps(value).decode()
 
 
 def files_difference(old: list[str], new: list[str], shown: int = 3) -> str:

@@ -56,7 +56,7 @@ class Producer:
         self.enqueuer = enqueuer
         self.limits = limits
         self.keys = RunKeys(settings.run)
-        self.run_manifest = RunManifest(client, settings.run)
+        self.run_manifest = RunManifest(client, settings.run, settings.new_run)
         self.reconciler = Reconciler(client, settings.run)
         self.progress = Progress()
         # Resolved once: every pass of this producer reads the same files, in the same order.

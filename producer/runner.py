@@ -34,14 +34,17 @@ class Resume:
 
 def check_resume(settings: ProducerSettings) -> Resume:
     """InputError for a missing input or an empty glob (one line, exit 3); ConfigError for a
-    resume that finds another file list than the run was started on."""
+    resume that finds another file list or other pinned settings than the run was started
+    on. It needs only Redis: a caller that starts servers and workers for the run calls it
+    first, so a mismatch is one line before anything else is started."""
     inputs = resolve_input(settings.input)
     # Closed at once: an idle connection held for the whole run would keep a dead Redis's
     # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
     with connect(settings.redis_url) as client:
         # Before "already complete": a finished run given a new file must say so.
-        manifest = RunManifest(client, settings.run)
+        manifest = RunManifest(client, settings.run, settings.new_run)
         manifest.check_files(inputs.names)
+        manifest.check_settings(settings.manifest_settings(files=inputs.names))
         complete = run_complete(client, settings.run)
         size = inputs.size_bytes()
         then = manifest.input_changed(size) if complete else None

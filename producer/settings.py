@@ -55,6 +55,9 @@ class ProducerSettings:
     # output directory: the files are the truth of what each next turn is built from).
     turns: str = "last"
     out: Path | None = None
+    # How the command that runs the producer starts another run instead of this one, for the
+    # messages of a resume that does not match (producer/manifest.py NEW_RUN).
+    new_run: str = "use a new --run name"
 
     def __post_init__(self) -> None:
         if isinstance(self.engine_url, str):

@@ -129,15 +129,18 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    help="go on with a run that --stop-if stopped")
     p.add_argument("--high-water", type=int, default=setting_default("high_water"), metavar="N",
                    help="most queued prompts (default: 2x the fleet's concurrency, at least 512)")
-    p.add_argument("--batch-size", type=int, default=setting_default("batch_size"), metavar="N",
-                   help="rows tokenized and enqueued together (%(default)s)")
+    # The demo's None: its own choice, smaller with --stop-if (fleetgen/cli/demo.py).
+    batch = setting_default("batch_size")
+    p.add_argument("--batch-size", type=int, default=None if demo else batch, metavar="N",
+                   help=f"rows tokenized and enqueued together ({batch}"
+                   + (", 16 with --stop-if)" if demo else ")"))
     if demo:
         # What `settings_from` reads that the demo does not ask: its fleet is its own, with a
         # known context and no real server to read limits from.
-        # --batch-size: the demo picks its own (smaller with --stop-if) unless given.
+        # new_run: the demo's (and run's) run is recorded in its --out; the demo has no --run.
         p.set_defaults(**{name: setting_default(name) for name in (
             "engine_url", "reserved_tokens", "max_req_input_len", "engine_protocol")},
-            batch_size=None)
+            new_run="use another --out (the run is recorded there)")
 
 
 def sampling_from(args: argparse.Namespace) -> Sampling:
@@ -189,7 +192,8 @@ def settings_from(args: argparse.Namespace, redis_url_value: str) -> ProducerSet
         engine_api_key=envvars.ENGINE_API_KEY.value(),
         max_output_tokens=args.max_output_tokens, min_output_tokens=args.min_output_tokens,
         margin=args.margin, sampling=sampling_from(args), high_water=args.high_water,
-        batch_size=args.batch_size)
+        batch_size=args.batch_size,
+        **({"new_run": args.new_run} if getattr(args, "new_run", None) else {}))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -67,7 +67,8 @@ def prompt_ids_for(settings: Mapping[str, Any] | None, run: str,
                           "the directory to write it, then export again")
     if not settings.get("token_ids"):
         raise ConfigError(f"run {run!r} was produced without --token-ids: its results hold no "
-                          "output token ids; produce it again with --token-ids (a new --run)")
+                          "output token ids; generate it again with --token-ids (`fleetgen "
+                          "produce` with a new --run name, `fleetgen demo` with another --out)")
     if factory is None:
         raise ConfigError("--format tokens needs a prompt renderer (the CLI builds one)")
     return factory(settings)

@@ -141,7 +141,7 @@ def test_the_worker_fails_an_answer_without_its_ids() -> None:
 
 
 def test_the_flag_is_pinned_and_a_rows_template_kwargs_must_be_an_object() -> None:
-    with pytest.raises(errors.ConfigError, match="token_ids=False, now True"):
+    with pytest.raises(errors.ConfigError, match="--token-ids false, now true"):
         check_same_settings("r", {"token_ids": False}, {"token_ids": True})
     check_same_settings("r", {}, {"token_ids": True})  # a run from before the flag
     row = parse_row(1, {"messages": [{"role": "user", "content": "hi"}],

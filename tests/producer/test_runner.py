@@ -67,3 +67,34 @@ def test_a_run_resumes_or_not_as_its_state_says(tmp_path: Path, redis_url: str,
     grown = check_resume(settings)
     assert grown.complete and grown.grown_from == size and not grown.nothing_to_do
     assert produce(settings).read == 4
+
+
+def test_a_resume_with_other_settings_is_refused_before_anything_starts(
+        tmp_path: Path, redis_url: str, rclient: redis.Redis) -> None:
+    """check_resume needs only Redis, so a caller refuses a mismatch before it starts servers
+    and workers; the line names the flag and its values in the user's words (never Python's
+    None) and how this command starts another run."""
+    import dataclasses
+
+    import pytest
+
+    from fleetgen.base.errors import ConfigError
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "r0", "prompt": "q"}\n')
+    settings = ProducerSettings(input=prompts, run="pinned", redis_url=redis_url,
+                                context_length=4096)
+    produce(settings)
+    queued = rclient.llen(QUEUE)
+    capped = dataclasses.replace(settings, max_output_tokens=100, new_run="use another --out")
+    with pytest.raises(ConfigError) as refused:
+        check_resume(capped)
+    assert str(refused.value) == (
+        "run 'pinned' was started with --max-output-tokens unset (the default), now 100; "
+        "resume it with the same settings, or use another --out")
+    assert "None" not in str(refused.value) and rclient.llen(QUEUE) == queued
+    other = dataclasses.replace(settings, chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(ConfigError, match=r"--chat-template-kwargs \{\}, now "
+                       r'\{"enable_thinking":false\}; .* or use a new --run name$'):
+        check_resume(other)
+    check_resume(settings)  # the same settings resume
