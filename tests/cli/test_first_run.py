@@ -28,6 +28,9 @@ def test_the_readme_says_how_to_run_the_cli_and_where_the_demo_output_is() -> No
     first = readme[:readme.index("## The problem")]
     assert ".venv/bin/fleetgen" in first and "source .venv/bin/activate" in first
     assert "out/demo/" in first and "report.html" in first
+    # Then the whole job on one's own servers, and where the rest is (issue 31).
+    assert first.index("make demo") < first.index("fleetgen run prompts.jsonl --engine-url")
+    assert "docs/cluster.md" in first and "Procfile.sim" in first
     # Figures tied to a commit live in docs/performance.md, not in the README.
     assert "commit bd38a9a" not in readme and "perf:summary" not in readme
 
