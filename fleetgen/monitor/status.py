@@ -131,10 +131,19 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     def n(source: dict[str, str], name: str) -> int:
         return int(source.get(name, 0) or 0)
 
+    # Counted as the files do once the drainer has written all there is (the stream is empty,
+    # and it publishes its counts with every batch): a row delivered twice is one line there,
+    # whatever the workers' counters say (a worker of a version without the done-bit check
+    # counts its late answer). Until then the counters, which run ahead of the files.
+    drained = bool(written) and not client.xlen(keys.stream)
+
+    def outcome(name: str) -> int:
+        return n(written if drained and name in written else stats, name)
+
     # Failed: the requests whose outcome stands as a failure (the workers keep each one's task
     # for `fleetgen retry`, and a later success removes it), as summary.json counts them; the
     # `failed` counter also holds failures that a retry has since turned into results.
-    done, rejected = n(stats, "done"), n(stats, "rejected")
+    done, rejected = outcome("done"), outcome("rejected")
     failed = int(client.hlen(keys.failed))
     sent = int(client.bitcount(keys.sent))
     finished = int(client.bitcount(keys.done))
@@ -147,16 +156,16 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status = RunStatus(
         run=run, state=state, total=total, read=n(manifest, "read"),
         queued=queued, in_flight=max(sent - finished - queued, 0), done=done, failed=failed,
-        rejected=rejected, truncated=n(stats, "truncated"), retries=n(stats, "retries"),
-        prompt_tokens=n(stats, "prompt_tokens"), completion_tokens=n(stats, "completion_tokens"),
+        rejected=rejected, truncated=outcome("truncated"), retries=n(stats, "retries"),
+        prompt_tokens=outcome("prompt_tokens"), completion_tokens=outcome("completion_tokens"),
         written=n(written, "done") + n(written, "failed") + n(written, "rejected") + blocked,
         elapsed_s=round(elapsed, 1), rows_per_s=round(rate, 2),
-        tokens_per_s=round(n(stats, "completion_tokens") / elapsed, 1),
+        tokens_per_s=round(outcome("completion_tokens") / elapsed, 1),
         eta_s=(round(remaining / rate, 1) if rate > 0 and remaining > 0
                and state != STATE_COMPLETE else None), at=now,
     )
     status.failed_attempts = n(stats, "failed")
-    status.empty, status.unfinished = n(stats, "empty"), n(stats, "reasoning_unfinished")
+    status.empty, status.unfinished = outcome("empty"), outcome("reasoning_unfinished")
     status.stop_reason = manifest.get("stop_reason")
     status.blocked = blocked
     status.workers = _workers(client, stats, elapsed, now)
