@@ -13,6 +13,7 @@ import redis
 from fleetgen.local.valkey import EmbeddedValkey
 from fleetgen.simulator import SimConfig, SimThread, run_in_thread
 from tests.support.sim import StartSim
+from tests.support.tiers import FLEET_FOLDERS
 
 # A suite started in the background (`nohup make flaky &`, a CI step in a background job)
 # inherits SIGINT ignored, and every child it starts would too: the demo then ignores the
@@ -61,11 +62,6 @@ def start_sim() -> Iterator[StartSim]:
         handle.stop()
 
 
-# The folders whose tests start real processes of the product (Celery workers, a LocalFleet,
-# llama.cpp, Flower, the demo, the trainers): the slow tier, left out of `make check`. Three
-# carry a marker of their own as well (pyproject.toml registers all four).
-FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "workers", "bench",
-                           "trainers"})
 OWN_MARKERS = {"chaos": "chaos", "real_engines": "real_engines", "trainers": "trainers"}
 
 

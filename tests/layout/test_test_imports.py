@@ -5,9 +5,12 @@ imports another runs the other's module code twice, under two names)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+
+from tests.support.tiers import FLEET_FOLDERS
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -65,3 +68,20 @@ def test_each_kind_of_wrong_import_is_caught(tmp_path: Path, line: str, wrong: b
     found = violations(root)
     assert bool(found) == wrong, found
     assert all(f.startswith("tests/e2e/test_x.py:") for f in found)
+
+
+# What starts the product's processes in a test module (a local fleet, Celery workers).
+STARTS_PROCESSES = re.compile(r"LocalFleet\(|make_fleet|start_worker\(|celery_worker_argv\(")
+
+
+def test_a_module_that_starts_workers_is_in_the_fleet_tier() -> None:
+    """The tier is decided by a module's needs (tests/conftest.py): outside the fleet folders,
+    a module that starts a fleet or Celery workers says so with its own `pytestmark`, so
+    `make check` (not fleet) never starts one, and a module that needs only Valkey or nothing
+    is not held out of it by its folder."""
+    tests = Path(__file__).resolve().parents[1]
+    unmarked = [str(path.relative_to(tests)) for path in sorted(tests.glob("*/test_*.py"))
+                if path.parent.name not in FLEET_FOLDERS
+                and STARTS_PROCESSES.search(path.read_text())
+                and "pytestmark = pytest.mark.fleet" not in path.read_text()]
+    assert not unmarked, f"start processes but are not marked fleet: {unmarked}"

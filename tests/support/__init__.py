@@ -13,4 +13,5 @@ conftest (tests/layout/test_test_imports.py). Conftests declare fixtures built f
 - cli: `fleetgen` as a child process; outdir: output directories written by hand and read.
 - specforge, trainers: the trainers' own rules and loaders; llama: a real llama-server;
   ops: the venv's executables and Prometheus scrapes.
+- tiers: the folders of the fleet tier (tests/conftest.py marks by them).
 """

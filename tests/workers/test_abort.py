@@ -18,6 +18,9 @@ from tests.support.content import assert_fleet_content
 from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce
 from tests.support.waiting import wait_until
 
+# Starts real Celery worker processes: the fleet tier (tests/conftest.py).
+pytestmark = pytest.mark.fleet
+
 MEAN_TOKENS = 100
 SEED = 0
 

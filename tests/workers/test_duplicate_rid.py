@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 import redis
 
 from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
@@ -17,6 +18,9 @@ from tests.support.content import expected
 from tests.support.pipeline import drain_until_complete
 from tests.support.waiting import wait_until
 from tests.support.workers import start_worker, stop
+
+# Starts real Celery worker processes: the fleet tier (tests/conftest.py).
+pytestmark = pytest.mark.fleet
 
 
 def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path: Path) -> None:

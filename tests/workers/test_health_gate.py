@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload, worker_key
@@ -21,6 +22,9 @@ from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat_key, start_worker, stop
+
+# Starts real Celery worker processes: the fleet tier (tests/conftest.py).
+pytestmark = pytest.mark.fleet
 
 
 def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) -> None:

@@ -24,6 +24,9 @@ from tests.support.pipeline import drain_until_complete
 from tests.support.waiting import wait_until
 from tests.support.workers import start_worker, stop
 
+# Starts real Celery worker processes: the fleet tier (tests/conftest.py).
+pytestmark = pytest.mark.fleet
+
 THINK, END, NL, PARA = 248068, 248069, 198, 271
 SCHEMA = json.dumps({"type": "object", "properties": {
     "title": {"type": "string"}, "score": {"type": "number", "minimum": 0, "maximum": 1},

@@ -21,6 +21,9 @@ from tests.support.waiting import wait_until
 from tests.support.workers import assert_one_line_exit, heartbeat_key, start_worker, stop
 from workers.startup import share_of
 
+# Starts real Celery worker processes: the fleet tier (tests/conftest.py).
+pytestmark = pytest.mark.fleet
+
 
 @pytest.mark.parametrize(("total", "count", "expected"), [
     (7, 2, [4, 3]), (6, 2, [3, 3]), (33, 4, [9, 8, 8, 8]), (2, 3, [1, 1, 1]), (5, 1, [5])])

@@ -16,6 +16,9 @@ from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat_key, start_worker, stop
 
+# Starts real Celery worker processes: the fleet tier (tests/conftest.py).
+pytestmark = pytest.mark.fleet
+
 
 @pytest.fixture()
 def sim() -> Iterator[SimThread]:
