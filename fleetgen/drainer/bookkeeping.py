@@ -16,6 +16,13 @@ from fleetgen.base.runstate import run_complete, stopped_and_settled
 from fleetgen.drainer.store import Tally
 
 BITS_PER_COMMAND = 4096  # offsets per BITFIELD when done bits are written back
+# A run's clock counts the time it worked, not the time it was stopped: a drainer starting on
+# a run that has not ended adds to the manifest's `paused_s` the time since the run last moved
+# (its drainer's last stamp, ACTIVE_AT in the `written` hash, or its last outcome's stream id),
+# if longer than this (a drainer restarted at once, workers at work, pauses nothing).
+PAUSE_MIN_S = 5.0
+ACTIVE_AT = "active_at"
+PAUSED_S = "paused_s"
 
 # The run's settings copied into summary.json, so an export made from the files alone (long
 # after `fleetgen purge`) knows how prompts were rendered (`--format tokens` re-renders them).
@@ -70,7 +77,35 @@ class RunBook:
         }
 
     def publish_counts(self, pipe: Any) -> None:
-        pipe.hset(self.keys.written, mapping=self.counts())
+        # With the stamp that the run moved (the drainer's loop passes here at least every
+        # VERIFY_EVERY_S): what a resume measures the pause from.
+        pipe.hset(self.keys.written, mapping={**self.counts(), ACTIVE_AT: time.time()})
+
+    def resume_clock(self, now: float | None = None) -> float:
+        """On a drainer's start: the seconds the run stood still since it last moved, added
+        to its `paused_s` (0 if it has ended, never moved, or moved just now)."""
+        now = time.time() if now is None else now
+        m = self.manifest()
+        if not m or m.get(FINISHED_AT):
+            return 0.0
+        moved = [float(read_hash(self.redis, self.keys.written).get(ACTIVE_AT) or 0),
+                 self._last_outcome_at()]
+        last = max(moved)
+        paused = now - last if last else 0.0
+        if paused < PAUSE_MIN_S:
+            return 0.0
+        self.redis.hincrbyfloat(self.keys.manifest, PAUSED_S, round(paused, 3))
+        return paused
+
+    def _last_outcome_at(self) -> float:
+        """When a worker last wrote an outcome: the stream's last id is its time in ms, kept
+        after the entries are deleted."""
+        try:
+            last = self.redis.xinfo_stream(self.keys.stream)["last-generated-id"]
+        except redis.ResponseError:  # no stream yet
+            return 0.0
+        ms = (last.decode() if isinstance(last, bytes) else str(last)).split("-")[0]
+        return int(ms) / 1000 if ms.isdigit() else 0.0
 
     def published_differ(self) -> bool:
         """Whether the `written` counts in Redis differ from the files' (they are published
@@ -110,16 +145,21 @@ class RunBook:
         complete, stopped = self.complete(m), self.stopped(m)
         started = float(m.get("started_at", "0") or 0)
         finished = self._finished_at(m, ended=complete or stopped is not None)
-        wall_s = max(finished - started, 1e-9) if started else None
+        # The time the run worked: a resumed run's stops are not in it (resume_clock).
+        paused = float(m.get(PAUSED_S, "0") or 0)
+        wall_s = max(finished - started - paused, 1e-9) if started else None
         return {
             "run": self.run,
-            "total": int(m.get("total", "0") or 0) or written,
+            # The input's rows (times --n): a run stopped early (--stop-if) or still being
+            # read says how many of them it has, not just the ones it read.
+            "total": int(m.get("total") or m.get("expected") or 0) or written,
             **counts,
             "complete": complete,
             "stopped": stopped,
             "started_at": started or None,
             "finished_at": finished,
             "wall_s": round(wall_s, 3) if wall_s else None,
+            "paused_s": round(paused, 1),
             "rows_per_s": round(written / wall_s, 2) if wall_s else None,
             "completion_tokens_per_s": (round(counts["completion_tokens"] / wall_s, 1)
                                         if wall_s else None),

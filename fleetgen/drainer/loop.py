@@ -51,8 +51,14 @@ class Drainer:
 
     # -- start and stop -------------------------------------------------------------------
     def recover(self) -> None:
-        """Bring the files to whole lines and the tally to what they hold, then tell Redis."""
+        """Bring the files to whole lines and the tally to what they hold, then tell Redis;
+        a run resumed after a stop leaves the stop out of its clock (before the counts are
+        published: publishing stamps the run as moving)."""
         self.store.recover()
+        paused = self.book.resume_clock()
+        if paused:
+            log.info("run %s resumed after %.1f s stopped (not counted in its wall time)",
+                     self.run, paused)
         self.reassert_files()
 
     def close(self) -> None:

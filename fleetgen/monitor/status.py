@@ -126,7 +126,9 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     started = float(manifest.get("started_at", now))
     # A run that has ended (the drainer pinned when) stops its clock there, as summary.json.
     ended = float(manifest.get(FINISHED_AT) or 0) if state != STATE_PRODUCING else 0
-    elapsed = max((ended or now) - started, 1e-9)
+    # Less the time it stood stopped before a resume, as summary.json's wall_s.
+    paused = float(manifest.get("paused_s") or 0)
+    elapsed = max((ended or now) - started - paused, 1e-9)
 
     def n(source: dict[str, str], name: str) -> int:
         return int(source.get(name, 0) or 0)
