@@ -98,9 +98,13 @@ def url_file(job: Job) -> Path:
 
 
 def _before_workers(job: Job, redis_url: str) -> None:
-    """Once Redis is up: its URL for the user's other commands; on a resumed run, before any
-    worker, the prompts its stopped workers held back in the queue."""
+    """Once Redis is up, before any server or worker: a resume whose settings differ from the
+    run's is one line now (not after the fleet has started); the URL for the user's other
+    commands; the prompts a stopped run's workers held, back in the queue."""
     from fleetgen.base.wire import requeue_unacked
+    from producer.runner import check_resume
+
+    check_resume(replace(job.settings, redis_url=redis_url))
 
     path = url_file(job)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -148,3 +148,25 @@ def test_a_worker_started_by_hand_joins_a_listening_run(
     by_hand = sum(r["worker"] == worker_name(1) for r in data["results"])
     assert by_hand > 0, "the worker started by hand wrote nothing"
     print(f"\nfleetgen run --listen: the worker started by hand wrote {by_hand} of {rows}")
+
+
+def test_a_changed_setting_on_resume_is_one_line_before_the_workers_start(
+        servers: tuple[LocalFleet, list[str]], tmp_path: Path) -> None:
+    _, urls = servers
+    prompts = tmp_path / "p.jsonl"
+    make_prompts(prompts, 300)
+    out = tmp_path / "out" / "run"
+    log = tmp_path / "run1.log"
+    with log.open("wb") as stdout:
+        first = subprocess.Popen(run_argv(prompts, urls, "--max-output-tokens", "300"),
+                                 cwd=tmp_path, stdout=stdout, stderr=subprocess.STDOUT)
+    wait_until(lambda: written(out) >= 10 or first.poll() is not None, 120, "rows written")
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=5) == exitcodes.INTERRUPTED, log.read_text()[-3000:]
+    again = subprocess.run(run_argv(prompts, urls, "--max-output-tokens", "200"),
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == exitcodes.CONFIG, again.stdout + again.stderr
+    said = [line for line in again.stderr.splitlines() if line.startswith("fleetgen run:")]
+    assert len(said) == 1 and "--max-output-tokens" in said[0] and "300" in said[0], said
+    assert "another --out" in said[0] and "None" not in said[0]
+    assert "watch it from another shell" not in again.stdout  # no worker was started
