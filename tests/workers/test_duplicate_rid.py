@@ -40,13 +40,21 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
             with httpx.Client(base_url=sim.url) as http:
                 wait_until(lambda: http.get("/_sim/stats").json()["num_running_reqs"] >= 1, 60,
                            "the first delivery to be running")
-            wait_until(lambda: client.xlen(keys.stream) >= 2, 60, "both deliveries to finish")
+                # Both deliveries answered by the server (no 400 for the second's rid) ...
+                wait_until(lambda: http.get("/_sim/stats").json()["requests_total"]
+                           .get("200", 0) >= 2, 60, "both deliveries to finish")
+                served = http.get("/_sim/stats").json()["requests_total"]
+            # ... and the later answer refused as a second outcome (workers/sink.py).
+            wait_until(lambda: "answered by another worker" in (tmp_path / "w.log").read_text(),
+                       30, "the second answer to be refused")
         finally:
             stop(proc)
+    assert served == {"200": 2}, served
     kinds = [fields[b"k"].decode() for _, fields in client.xrange(keys.stream)]
     records = [orjson.loads(fields[b"d"]) for _, fields in client.xrange(keys.stream)]
-    assert kinds == ["result", "result"], records
+    assert kinds == ["result"], records
     assert client.hget(keys.stats, "failed") is None
+    assert client.hget(keys.stats, "done") == b"1"
 
     client.hset(keys.manifest, mapping={"state": STATE_PRODUCED, "total": 1})
     out = tmp_path / "out"
@@ -54,7 +62,7 @@ def test_a_redelivery_beside_the_first_gets_its_own_rid(redis_url: str, tmp_path
     assert drainer.complete()
     rows = (out / "results.jsonl").read_bytes().splitlines()
     assert [orjson.loads(r)["id"] for r in rows] == ["d1"]
-    # Both deliveries got the whole answer for the prompt; the one written is that answer.
+    # The delivery written got the whole answer for the prompt.
     want = expected(payload["input_ids"], 16, config, {})
     written = orjson.loads(rows[0])
     assert {k: written[k] for k in want} == want
