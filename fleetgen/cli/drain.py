@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
-from fleetgen.base.outdir import FILES
+from fleetgen.base.outdir import FILES, SUMMARY
 from fleetgen.base.redisconn import connect, redis_url
+from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
 
 
@@ -20,8 +19,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("drain", help="write a run's results to JSONL files",
                        description="Read the run's stream and append whole lines to "
                        f"{FILES[KIND_RESULT]}, {FILES[KIND_FAILURE]} and {FILES[KIND_REJECTED]} "
-                       "in --out; exits when every row is written, unless --follow. Safe to "
-                       "kill and restart.")
+                       "in --out; exits when every row is written, unless --follow, with a "
+                       f"short table of the figures ({SUMMARY} beside the files has them all). "
+                       "Shows rows written, rate and ETA (a bar on a terminal, else a line a "
+                       "minute). Safe to kill and restart.")
     p.add_argument("--run", required=True)
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
@@ -31,18 +32,31 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetgen.cli.job import summary_table
     from fleetgen.drainer import Drainer
 
     client = connect(redis_url(args.redis))
     drainer = Drainer(client, args.run, args.out, batch=args.batch)
     should_stop = sigterm_flag()  # SIGTERM: finish the batch, write the summary, exit
     drainer.recover()
+    # Rows written of the run's total: a bar on a terminal, else a line a minute.
+    bar = Bar("rows written", show=sys.stderr.isatty(),
+              lines=f"fleetgen drain: run {args.run!r}: written")
+
+    def on_progress(d: Drainer) -> None:
+        manifest = d.manifest()
+        total = manifest.get("total") or manifest.get("expected")
+        bar.advance_to(d.tally.written, int(total) if total else None)
+
     try:
-        drainer.run_until_complete(follow=args.follow, should_stop=should_stop)
+        drainer.run_until_complete(follow=args.follow, should_stop=should_stop,
+                                   on_progress=on_progress)
     finally:
         drainer.close()
+        bar.close()
     summary = drainer.write_summary()
-    sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    # The figures that matter, short; every figure is in summary.json beside the files.
+    print(summary_table(summary, args.out))
     if summary.get("stopped"):
         print(f"fleetgen drain: run {args.run!r} was stopped early: {summary['stopped']}; "
               "everything sent before the stop is written", file=sys.stderr)

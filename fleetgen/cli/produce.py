@@ -252,7 +252,7 @@ class Terminal:
         return self._stop is not None and self._stop()
 
     def read(self, rows: int, total: int) -> None:
-        self._bar("produce").advance_to(rows, total)
+        self._bar("read").advance_to(rows, total)
 
     def generated(self, rows: int, total: int) -> None:
         self._bar("generated").advance_to(rows, total)
@@ -263,5 +263,7 @@ class Terminal:
 
     def _bar(self, desc: str) -> Bar:
         if desc not in self._bars:
-            self._bars[desc] = Bar(desc, show=self.show_progress)
+            # Without a terminal, a line a minute: a long run is never silent.
+            self._bars[desc] = Bar(desc, show=self.show_progress,
+                                   lines=f"fleetgen produce: run {self.run!r}: {desc}")
         return self._bars[desc]
