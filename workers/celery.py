@@ -19,6 +19,7 @@ from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.handback import RememberConsumer
 from workers.startup import StartupRefused
+from workers.state import DEFAULT_CONCURRENCY
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -96,7 +97,7 @@ def _quiet_task_lines(**_: Any) -> None:
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    concurrency = getattr(sender, "concurrency", None) or runtime.DEFAULT_CONCURRENCY
+    concurrency = getattr(sender, "concurrency", None) or DEFAULT_CONCURRENCY
     runtime.configure(getattr(sender, "hostname", None) or "worker", int(concurrency))
 
 

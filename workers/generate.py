@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from fleetgen.base.outcomes import Generation, failure_record, quality_counts, r
 from fleetgen.engine import Engine, GenerateOptions
 from workers.settings import WorkerSettings
 from workers.sink import RunPurged, Sink
+from workers.state import state
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -62,16 +62,12 @@ def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retry
         return "dropped"
 
 
-_dropped: dict[str, int] = {}
-_dropped_lock = threading.Lock()
-
-
 def _count_dropped(payload: TaskPayload) -> None:
     """A task of a purged run (or of no run this Redis knows) is dropped, counted per run in
     this process and logged with the count, so a purge that missed a task is seen."""
     run = payload["run"]
-    with _dropped_lock:
-        _dropped[run] = count = _dropped.get(run, 0) + 1
+    with state.lock:
+        state.dropped[run] = count = state.dropped.get(run, 0) + 1
     log.warning("id=%s dropped: run %r has no manifest in this Redis (purged); %d task(s) of "
                 "it dropped by this worker", payload["id"], run, count)
 

@@ -20,11 +20,9 @@ from typing import Any, ClassVar
 from celery import bootsteps, signals
 
 from workers import runtime
+from workers.state import state
 
 log = logging.getLogger("fleetgen.worker")
-
-_consumer: Any = None
-
 
 class RememberConsumer(bootsteps.StartStopStep):
     """Keeps the consumer, whose channel holds the unacked messages to restore."""
@@ -32,8 +30,7 @@ class RememberConsumer(bootsteps.StartStopStep):
     requires: ClassVar[set[str]] = {"celery.worker.consumer.tasks:Tasks"}
 
     def start(self, c: Any) -> None:
-        global _consumer
-        _consumer = c
+        state.consumer = c
 
 
 @signals.worker_shutting_down.connect
@@ -50,9 +47,9 @@ def _on_shutting_down(exitcode: Any = None, **_: Any) -> None:
 
 def hand_back(exitcode: Any = None) -> None:
     held = runtime.in_flight_count()
-    if held == 0 or _consumer is None:
+    if held == 0 or state.consumer is None:
         return
-    failed = _consumer.task_consumer.channel.qos.restore_unacked()
+    failed = state.consumer.task_consumer.channel.qos.restore_unacked()
     log.warning("stopping: %d prompt(s) still running handed back to the queue%s", held,
                 f" ({len(failed)} could not be restored)" if failed else "")
     logging.shutdown()

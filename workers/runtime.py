@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from fleetgen.engine.health import Watch
 from workers.generate import RetryPolicy
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink
+from workers.state import state
 
 
 @dataclass
@@ -74,42 +74,23 @@ class LazyEngine:
             self._client.close()
 
 
-# The pool size until Celery reports its own (configure): the engine client's pool limits.
-DEFAULT_CONCURRENCY = 16
-
-_lock = threading.Lock()
-_runtime: Runtime | None = None
-_settings: WorkerSettings | None = None
-_worker_name = f"worker@{socket.gethostname()}"
-_concurrency = DEFAULT_CONCURRENCY
-
-
-_protocol: engine.EngineProtocol | None = None
-
-
 def use_protocol(proto: engine.EngineProtocol) -> None:
     """The protocol resolved at start-up (FLEETGEN_ENGINE_PROTOCOL or detected)."""
-    global _protocol
-    _protocol = proto
+    state.protocol = proto
 
 
 def protocol(s: WorkerSettings) -> engine.EngineProtocol:
     """The start-up's choice; when the engine was not up then (-c given), resolved now: the
     health gate lets no task run before the engine has answered."""
-    global _protocol
-    if _protocol is None:
-        _protocol = engine.resolve(s.engine_protocol, s.engine_url, s.engine_api_key)
-    return _protocol
+    if state.protocol is None:
+        state.protocol = engine.resolve(s.engine_protocol, s.engine_url, s.engine_api_key)
+    proto: engine.EngineProtocol = state.protocol
+    return proto
 
 
 def configure(worker_name: str, concurrency: int) -> None:
     """Called at worker start, before any task, with Celery's node name and pool size."""
-    global _worker_name, _concurrency
-    _worker_name, _concurrency = worker_name, concurrency
-
-
-_inflight = 0
-_inflight_lock = threading.Lock()
+    state.worker_name, state.concurrency = worker_name, concurrency
 
 
 @contextmanager
@@ -117,50 +98,51 @@ def in_flight() -> Iterator[None]:
     """Counts the prompts this process is working on. Kept in memory and published with the
     heartbeat (no Redis write per prompt), so a killed worker cannot leave a stale count: its
     heartbeat key simply expires."""
-    global _inflight
-    with _inflight_lock:
-        _inflight += 1
+    with state.lock:
+        state.inflight += 1
     try:
         yield
     finally:
-        with _inflight_lock:
-            _inflight -= 1
+        with state.lock:
+            state.inflight -= 1
 
 
 def in_flight_count() -> int:
-    return _inflight
+    return state.inflight
 
 
 def concurrency() -> int:
-    return _concurrency
+    return state.concurrency
 
 
 def settings() -> WorkerSettings:
     """The worker's settings, read from the environment once per process: first by the
     Celery app at import (a bad one is exit 3 before Celery starts), then shared by `get`."""
-    global _settings
-    if _settings is None:
-        _settings = WorkerSettings.from_env()
-    return _settings
+    if state.settings is None:
+        state.settings = WorkerSettings.from_env()
+    read: WorkerSettings = state.settings
+    return read
 
 
 def get() -> Runtime:
     """Built on first use and then shared by every pool thread of the process."""
-    global _runtime
-    if _runtime is not None:  # every task calls this: no lock once it is built
-        return _runtime
-    with _lock:
-        if _runtime is None:
+    built: Runtime | None = state.runtime
+    if built is not None:  # every task calls this: no lock once it is built
+        return built
+    with state.lock:
+        if state.runtime is None:
             s = settings()
             client = connect(s.redis_url, ping=False)  # a worker rides out a Redis restart
-            _runtime = Runtime(
+            name = state.worker_name
+            state.runtime = Runtime(
                 settings=s,
-                engine=LazyEngine(s, _concurrency),
+                engine=LazyEngine(s, state.concurrency),
                 redis=client,
-                sink=StreamSink(client, worker=_worker_name, wait_aof=s.wait_aof),
+                sink=StreamSink(client, worker=name, wait_aof=s.wait_aof),
                 policy=RetryPolicy.of(s),
-                worker=_worker_name,
+                worker=name,
                 watch=Watch(s.engine_url, interval_s=s.health_interval_s,
                             gone_after_s=s.engine_gone_s, api_key=s.engine_api_key),
             )
-        return _runtime
+        made: Runtime = state.runtime
+        return made

@@ -111,3 +111,18 @@ def test_a_misconfigured_worker_says_one_line_and_exits_3() -> None:
     assert done.returncode == 3
     assert done.stderr.strip() == "fleetgen worker: FLEETGEN_ENGINE_URL must be an http(s) " \
                                   "URL, got 'nope'"
+
+
+def test_the_worker_state_lives_in_one_place_and_resets() -> None:
+    """What a worker process keeps (workers/state.py): configured, counted, then reset as a
+    new process has it."""
+    from workers import runtime
+    from workers.state import DEFAULT_CONCURRENCY, reset, state
+
+    runtime.configure("gpu3@h", 9)
+    with runtime.in_flight():
+        assert (runtime.in_flight_count(), runtime.concurrency()) == (1, 9)
+    state.dropped["r"] = 2
+    reset()
+    assert (state.worker_name.startswith("worker@"), state.concurrency, state.inflight,
+            state.dropped, state.runtime) == (True, DEFAULT_CONCURRENCY, 0, {}, None)
