@@ -60,6 +60,15 @@ def written(out: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def start_run(tmp_path: Path, argv: list[str], name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`fleetgen run` in the background from `tmp_path`, its output in NAME.log."""
+    log = tmp_path / f"{name}.log"
+    with log.open("wb") as stdout:
+        proc = subprocess.Popen(argv, cwd=tmp_path, stdout=stdout, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    return proc, log
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -74,10 +83,7 @@ def test_run_interrupted_and_resumed_writes_every_row_once(
     rows = 300
     kinds = make_prompts(prompts, rows)
     out = tmp_path / "out" / "run"
-    log = tmp_path / "run1.log"
-    with log.open("wb") as stdout:
-        first = subprocess.Popen(run_argv(prompts, urls), cwd=tmp_path, stdout=stdout,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    first, log = start_run(tmp_path, run_argv(prompts, urls), "run1")
     wait_until(lambda: written(out) >= 30 or first.poll() is not None, 120,
                "the first rows written")
     assert first.poll() is None, log.read_text()[-3000:]
@@ -117,10 +123,8 @@ def test_a_worker_started_by_hand_joins_a_listening_run(
     lease = lease_port()
     port = lease.port
     lease.close()
-    log = tmp_path / "run.log"
-    with log.open("wb") as stdout:
-        run = subprocess.Popen(run_argv(prompts, urls[:1], "--listen", f"127.0.0.1:{port}"),
-                               cwd=tmp_path, stdout=stdout, stderr=subprocess.STDOUT)
+    run, log = start_run(tmp_path, run_argv(prompts, urls[:1], "--listen", f"127.0.0.1:{port}"),
+                         "run")
     worker: subprocess.Popen[bytes] | None = None
     try:
         wait_until(lambda: "join with" in log.read_text() or run.poll() is not None, 120,
@@ -156,10 +160,8 @@ def test_a_changed_setting_on_resume_is_one_line_before_the_workers_start(
     prompts = tmp_path / "p.jsonl"
     make_prompts(prompts, 300)
     out = tmp_path / "out" / "run"
-    log = tmp_path / "run1.log"
-    with log.open("wb") as stdout:
-        first = subprocess.Popen(run_argv(prompts, urls, "--max-output-tokens", "300"),
-                                 cwd=tmp_path, stdout=stdout, stderr=subprocess.STDOUT)
+    first, log = start_run(tmp_path, run_argv(prompts, urls, "--max-output-tokens", "300"),
+                           "run1")
     wait_until(lambda: written(out) >= 10 or first.poll() is not None, 120, "rows written")
     first.send_signal(signal.SIGINT)
     assert first.wait(timeout=5) == exitcodes.INTERRUPTED, log.read_text()[-3000:]
