@@ -25,6 +25,8 @@ from fleetgen.exporter.source import OutputDir
 
 EXAMPLES = 3  # examples kept per failure or rejection kind
 EXAMPLE_CHARS = 300  # of a message or reason
+SAMPLES = 3  # answers shown in full-ish (plus the first truncated one)
+SAMPLE_CHARS = 1500  # of a sample's prompt, reasoning and answer
 HIST_BINS = 60  # at most, for token distributions
 TIME_POINTS = 240  # at most, for throughput over the run
 # The figures compared with summary.json (and shown side by side when they differ).
@@ -54,6 +56,9 @@ class Scan:
     rejection_examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     result_slots: bytearray = field(default_factory=bytearray)
     superseded: int = 0  # failures hidden by a result of the same slot
+    # A few answers to read without `head results.jsonl`: the first ones, and the first that
+    # ran out of budget (what a truncated answer looks like is what one wants to see).
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
     def add_result(self, record: dict[str, Any]) -> None:
         slot = slot_of(record)
@@ -80,6 +85,9 @@ class Scan:
                 self.reasoning_share[min(100, round(100 * thought / tokens))] += 1
         self._worker(record, done=1, completion_tokens=tokens, prompt_tokens=prompt)
         self._at(record, tokens)
+        if len(self.samples) < SAMPLES or (finish == "length" and not any(
+                x["finish_reason"] == "length" for x in self.samples)):
+            self.samples.append(_sample(record))
 
     def has_result(self, record: dict[str, Any]) -> bool:
         slot = slot_of(record)
@@ -128,8 +136,38 @@ class Scan:
             self.tokens_at[second] += tokens
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS - 1] + "…"
+def _clip(text: str, chars: int = EXAMPLE_CHARS) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+def _sample(record: dict[str, Any]) -> dict[str, Any]:
+    reasoning = record.get("reasoning")
+    return {"id": record.get("id"), "line": record.get("line"),
+            "prompt": _clip(_prompt_text(record), SAMPLE_CHARS),
+            "reasoning": _clip(reasoning, SAMPLE_CHARS) if isinstance(reasoning, str) else None,
+            "completion": _clip(str(record.get("completion") or ""), SAMPLE_CHARS),
+            "finish_reason": record.get("finish_reason"),
+            "completion_tokens": record.get("completion_tokens")}
+
+
+def _prompt_text(record: dict[str, Any]) -> str:
+    """What the answer answers: the raw prompt, or the last user turn of the conversation
+    carried through from the input row."""
+    if isinstance(record.get("prompt"), str):
+        return str(record["prompt"])
+    for name in ("messages", "conversations"):
+        turns = record.get(name)
+        if not isinstance(turns, list):
+            continue
+        for turn in reversed(turns):
+            if isinstance(turn, dict) and (turn.get("role") or turn.get("from")) in (
+                    "user", "human"):
+                content = turn.get("content", turn.get("value"))
+                if isinstance(content, list):
+                    content = " ".join(str(p.get("text", "")) for p in content
+                                       if isinstance(p, dict))
+                return str(content or "")
+    return ""
 
 
 # -- reading the directory -------------------------------------------------------------------
@@ -249,6 +287,7 @@ def page_data(read: Read) -> dict[str, Any]:
                                                    key=lambda kv: -sum(kv[1].values()))],
         "rejections": [{"reason": code, "count": n, "examples": scan.rejection_examples[code]}
                        for code, n in scan.rejections.most_common()],
+        "samples": scan.samples,
     }
 
 

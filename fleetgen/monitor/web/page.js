@@ -35,14 +35,27 @@ function chartBox(parent, id, title) {
 
 function width(box) { return Math.max(320, Math.min(box.parentNode.clientWidth - 8, 1100)); }
 
-/* Vertical markers (the budget cap, the context), drawn over the plot. */
+/* Vertical markers (the budget cap, the context), drawn over the plot; one beyond the axis
+   (the axis fits the data, not a budget far above every answer) is named at the right edge
+   with an arrow. The chart's box records what is drawn: data-xmax, data-off-axis. */
 function markers(list) {
   return {hooks: {draw: [u => {
     const ctx = u.ctx;
+    const off = [];
     for (const [i, m] of list.entries()) {
       if (m.value == null) continue;
       const x = u.valToPos(m.value, "x", true);
-      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      if (x > u.bbox.left + u.bbox.width) {
+        off.push(m.label);
+        ctx.save();
+        ctx.fillStyle = m.color; ctx.font = 12 * devicePixelRatio + "px sans-serif";
+        ctx.textAlign = "right";
+        ctx.fillText(m.label + " →", u.bbox.left + u.bbox.width - 4,
+                     u.bbox.top + (14 + 14 * i) * devicePixelRatio);
+        ctx.restore();
+        continue;
+      }
+      if (x < u.bbox.left) continue;
       ctx.save();
       ctx.strokeStyle = m.color; ctx.setLineDash([6, 4]); ctx.lineWidth = 2;
       ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height);
@@ -51,6 +64,9 @@ function markers(list) {
       ctx.fillText(m.label, x + 4, u.bbox.top + (14 + 14 * i) * devicePixelRatio);
       ctx.restore();
     }
+    const box = u.root.parentNode;
+    box.dataset.xmax = String(u.scales.x.max);
+    box.dataset.offAxis = off.join("\n");
   }]}};
 }
 
@@ -63,7 +79,7 @@ function histogram(box, h, labels, xLabel, marks) {
   const last = h.x.length ? h.x[h.x.length - 1] + h.width : 1;
   const opts = {
     width: width(box), height: 260, title: box.dataset.title, series: series,
-    scales: {x: {time: false, range: [0, Math.max(last, ...marks.map(m => m.value || 0))]}},
+    scales: {x: {time: false, range: [0, last]}},
     axes: [{label: xLabel}, {label: "rows", size: 70}],
     plugins: [markers(marks)], legend: {live: false},
   };
@@ -160,6 +176,18 @@ function report(root, d) {
   }
   categories(chartBox(a, "chart-finish", "Finish reasons"), Object.keys(d.finish),
              Object.values(d.finish), "results");
+
+  const sa = section(root, "Sample answers", "the first results of results.jsonl and the first " +
+    "one cut at its budget, each clipped to " + "1,500 characters");
+  const text = v => el("td", {style: "white-space: pre-wrap; vertical-align: top"}, v || "");
+  if ((d.samples || []).length) {
+    table(sa, ["id", "prompt", "answer", "finish", "tokens"], d.samples.map(x => [
+      x.id, text(x.prompt),
+      text((x.reasoning ? "[reasoning] " + x.reasoning + "\n[answer] " : "") + x.completion),
+      x.finish_reason, el("td", {class: "n"}, num(x.completion_tokens))]), {id: "samples"});
+  } else {
+    sa.append(el("p", {class: "note", id: "samples"}, "no results yet"));
+  }
 
   const p = section(root, "Prompts", "prompt tokens of every request sent (results and failures), " +
     "and of the rejected rows whose length is known (too long for the context)" +
