@@ -232,13 +232,15 @@ class MinuteLine:
 
     EVERY_S = 60.0
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, *, show: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._job = job
-        self._show = not sys.stderr.isatty()
-        self._start = self._last = time.monotonic()
+        self._show = not sys.stderr.isatty() if show is None else show
+        self._clock = clock
+        self._start = self._last = clock()
 
     def tick(self, written: int, total: int | None) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if not self._show or now - self._last < self.EVERY_S:
             return
         self._last = now
