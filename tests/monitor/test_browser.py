@@ -6,7 +6,6 @@ summary.json and `fleetgen status --json`, the console stays clean, and the scre
 
 from __future__ import annotations
 
-import base64
 import shutil
 import threading
 from collections.abc import Iterator
@@ -21,14 +20,12 @@ from fleetgen.cli.main import main
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.monitor.live import Credentials, LivePage
 from fleetgen.monitor.report import build
-from tests.support.binaries import require_binary
+from tests.support.browser import chromium, console_errors, require_chromium, statuses
 from tests.support.pipeline import make_prompts, run_pipeline
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.fleet  # starts a fleet and a browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "out" / "screenshots"
 RUN = "browser-run"
@@ -70,8 +67,7 @@ class WatchedRun:
 def watched_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedRun]:
     """Some rows truncated at their budget, some rejected too long or malformed; the run's
     keys stay in Redis after it ends, so the live page keeps showing it."""
-    for name, path in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)):
-        require_binary(name, path, "Debian's chromium and chromium-driver drive the browser")
+    require_chromium()
     work = tmp_path_factory.mktemp("browser")
     fleet = LocalFleet(work, FleetSpec(gpus=2, context_length=4096, max_running_requests=8,
                                        ttft_ms=5, tpot_ms=8, output_tokens_mean=80))
@@ -93,24 +89,7 @@ def watched_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedRun
 
 
 def _driver(auth: Credentials | None = None) -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1280,900",
-                 "--force-device-scale-factor=1"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    if auth is not None:
-        token = base64.b64encode(f"{auth.user}:{auth.password}".encode()).decode()
-        driver.execute_cdp_cmd("Network.enable", {})
-        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders",
-                               {"headers": {"Authorization": f"Basic {token}"}})
-    return driver
+    return chromium(None if auth is None else (auth.user, auth.password))
 
 
 CHARTS_JS = """
@@ -141,10 +120,6 @@ def _charts(driver: Any) -> dict[str, tuple[int, int, int]]:
 def _figures(driver: Any) -> dict[str, int | None]:
     shown = driver.execute_script(FIGURES_JS)
     return {k: (None if v == "–" else int(v)) for k, v in shown.items()}
-
-
-def _console_errors(driver: Any) -> list[dict[str, Any]]:
-    return [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
 
 
 def _screenshot(driver: Any, name: str, tmp_path: Path) -> Path:
@@ -202,7 +177,7 @@ def test_the_live_page_in_chromium_shows_what_status_json_says(
         workers = driver.find_element("id", "workers").text
         assert len(said["workers"]) == 2 and all(w["name"] in workers for w in said["workers"])
         _screenshot(driver, "live-finished.png", tmp_path)
-        assert _console_errors(driver) == []
+        assert console_errors(driver) == []
     finally:
         driver.quit()
     # Without the login the same page is refused: the browser's own record of the answer.
@@ -210,7 +185,7 @@ def test_the_live_page_in_chromium_shows_what_status_json_says(
     try:
         plain.get(live.url)
         assert "fleetgenLive" not in plain.page_source
-        assert _statuses(plain, live.url) == [401]
+        assert statuses(plain, live.url) == [401]
     finally:
         plain.quit()
 
@@ -240,17 +215,6 @@ def test_the_report_in_chromium_draws_every_chart_and_shows_summary_json(
         assert "prompt_too_long" in rejections and "invalid_json" in rejections
         shot = _screenshot(driver, "report.png", tmp_path)
         assert shot.stat().st_size > 20_000
-        assert _console_errors(driver) == []
+        assert console_errors(driver) == []
     finally:
         driver.quit()
-
-
-def _statuses(driver: Any, url: str) -> list[int]:
-    """HTTP statuses of the responses to `url` the browser received (its performance log)."""
-    found = []
-    for entry in driver.get_log("performance"):
-        message = orjson.loads(entry["message"])["message"]
-        if message["method"] == "Network.responseReceived" and \
-                message["params"]["response"]["url"] == url:
-            found.append(int(message["params"]["response"]["status"]))
-    return found
