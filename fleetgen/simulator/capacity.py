@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetgen.simulator.prefill import Prefill, PrefillLane
+
 
 class QueueFull(Exception):
     """The bounded waiting queue has no room; SGLang answers 503 and the client retries."""
@@ -91,16 +93,27 @@ class Ticket:
     per_token_s: float = 0.0
     cached_tokens: int = 0
     num_retractions: int = 0
+    # Its server's prefill lane and its own prefill: the time it has decoded since leaves
+    # out the chunks other requests' prefills took.
+    lane: PrefillLane | None = None
+    prefill: Prefill | None = None
 
-    def start_service(self, first_token_s: float, per_token_s: float) -> None:
+    def start_service(self, first_token_s: float, per_token_s: float,
+                      lane: PrefillLane, prefill: Prefill) -> None:
         self.service_started = time.monotonic()
         self.first_token_s = first_token_s
         self.per_token_s = per_token_s
+        self.lane = lane
+        self.prefill = prefill
 
     def elapsed_in_service_s(self) -> float:
-        if self.service_started is None:
+        """Decode-clock seconds since its prefill ended (negative while it is prefilled)."""
+        if self.lane is None or self.prefill is None:
             return 0.0
-        return time.monotonic() - self.service_started
+        now = time.monotonic()
+        if now < self.prefill.end_s:
+            return now - self.prefill.end_s
+        return self.lane.decode_clock(now) - self.prefill.decode_clock_s
 
     def abort(self) -> None:
         self.aborted = True

@@ -23,6 +23,10 @@ EXIT_BAD_CONFIG = 3  # a bad setting, as every fleetgen command (fleetgen/base/e
 # product code; tests/base/test_envvars.py checks the two agree).
 API_KEY_ENV = "FLEETGEN_SIM_API_KEY"
 
+# The command's prefill rate: a dense 27B model on one H100 (docs/simulator.md, "Prefill").
+# SimConfig's own default is free prefill, the building block of the protocol tests.
+PREFILL_TOKENS_PER_S = 8000.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -113,7 +117,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     timing = parser.add_argument_group("capacity model")
     timing.add_argument("--ttft-ms", metavar="MS", type=float, default=d.ttft_ms,
-                        help="time to first token (default %(default)s)")
+                        help="fixed part of the time to first token (scheduling, the first "
+                             "step); the prefill of the uncached prompt tokens comes on top "
+                             "(default %(default)s)")
+    timing.add_argument("--prefill-tokens-per-s", metavar="RATE", type=float,
+                        default=PREFILL_TOKENS_PER_S,
+                        help="prefill throughput: the prompt tokens the prefix cache does not "
+                             "hold take 1/RATE s each before the first token, and the running "
+                             "requests' decoding waits meanwhile; 'inf': prefill is free "
+                             "(default %(default)s, a 27B model on one H100; docs/simulator.md)")
+    timing.add_argument("--chunked-prefill-size", metavar="TOKENS", type=int,
+                        default=d.chunked_prefill_size,
+                        help="tokens per prefill forward pass, as SGLang's flag (default "
+                             "%(default)s, SGLang's on an 80 GB GPU; -1: no chunks)")
     timing.add_argument("--tpot-ms", metavar="MS", type=float, default=d.tpot_ms,
                         help="time per output token (default %(default)s)")
     timing.add_argument("--slowdown", metavar="F", type=float, default=d.slowdown,
@@ -174,6 +190,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,
         ttft_ms=args.ttft_ms,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        chunked_prefill_size=args.chunked_prefill_size,
         tpot_ms=args.tpot_ms,
         slowdown=args.slowdown,
         speed=args.speed,

@@ -66,8 +66,16 @@ class SimConfig:
     # /health submits a probe and polls it once a second, so it never answers faster.
     health_delay_s: float = 1.0
     max_queued_requests: int | None = None
+    # The fixed part of the time to first token (scheduling, the first step); the prefill of
+    # the uncached prompt tokens comes on top of it.
     ttft_ms: float = 50.0
     tpot_ms: float = 5.0
+    # Prefill throughput of the GPU (fleetgen/simulator/prefill.py). Infinite: prefill is free,
+    # the building block of the protocol tests; `fleetgen sim` defaults to a 27B model on one
+    # H100 (docs/simulator.md).
+    prefill_tokens_per_s: float = math.inf
+    # Tokens per prefill forward pass, as SGLang's flag (8192 on an 80 GB GPU); -1: no chunks.
+    chunked_prefill_size: int = 8192
     slowdown: float = 0.0
     speed: float = 1.0
     output_tokens_mean: int = 256
@@ -153,6 +161,12 @@ class SimConfig:
             value = getattr(self, name)
             _require(_finite(value) and value >= 0, name, "must be a number >= 0", value)
         _require(_finite(self.speed) and self.speed > 0, "speed", "must be > 0", self.speed)
+        rate = self.prefill_tokens_per_s
+        _require(isinstance(rate, int | float) and not math.isnan(rate) and rate > 0,
+                 "prefill_tokens_per_s", "must be > 0 (inf: free)", rate)
+        _require(self.chunked_prefill_size == -1 or self.chunked_prefill_size >= 1,
+                 "chunked_prefill_size", "must be >= 1, or -1 for no chunks",
+                 self.chunked_prefill_size)
         _require(
             _finite(self.drain_timeout_s) and self.drain_timeout_s >= 0,
             "drain_timeout_s", "must be >= 0", self.drain_timeout_s,

@@ -27,6 +27,7 @@ def resolved_args(config: SimConfig, port: int) -> dict[str, Any]:
         "max_queued_requests": config.max_queued_requests,
         "max_total_tokens": config.max_total_tokens,
         "page_size": config.page_size,
+        "chunked_prefill_size": config.chunked_prefill_size,
         "tp_size": 1,
         "dp_size": config.dp_size,
         "skip_tokenizer_init": config.skip_tokenizer_init,

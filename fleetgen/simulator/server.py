@@ -23,7 +23,8 @@ from fleetgen.simulator.faults import HANG_S, Availability, Fault, FaultInjector
 from fleetgen.simulator.info import server_info
 from fleetgen.simulator.metrics import ServerMetrics, render_prometheus
 from fleetgen.simulator.model import Completion, per_token_s, tokens_done, ttft_s
-from fleetgen.simulator.prefix_cache import PrefixCache, prefix_hashes
+from fleetgen.simulator.prefill import Prefill, PrefillLane
+from fleetgen.simulator.prefix_cache import PrefixCache, finished_hashes, prefix_hashes
 from fleetgen.simulator.protocol import (
     QUEUE_FULL_MESSAGE,
     RUNNING_ABORT_REASON,
@@ -93,6 +94,10 @@ class SimServer:
         self.tickets = Tickets()
         self.kv_pool = KvPool(config.max_total_num_tokens)
         self.prefix_cache = PrefixCache(config.max_total_num_tokens)
+        self.cached_tokens_total = 0
+        # One GPU's forward passes (a DP server's ranks share it: first order).
+        self.prefill_lane = PrefillLane(
+            config.prefill_tokens_per_s * config.speed, config.chunked_prefill_size)
         self.in_flight = InFlight()
         self.faults = FaultInjector(config, index)
         self.availability = Availability(config)
@@ -186,6 +191,12 @@ class SimServer:
             dead=self.availability.dead,
             in_flight=self.in_flight.count,
             uptime_s=self.availability.uptime_s(),
+            # The prefix cache's hits and the prompt tokens the GPU computed (the uncached
+            # ones, a retraction's twice), in how many forward passes and how long.
+            cached_tokens_total=self.cached_tokens_total,
+            prefill_tokens_total=self.prefill_lane.tokens_total,
+            prefill_chunks_total=self.prefill_lane.chunks_total,
+            prefill_busy_seconds_total=self.prefill_lane.busy_s_total,
         )
         return stats
 
@@ -353,20 +364,33 @@ class SimServer:
         )
 
     async def _serve_in_slot(self, item: Item, ticket: Ticket, completion: Completion) -> None:
-        """Prefill against the prefix cache, then decode; the ticket records both."""
+        """Prefill the uncached tokens on the lane, then decode; the ticket records both."""
         config = self.config
         hashes = prefix_hashes(item.prompt)
         ticket.cached_tokens = self.prefix_cache.match(hashes)
+        self.cached_tokens_total += ticket.cached_tokens
         self.prefix_cache.insert(hashes)
         with self.kv_pool.hold(item.prompt_tokens + item.max_new_tokens) as over:
             ticket.num_retractions = 1 if over else 0
             # A retracted request is prefilled a second time when it is re-admitted.
+            uncached = max(1, item.prompt_tokens - ticket.cached_tokens)
+            prefill = self.prefill_lane.schedule(
+                uncached * (1 + ticket.num_retractions), time.monotonic())
             first_token_s = ttft_s(config) * (1 + ticket.num_retractions)
-            ticket.start_service(first_token_s, per_token_s(config, self.slots.running))
-            # One sleep for the whole answer keeps thousands of requests cheap.
-            await asyncio.sleep(
-                ticket.first_token_s + ticket.per_token_s * completion.completion_tokens
-            )
+            ticket.start_service(first_token_s, per_token_s(config, self.slots.running),
+                                 self.prefill_lane, prefill)
+            await self._decode_until(
+                prefill, first_token_s + ticket.per_token_s * completion.completion_tokens)
+        self.prefix_cache.insert(finished_hashes(hashes, item.prompt, completion))
+
+    async def _decode_until(self, prefill: Prefill, decode_s: float) -> None:
+        """Sleep until `decode_s` of decoding after the prefill; a chunk scheduled meanwhile
+        (another request's prefill) moves the moment back, so look again on waking. One
+        sleep for the whole answer otherwise, which keeps thousands of requests cheap."""
+        lane, target = self.prefill_lane, prefill.decode_clock_s + decode_s
+        # The clock stands still during the prefill itself: never done before its end.
+        while (delay_s := max(lane.time_at(target), prefill.end_s) - time.monotonic()) > 0:
+            await asyncio.sleep(delay_s)
 
     def _aborted(
         self, item: Item, ticket: Ticket, completion: Completion, arrived: float
