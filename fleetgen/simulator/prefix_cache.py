@@ -56,12 +56,18 @@ def finished_hashes(prompt_hashes: list[int], prompt: Sequence[int] | str,
     return prefix_hashes(output, before=prompt_hashes)
 
 
+# Sequences sharing a prefix store it once each: their hashes together may outnumber the
+# distinct tokens by this much before the oldest go, which bounds the simulator's memory.
+STORED_PER_TOKEN = 4
+
+
 class PrefixCache:
     def __init__(self, capacity_tokens: int) -> None:
         self.capacity_tokens = capacity_tokens
         self._counts: Counter[int] = Counter()
         # Each sequence by the hash of its last token, least recently used first.
         self._sequences: OrderedDict[int, list[int]] = OrderedDict()
+        self._stored = 0
 
     @property
     def tokens(self) -> int:
@@ -92,11 +98,17 @@ class PrefixCache:
                 self._drop(hashed)
         self._sequences[key] = hashes
         self._counts.update(hashes)
-        while self.tokens > self.capacity_tokens and len(self._sequences) > 1:
+        self._stored += len(hashes)
+        while len(self._sequences) > 1 and (
+            self.tokens > self.capacity_tokens
+            or self._stored > STORED_PER_TOKEN * self.capacity_tokens
+        ):
             self._drop(next(iter(self._sequences)))
 
     def _drop(self, key: int) -> None:
-        for hashed in self._sequences.pop(key):
+        dropped = self._sequences.pop(key)
+        self._stored -= len(dropped)
+        for hashed in dropped:
             self._counts[hashed] -= 1
             if self._counts[hashed] <= 0:
                 del self._counts[hashed]
