@@ -10,6 +10,10 @@ Choices a user of the simulator may want to know:
   `sampling_seed`): its natural length is lognormal (sigma 1) with mean
   `output_tokens_mean`; a lower `max_new_tokens` gives a prefix of the same answer.
   `cached_tokens` and `num_retractions` depend on what the server served before.
+- Time to first token is `ttft_ms` plus the prompt tokens the prefix cache does not hold
+  over `prefill_tokens_per_s` (free in `SimConfig`, 8000 in `fleetgen sim`), and a prefill
+  holds back every running request's decoding meanwhile (fleetgen/simulator/prefill.py).
+  A finished request leaves its prompt and output in the cache, so a next turn hits it.
 - Only non-streaming requests are served; `"stream": true` is a 400.
 - `n > 1` returns n answers per prompt, grouped by prompt, each with a fresh uuid id.
 - Faults hit only requests that passed validation (a 400 is never masked).
