@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import httpx
 import pytest
@@ -200,9 +201,11 @@ def test_bad_prefill_settings_name_the_field(overrides: dict[str, float]) -> Non
         SimConfig(**overrides)  # type: ignore[arg-type]
 
 
-def test_local_fleets_prefill_for_free_unless_their_flags_say_otherwise(tmp_path: Path) -> None:
+def test_local_fleets_prefill_for_free_unless_their_flags_say_otherwise() -> None:
     def config(spec: FleetSpec) -> SimConfig:
-        argv = LocalFleet(tmp_path, spec).sim_argv(1, [])
+        # The command line only: `sim_argv` reads nothing but the spec, and no fleet (no
+        # process, no Valkey) is built or started here.
+        argv = LocalFleet.sim_argv(cast(LocalFleet, SimpleNamespace(spec=spec)), 1, [])
         return parsed(*argv[argv.index("fleetgen.simulator") + 1:])
 
     assert config(FleetSpec()).prefill_tokens_per_s == math.inf
