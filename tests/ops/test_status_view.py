@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetgen.monitor.status import RunStatus, WorkerStatus, render, with_window
+from fleetgen.monitor.status import RunStatus, WorkerStatus, _health, render, with_window
 
 
 def snapshot(at: float, done: int, tokens: int, workers: list[WorkerStatus]) -> RunStatus:
@@ -34,6 +34,8 @@ def test_table_shows_in_flight_health_and_truncation() -> None:
                WorkerStatus("gpu1@h", done=2, in_flight=0, concurrency=8, healthy=False,
                             consuming=False),
                WorkerStatus("gpu2@h", done=1)]
+    for w in workers:  # the health that gather gives each from its heartbeat
+        w.health = _health(w, age_s=0.0)
     text = render(snapshot(10.0, 10, 1000, workers))
     assert "queue depth 40" in text and "in flight 16" in text
     assert "truncated 1 (10.0%)" in text and "average since start" in text
