@@ -27,6 +27,9 @@ class ServerMetrics:
         self._clock = clock
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Prompt tokens found in the prefix cache, counted when a request finishes
+        # (`observe_one_finished_request`: sglang:cached_tokens_total, cache_source "device").
+        self.cached_tokens_total = 0
         self.requests_total: Counter[str] = Counter()
         self.faults_total: Counter[str] = Counter()
         self.aborted_total = 0
@@ -51,8 +54,10 @@ class ServerMetrics:
     def count_fault(self, kind: str) -> None:
         self.faults_total[kind] += 1
 
-    def count_tokens(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def count_tokens(self, prompt_tokens: int, completion_tokens: int,
+                     cached_tokens: int = 0) -> None:
         self.prompt_tokens_total += prompt_tokens
+        self.cached_tokens_total += cached_tokens
         self.generation_tokens_total += completion_tokens
         now = self._clock()
         self._recent.append((now, completion_tokens))
@@ -70,6 +75,7 @@ class ServerMetrics:
             "num_queue_reqs": queued,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
+            "cached_tokens_total": self.cached_tokens_total,
             "gen_throughput": self.gen_throughput(),
             "busy_slot_seconds_total": self.busy_slot_seconds(),
             "requests_total": dict(self.requests_total),
@@ -99,6 +105,12 @@ def render_prometheus(stats: dict[str, Any], model_name: str) -> str:
         stats["prompt_tokens_total"], "_total")
     one("sglang:generation_tokens", "counter", "Tokens generated.",
         stats["generation_tokens_total"], "_total")
+    # SGLang labels the series by cache source and creates it on its first hit.
+    cached = stats["cached_tokens_total"]
+    family("sglang:cached_tokens", "counter",
+           "Number of cached prompt tokens by source (device/host/storage).",
+           [(f'sglang:cached_tokens_total{{{label},cache_source="device"}}', cached)]
+           if cached else [])
     one("sglang:gen_throughput", "gauge", "Generation throughput (token/s).",
         stats["gen_throughput"])
     one("fleetgen_sim_busy_slot_seconds", "counter",

@@ -94,7 +94,6 @@ class SimServer:
         self.tickets = Tickets()
         self.kv_pool = KvPool(config.max_total_num_tokens)
         self.prefix_cache = PrefixCache(config.max_total_num_tokens)
-        self.cached_tokens_total = 0
         # One GPU's forward passes (a DP server's ranks share it: first order).
         self.prefill_lane = PrefillLane(
             config.prefill_tokens_per_s * config.speed, config.chunked_prefill_size)
@@ -191,9 +190,8 @@ class SimServer:
             dead=self.availability.dead,
             in_flight=self.in_flight.count,
             uptime_s=self.availability.uptime_s(),
-            # The prefix cache's hits and the prompt tokens the GPU computed (the uncached
-            # ones, a retraction's twice), in how many forward passes and how long.
-            cached_tokens_total=self.cached_tokens_total,
+            # The prompt tokens the GPU computed (the uncached ones, a retraction's twice), in
+            # how many forward passes and how long; the cache's hits are cached_tokens_total.
             prefill_tokens_total=self.prefill_lane.tokens_total,
             prefill_chunks_total=self.prefill_lane.chunks_total,
             prefill_busy_seconds_total=self.prefill_lane.busy_s_total,
@@ -351,7 +349,8 @@ class SimServer:
                 raise
             _uncancel_current_task()
             return self._aborted(item, ticket, completion, arrived)
-        self.metrics.count_tokens(item.prompt_tokens, completion.completion_tokens)
+        self.metrics.count_tokens(item.prompt_tokens, completion.completion_tokens,
+                                  ticket.cached_tokens)
         return Outcome(
             item, completion, time.monotonic() - arrived, ticket.cached_tokens,
             ticket.num_retractions,
@@ -368,7 +367,6 @@ class SimServer:
         config = self.config
         hashes = prefix_hashes(item.prompt)
         ticket.cached_tokens = self.prefix_cache.match(hashes)
-        self.cached_tokens_total += ticket.cached_tokens
         self.prefix_cache.insert(hashes)
         with self.kv_pool.hold(item.prompt_tokens + item.max_new_tokens) as over:
             ticket.num_retractions = 1 if over else 0
@@ -406,7 +404,8 @@ class SimServer:
             completion.completion_tokens,
         )
         partial = completion.prefix(produced, dict(RUNNING_ABORT_REASON))
-        self.metrics.count_tokens(item.prompt_tokens, partial.completion_tokens)
+        self.metrics.count_tokens(item.prompt_tokens, partial.completion_tokens,
+                                  ticket.cached_tokens)
         return Outcome(
             item, partial, latency_s, ticket.cached_tokens, ticket.num_retractions
         )

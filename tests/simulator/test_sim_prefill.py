@@ -119,6 +119,9 @@ def test_ttft_grows_with_uncached_tokens_and_not_with_cached_ones(start_sim: Sta
         computed = stats(client)["prefill_tokens_total"]
         again = generate(client, long_prompt, 1).json()["meta_info"]
         assert stats(client)["prefill_tokens_total"] - computed == 1  # only the last token
+        assert stats(client)["cached_tokens_total"] == 3999
+        assert ('sglang:cached_tokens_total{model_name="fleetgen-sim",cache_source="device"} '
+                '3999.0') in client.get("/metrics").text
     assert (first["cached_tokens"], again["cached_tokens"]) == (0, 3999)
     assert first["e2e_latency"] >= 0.39
     assert again["e2e_latency"] < first["e2e_latency"] / 3
