@@ -29,6 +29,11 @@ from tests.support.trainer_judge import run_judge
 from tests.support.trainer_runs import RUNS, Answer, Run, answers, produce
 from tests.support.trainer_verdict import Verdict, judge
 
+# The module's fixture runs three CLI runs and one judge process for every trainer job: about
+# 3 minutes on 2 quiet cores, over 5 under the suite's other xdist processes (the 300 s
+# default timed out once so); its first test carries that time.
+pytestmark = pytest.mark.timeout(900)
+
 
 @dataclass
 class Judged:
@@ -61,6 +66,7 @@ def jobs_for(name: str, out: Path, work: Path, render: str) -> dict[str, dict[st
     jobs = {
         f"{name}/tokens/specforge": {"trainer": "specforge", "path": str(tokens)},
         f"{name}/tokens/speculators": {"trainer": "speculators", "path": str(tokens)},
+        # SpecForge's pre-tokenized path is the standard library's: no dataset is built.
         f"{name}/tokens+unfinished/specforge": {"trainer": "specforge",
                                                 "path": str(everything)},
         f"{name}/conversations/specforge": {"trainer": "specforge", "path": str(conv)},
