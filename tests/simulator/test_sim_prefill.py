@@ -22,6 +22,7 @@ from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import Completion
 from fleetgen.simulator.prefill import PrefillLane, chunk_sizes
 from fleetgen.simulator.prefix_cache import PrefixCache, finished_hashes, prefix_hashes
+from fleetgen.simulator.server import SimServer
 from tests.support.sim import ENDLESS, StartSim, generate, stats
 from tests.support.waiting import wait_until
 
@@ -193,6 +194,11 @@ def test_the_command_models_a_27b_on_one_gpu_and_inf_makes_prefill_free() -> Non
     assert PREFILL_TOKENS_PER_S == 8000.0
     assert parsed("--prefill-tokens-per-s", "inf").prefill_tokens_per_s == math.inf
     assert SimConfig().prefill_tokens_per_s == math.inf  # the protocol tests' building block
+
+
+def test_a_slower_gpu_prefills_slower_too() -> None:
+    half = SimServer(SimConfig(prefill_tokens_per_s=8000, speed=0.5, chunked_prefill_size=512))
+    assert (half.prefill_lane.tokens_per_s, half.prefill_lane.chunk_tokens) == (4000, 512)
 
 
 @pytest.mark.parametrize("overrides", [
