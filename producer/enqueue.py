@@ -36,15 +36,25 @@ class Enqueuer:
         self.fixed_high_water = high_water
         self._high_water_cache: tuple[float, int] = (0.0, MIN_HIGH_WATER)
 
-    def send(self, payloads: list[TaskPayload], *, front: bool = False) -> None:
-        """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out);
-        `front`: next to be taken (RPUSH), for the next turns of conversations under way.
+    def send(self, payloads: list[TaskPayload]) -> None:
+        """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out).
         MULTI makes a batch atomic: a row is queued and marked sent, or neither."""
         if not payloads:
             return
         pipe = self.redis.pipeline(transaction=True)
-        push = pipe.rpush if front else pipe.lpush
-        push(QUEUE, *[task_message(payload) for payload in payloads])
+        pipe.lpush(QUEUE, *[task_message(payload) for payload in payloads])
+        set_bits(pipe, self.keys.sent, [slot_of(payload) for payload in payloads])
+        pipe.execute()
+
+    def send_next(self, payloads: list[TaskPayload], routes: dict[str, list[TaskPayload]],
+                  ) -> None:
+        """Next turns, next to be taken (RPUSH) in the queues `routes` gives them (the shared
+        one, or a worker's own: producer/affinity.py); atomic with their `sent` bits."""
+        if not payloads:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        for queue, group in routes.items():
+            pipe.rpush(queue, *[task_message(payload) for payload in group])
         set_bits(pipe, self.keys.sent, [slot_of(payload) for payload in payloads])
         pipe.execute()
 

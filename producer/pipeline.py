@@ -13,6 +13,7 @@ import redis
 
 from fleetgen.base.contract import RunKeys, TaskPayload, slot_of
 from fleetgen.base.outcomes import duplicate_record, rejected_record
+from producer.affinity import Affinity
 from producer.budget import Limits, budget
 from producer.dedup import SeenIds
 from producer.earlystop import EarlyStop, parse_rule
@@ -58,6 +59,7 @@ class Producer:
         self.keys = RunKeys(settings.run)
         self.run_manifest = RunManifest(client, settings.run, settings.new_run)
         self.reconciler = Reconciler(client, settings.run)
+        self.affinity = Affinity(client, enabled=settings.affinity)
         self.progress = Progress()
         # Resolved once: every pass of this producer reads the same files, in the same order.
         self.inputs = resolve_input(settings.input)
@@ -194,6 +196,7 @@ class Producer:
         assert self.written is not None
         todo: list[tuple[Row, str, list[Request]]] = []
         rejections: list[dict[str, Any]] = []
+        answered_by = {slot_of(r) + 1: r.get("worker") for r in records}
         for record in records:
             row = parse_row(int(record["line"]), row_object(record),
                             source=record.get("file"), position=record.get("position"))
@@ -211,7 +214,7 @@ class Producer:
             self._render_or_reject(replace(row, messages=messages), [request], todo, rejections)
         payloads = self._budget(todo, rejections)
         self.enqueuer.reject(rejections)
-        self.enqueuer.send(payloads, front=True)
+        self.enqueuer.send_next(payloads, self.affinity.routes(payloads, answered_by))
         self.progress.enqueued += len(payloads)
         self.progress.rejected += len(rejections)
         return len(payloads) + len(rejections)
@@ -228,6 +231,7 @@ class Producer:
         while not should_stop():
             try:
                 self.run_manifest.reassert(self._settings, total)
+                self.affinity.sweep()  # a lost worker's next turns, to the shared queue
                 self.follow_turns()
                 settled = self.written.settled()
                 if on_tick:

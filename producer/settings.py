@@ -55,6 +55,9 @@ class ProducerSettings:
     # output directory: the files are the truth of what each next turn is built from).
     turns: str = "last"
     out: Path | None = None
+    # --turns all: each next turn to the worker that answered the turn before (its server's
+    # prefix cache holds the history: producer/affinity.py); off, to the shared queue.
+    affinity: bool = True
     # How the command that runs the producer starts another run instead of this one, for the
     # messages of a resume that does not match (producer/manifest.py NEW_RUN).
     new_run: str = "use a new --run name"

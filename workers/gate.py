@@ -10,7 +10,7 @@ from celery import bootsteps
 
 from fleetgen.base import heartbeat
 from fleetgen.base.celeryconf import sweep_interval_s
-from fleetgen.base.contract import QUEUE, worker_key
+from fleetgen.base.contract import QUEUE, worker_key, worker_queue
 from fleetgen.engine.health import Watch
 from workers import runtime
 
@@ -36,6 +36,7 @@ class HealthGate(bootsteps.StartStopStep):
         # The first probe is made here, before the first prompt: a worker beside an SGLang
         # server that is still loading its weights must not take (and bounce) prompts.
         rt.watch.start()
+        c.add_task_queue(worker_queue(rt.worker))  # the next turns of what it answered
         self.check(c)
         self._tref = c.timer.call_repeatedly(rt.settings.health_interval_s, self.check, (c,),
                                              priority=10)
@@ -56,11 +57,13 @@ class HealthGate(bootsteps.StartStopStep):
             log.warning("engine %s gone (%s, down %.1f s): %s stops taking prompts",
                         rt.engine.base_url, watch.last.detail, watch.down_for_s(), rt.worker)
             c.cancel_task_queue(QUEUE)
+            c.cancel_task_queue(worker_queue(rt.worker))
             self._consuming = False
         elif not self._consuming and watch.last.ready:
             log.warning("engine %s ready again: %s takes prompts", rt.engine.base_url,
                         rt.worker)
             c.add_task_queue(QUEUE)
+            c.add_task_queue(worker_queue(rt.worker))
             self._consuming = True
         self._heartbeat(rt, watch, c)
 

@@ -7,6 +7,16 @@ from typing import Any, Final, NotRequired, TypedDict
 # Celery routing. Workers must be started with `-Q fleetgen` (celery#10335: never rely on defaults).
 QUEUE: Final = "fleetgen"
 TASK_NAME: Final = "fleetgen.generate"
+# Each worker also consumes a queue of its own, where the producer sends the next turn of a
+# conversation that worker answered, so its server's prefix cache holds the history
+# (docs/design.md "Prefix affinity"). Its messages carry the shared queue's routing key: one
+# kombu restores (a dead worker's) goes back to the shared queue.
+AFFINITY_PREFIX: Final = f"{QUEUE}.to."
+
+
+def worker_queue(worker: str) -> str:
+    """The queue of one worker (its Celery node name, as results name it: gpu0@host)."""
+    return f"{AFFINITY_PREFIX}{worker}"
 
 # Every Redis key fleetgen owns starts with this prefix, so one Redis can host many runs
 # and `SCAN fleetgen:*` shows all of them.

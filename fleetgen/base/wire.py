@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base.contract import QUEUE, TASK_NAME, TaskPayload, slot_of
+from fleetgen.base.contract import AFFINITY_PREFIX, QUEUE, TASK_NAME, TaskPayload, slot_of
+from fleetgen.base.redisconn import text
 
 # kombu's Redis transport keeps each delivered, not yet acked message in this hash as
 # [message, exchange, routing_key] (kombu/transport/redis.py, QoS.unacked_key).
@@ -79,7 +80,7 @@ def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
     """Slots (requests) of `run` now in the queue or held unacked by a worker. Both are bounded
     by the high-water mark and the fleet's concurrency, so this scan is small whatever the
     run's size."""
-    return {slot_of(payload) for _, payload in _queued_of(client, run)} | \
+    return {slot_of(payload) for _, _, payload in _queued_of(client, run)} | \
         {slot_of(payload) for _, payload in _unacked_of(client, run)}
 
 
@@ -90,21 +91,41 @@ def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
 SCAN_PAGE = 256
 
 
-def _queued_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """(raw message, payload) of each task of `run` in the queue, a page at a time. Workers pop
-    at the right end and producers push at the left, so a message is never skipped by the
-    pages (a push shifts it to a later index: seen twice at worst, and callers keep sets or
-    remove exact bytes); one popped meanwhile is in the unacked hash, scanned next."""
-    start = 0
-    while True:
-        page = client.lrange(QUEUE, start, start + SCAN_PAGE - 1)
-        for raw in page:
-            payload = task_payload(orjson.loads(raw))
-            if payload is not None and payload.get("run") == run:
-                yield raw, payload
-        if len(page) < SCAN_PAGE:
-            return
-        start += SCAN_PAGE
+def task_queues(client: redis.Redis) -> list[str]:
+    """The shared queue and every worker's own (prefix affinity) that holds messages now."""
+    own = sorted(text(key) for key in client.scan_iter(match=f"{AFFINITY_PREFIX}*", count=1000))
+    return [QUEUE, *own]
+
+
+def _queued_of(client: redis.Redis, run: str,
+               ) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """(queue, raw message, payload) of each task of `run` in the queues, a page at a time.
+    Workers pop at the right end and producers push at the left, so a message is never skipped
+    by the pages (a push shifts it to a later index: seen twice at worst, and callers keep sets
+    or remove exact bytes); one popped meanwhile is in the unacked hash, scanned next. One
+    moved from a worker's queue to the shared one meanwhile (`move_queue`) may be missed for a
+    scan: the reconciliation acts only on a row missing at two scans in a row."""
+    for queue in task_queues(client):
+        start = 0
+        while True:
+            page = client.lrange(queue, start, start + SCAN_PAGE - 1)
+            for raw in page:
+                payload = task_payload(orjson.loads(raw))
+                if payload is not None and payload.get("run") == run:
+                    yield queue, raw, payload
+            if len(page) < SCAN_PAGE:
+                break
+            start += SCAN_PAGE
+
+
+def move_queue(client: redis.Redis, source: str) -> int:
+    """Every message of a worker's own queue to the next-taken end of the shared queue, oldest
+    first, one atomic LMOVE each (a message is in one list or the other, never both or
+    neither); returns how many."""
+    moved = 0
+    while client.lmove(source, QUEUE, "RIGHT", "RIGHT") is not None:
+        moved += 1
+    return moved
 
 
 def _unacked_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -141,8 +162,8 @@ def remove_tasks(client: redis.Redis, run: str) -> tuple[int, int]:
     already running one drops its outcome when it finds the run's manifest gone
     (workers/sink.py)."""
     queued = 0
-    for raw, _ in list(_queued_of(client, run)):
-        queued += int(client.lrem(QUEUE, 1, raw))
+    for queue, raw, _ in list(_queued_of(client, run)):
+        queued += int(client.lrem(queue, 1, raw))
     unacked = 0
     for tag, _ in list(_unacked_of(client, run)):
         pipe = client.pipeline(transaction=True)

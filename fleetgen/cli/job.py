@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetgen.base import exitcodes
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
-from fleetgen.cli.signals import sigterm_flag
+from fleetgen.cli.signals import Stopped, sigterm_flag
 from fleetgen.local.fleet import LocalFleet
 
 if TYPE_CHECKING:
@@ -79,7 +79,9 @@ def execute(job: Job) -> int:
 
         shutil.rmtree(job.state_dir, ignore_errors=True)  # nothing left to resume
     if should_stop():
-        raise KeyboardInterrupt  # main: "interrupted; run the same command again", exit 130
+        # Said how to resume already (`_say_how_it_ended`): main exits 130 without a line of
+        # its own; stopped before that (the fleet starting), main says it.
+        raise Stopped if "run" in summary else KeyboardInterrupt
     return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
 
 
@@ -158,7 +160,7 @@ def run_pipeline(job: Job, settings: ProducerSettings,
             f"  FLEETGEN_REDIS_URL=$(cat {url_file(job)}) fleetgen status --run "
             f"{settings.run} --watch")
     bar = Bar("rows written", show=sys.stderr.isatty())
-    ticker = MinuteLine(job)
+    ticker = MinuteLine(job.say)
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
@@ -232,9 +234,9 @@ class MinuteLine:
 
     EVERY_S = 60.0
 
-    def __init__(self, job: Job, *, show: bool | None = None,
+    def __init__(self, say: Callable[[str], None], *, show: bool | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._job = job
+        self._say = say
         self._show = not sys.stderr.isatty() if show is None else show
         self._clock = clock
         self._start = self._last = clock()
@@ -247,7 +249,7 @@ class MinuteLine:
         rate = written / max(now - self._start, 1e-9)
         left = None if total is None or rate <= 0 else (total - written) / rate
         eta = "-" if left is None else f"{left / 60:.0f} min"
-        self._job.say(f"{written}/{total if total is not None else '?'} rows written, "
+        self._say(f"{written}/{total if total is not None else '?'} rows written, "
                       f"{rate:.1f} rows/s, ETA {eta}")
 
 

@@ -73,6 +73,9 @@ def add_producer_options(p: argparse.ArgumentParser, *, demo: bool = False) -> N
                    help="last: regenerate each conversation's last assistant turn (default); "
                    "all: every assistant turn in order, each from the answers this run wrote "
                    "before it (the input's own answers are discarded); one result per turn")
+    p.add_argument("--no-affinity", dest="affinity", action="store_false",
+                   help="with --turns all: send each next turn to any server, not preferably "
+                   "to the one that answered the turn before and holds its history in cache")
     p.add_argument("--tokenizer", default=setting_default("tokenizer"), metavar="PATH|qwen3.6",
                    help="a local Hugging Face tokenizer directory, or qwen3.6 (built offline; "
                    "default)")
@@ -154,7 +157,7 @@ def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
     return {"n": args.n, "logprobs": args.logprobs, "token_ids": args.token_ids,
             "reasoning": args.reasoning,
             "stop_if": tuple(args.stop_if), "stop_after": args.stop_after,
-            "turns": args.turns, "out": getattr(args, "out", None),
+            "turns": args.turns, "out": getattr(args, "out", None), "affinity": args.affinity,
             "ignore_stop": args.ignore_stop,
             "json_schema": read_json_schema(args.json_schema),
             "chat_template_kwargs": json_object(args.chat_template_kwargs,

@@ -3,23 +3,18 @@ ETA, nothing in between (fleetgen/cli/job.py MinuteLine)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from fleetgen.cli.job import Job, MinuteLine
-from fleetgen.local.fleet import FleetSpec, LocalFleet
-from producer.settings import ProducerSettings
+from fleetgen.cli.job import MinuteLine
 
 
-def test_a_line_a_minute_with_rate_and_eta(capsys: pytest.CaptureFixture[str],
-                                           tmp_path: Path) -> None:
-    settings = ProducerSettings(input=tmp_path / "p.jsonl", run="r",
-                                redis_url="redis://127.0.0.1:1/0", context_length=4096)
-    job = Job("run", LocalFleet(tmp_path, FleetSpec()), settings, tmp_path / "out",
-              tmp_path / "out" / ".state", resumed=False)
+def say(text: str) -> None:
+    print(f"fleetgen run: {text}")
+
+
+def test_a_line_a_minute_with_rate_and_eta(capsys: pytest.CaptureFixture[str]) -> None:
     now = [1000.0]
-    line = MinuteLine(job, show=True, clock=lambda: now[0])
+    line = MinuteLine(say, show=True, clock=lambda: now[0])
     now[0] += 30
     line.tick(300, 3600)
     assert capsys.readouterr().out == ""  # not a minute yet
@@ -33,7 +28,7 @@ def test_a_line_a_minute_with_rate_and_eta(capsys: pytest.CaptureFixture[str],
     now[0] += 1
     line.tick(1200, None)
     assert capsys.readouterr().out == "fleetgen run: 1200/? rows written, 10.0 rows/s, ETA -\n"
-    hidden = MinuteLine(job, show=False, clock=lambda: now[0])
+    hidden = MinuteLine(say, show=False, clock=lambda: now[0])
     now[0] += 600
     hidden.tick(5000, 6000)
     assert capsys.readouterr().out == ""  # a terminal has its bar instead

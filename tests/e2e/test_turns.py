@@ -85,7 +85,7 @@ def test_every_turn_regenerated_in_order_exactly_once(fleet2: LocalFleet,
     assert rejected[("long", 2)].startswith("context_full_at_turn: turn 2's prompt")
     assert rejected[("long", 3)].startswith("conversation_ended: turn 2 was rejected")
     assert rejected[("no-user", 1)].startswith("no_user_turn")
-    assert rejected[("empty-turn", 1)].startswith("empty_turn")
+    assert rejected[("empty-turn", 1)].startswith("empty_prompt")  # one rule (issue 32)
     assert "unknown role 'wizard'" in rejected[("bad-role", 1)]
     summary = orjson.loads((out / "summary.json").read_bytes())
     total = sum(len(c["users"]) for c in convs.values()) + len(BAD)
@@ -160,3 +160,43 @@ def test_turns_all_refuses_no_wait(fleet2: LocalFleet, tmp_path: Path) -> None:
                               capture_output=True, text=True, env=dict(os.environ))
         assert done.returncode == 3 and words in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def long_conversations(count: int) -> dict[str, dict[str, Any]]:
+    """Four user turns each, long enough that a history is mostly prompt to cache."""
+    filler = " ".join(f"word{k}" for k in range(120))
+    return {f"h{i}": {"system": "You answer at length.", "users": [
+        f"Turn {j + 1} of {i}: {filler} {i} {j}" for j in range(4)], "sharegpt": False,
+        "trailing_answer": False} for i in range(count)}
+
+
+def cached_share(results: list[dict[str, Any]]) -> tuple[float, float]:
+    """Of every later turn: the share of the turn before's prompt its server had cached, and
+    the share of later turns served by the worker that answered the turn before."""
+    by_turn = {(r["id"], r["turn"]): r for r in results}
+    later = [(by_turn[(r["id"], r["turn"] - 1)], r) for r in results if r["turn"] > 1]
+    cached = sum(min(r["cached_tokens"], before["prompt_tokens"]) for before, r in later)
+    history = sum(before["prompt_tokens"] for before, _ in later)
+    same = sum(before["worker"] == r["worker"] for before, r in later)
+    return cached / history, same / len(later)
+
+
+def test_a_next_turn_goes_where_its_history_is_cached(fleet4: LocalFleet,
+                                                      tmp_path: Path) -> None:
+    """Prefix affinity (producer/affinity.py): on four servers, each later turn is sent to the
+    worker that answered the turn before, whose server's prefix cache holds the history; with
+    --no-affinity the shared queue scatters them (about 1 in 4 lands there by chance)."""
+    convs = long_conversations(40)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [input_row(i, c) for i, c in convs.items()])
+    figures = {}
+    for name, extra in (("on", ()), ("off", ("--no-affinity",))):
+        out = tmp_path / name
+        run_turns(fleet4, prompts, f"affinity-{name}", out, "--max-output-tokens", "120", *extra)
+        data = assert_exactly_once(out, expected_keys(convs, []))
+        assert len(data["results"]) == 160
+        figures[name] = cached_share(data["results"])
+    (on_cached, on_same), (off_cached, off_same) = figures["on"], figures["off"]
+    print(f"\nprefix affinity on 4 servers, 120 later turns: history cached {on_cached:.2f} "
+          f"(same worker {on_same:.2f}); --no-affinity {off_cached:.2f} ({off_same:.2f})")
+    assert on_same >= 0.9 and on_cached >= 0.9, figures
+    assert off_same <= 0.6 and off_cached <= on_cached - 0.3, figures
