@@ -36,7 +36,8 @@ $(TRAINERS_STAMP): $(STAMP)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c "$(PURELIB)")')" \
 		> $$($(TRAINERS)/bin/python -c "$(PURELIB)")/fleetgen-venv.pth
 	$(TRAINERS)/bin/pip install -q --no-deps torch==2.13.0 specforge==0.2.0 speculators==0.9.0 \
-		hs-connectors==0.9.0 openai==3.57.0 sympy==1.14.0 mpmath==1.4.1 networkx==3.6.1
+		hs-connectors==0.9.0 openai==3.57.0 jiter==0.19.0 sympy==1.14.0 mpmath==1.3.0 \
+		networkx==3.6.1
 	$(TRAINERS)/bin/python -c "import specforge.data.prompt_builder, specforge.data.preprocessing, speculators.data_generation.preprocessing"
 	touch $(TRAINERS_STAMP)
 
