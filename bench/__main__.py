@@ -23,6 +23,7 @@ BENCHES = {
     "fleet": "bench.fleet",
     "ordering": "bench.ordering",
     "turns": "bench.turns",
+    "affinity": "bench.affinity",
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import redis
 
@@ -22,14 +23,29 @@ from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash
 from fleetgen.base.wire import move_queue, task_queues
 
-SWEEP_EVERY_S = 2.0
+# A next turn waits this long at most in its worker's queue before any worker may take it.
+WAIT_S = 2.0
+
+# Move one exact message from a worker's queue to the next-taken end of the shared queue, only
+# if it is still there (a worker may have taken it meanwhile): atomic, so it is in one list.
+_STEAL = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
 
 
 class Affinity:
-    def __init__(self, client: redis.Redis, *, enabled: bool = True) -> None:
+    def __init__(self, client: redis.Redis, *, enabled: bool = True,
+                 wait_s: float = WAIT_S) -> None:
         self.redis = client
         self.enabled = enabled
+        self.wait_s = wait_s
         self._swept_at = 0.0
+        self._seen: dict[str, set[Any]] = {}  # per worker queue, what the last sweep saw
+        self._steal = client.register_script(_STEAL)
 
     def routes(self, payloads: list[TaskPayload],
                answered_by: Mapping[int, str | None]) -> dict[str, list[TaskPayload]]:
@@ -58,17 +74,25 @@ class Affinity:
         return int(beat.get("concurrency") or 0) - int(self.redis.llen(worker_queue(worker)))
 
     def sweep(self) -> int:
-        """Move the queue of each worker that is lost, gone or not taking prompts to the
-        shared queue (at most every SWEEP_EVERY_S); returns the messages moved."""
+        """At most every `wait_s`: move the queue of each worker that is lost, gone or not
+        taking prompts to the shared queue, and from a live worker's queue each message the
+        last sweep saw there already (it waited `wait_s` or more: its worker is saturated,
+        any other may take it). Returns the messages moved."""
         now = time.monotonic()
-        if now - self._swept_at < SWEEP_EVERY_S:
+        if now - self._swept_at < self.wait_s:
             return 0
         self._swept_at = now
-        moved = 0
+        moved, seen = 0, dict[str, set[Any]]()
         for queue in task_queues(self.redis)[1:]:
             worker = queue[len(worker_queue("")):]
             if not taking(read_hash(self.redis, worker_key(worker))):
                 moved += move_queue(self.redis, queue)
+                continue
+            waiting = set(self.redis.lrange(queue, 0, -1))
+            for raw in waiting & self._seen.get(queue, set()):
+                moved += int(self._steal(keys=[queue, QUEUE], args=[raw]))
+            seen[queue] = waiting
+        self._seen = seen
         return moved
 
 

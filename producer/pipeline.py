@@ -59,7 +59,8 @@ class Producer:
         self.keys = RunKeys(settings.run)
         self.run_manifest = RunManifest(client, settings.run, settings.new_run)
         self.reconciler = Reconciler(client, settings.run)
-        self.affinity = Affinity(client, enabled=settings.affinity)
+        self.affinity = Affinity(client, enabled=settings.affinity,
+                                 wait_s=settings.affinity_wait_s)
         self.progress = Progress()
         # Resolved once: every pass of this producer reads the same files, in the same order.
         self.inputs = resolve_input(settings.input)
@@ -247,7 +248,7 @@ class Producer:
                     next_check = time.monotonic() + interval_s
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("Redis unreachable while waiting for the run (%s); retrying", exc)
-            time.sleep(min(0.5, interval_s))
+            time.sleep(min(0.5, interval_s, self.affinity.wait_s))
         return requeued
 
     def _lost_turns(self) -> set[int]:

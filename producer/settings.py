@@ -58,6 +58,8 @@ class ProducerSettings:
     # --turns all: each next turn to the worker that answered the turn before (its server's
     # prefix cache holds the history: producer/affinity.py); off, to the shared queue.
     affinity: bool = True
+    # How long a next turn may wait in its worker's queue before any worker may take it.
+    affinity_wait_s: float = 2.0
     # How the command that runs the producer starts another run instead of this one, for the
     # messages of a resume that does not match (producer/manifest.py NEW_RUN).
     new_run: str = "use a new --run name"
