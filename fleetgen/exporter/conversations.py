@@ -58,7 +58,7 @@ from fleetgen.exporter.source import OutputDir
 COLUMN = "conversations"
 STATUS = "success"  # SpecForge's mark of a regenerated row
 UNFINISHED = "unfinished"  # the status of an answer kept by --include-unfinished
-FLEETGEN_COLUMNS = frozenset({"id", COLUMN, "sample", "turn", "finish_reason", "status",
+OWN_COLUMNS = frozenset({"id", COLUMN, "sample", "turn", "finish_reason", "status",
                               "unfinished", "thinking", "chat_template_kwargs", "prompt",
                               "completion", "reasoning_content"})
 
@@ -98,7 +98,7 @@ def _finish(row: dict[str, Any], record: dict[str, Any], options: dict[str, Any]
         row["turn"] = record["turn"]
     row["chat_template_kwargs"] = options
     for key, value in options.items():
-        if key not in FLEETGEN_COLUMNS:
+        if key not in OWN_COLUMNS:
             row[key] = value
     thinking = thought(record)
     if thinking is not None:
