@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from fleetgen.exporter import shape
+from fleetgen.exporter.finished import unfinished
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from tests.support.pipeline import run_pipeline
 
@@ -104,13 +105,16 @@ def _drained(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 def _check_conversations(out: Path, results: list[dict[str, Any]],
                          rows: dict[int, Any]) -> None:
-    """Every result as SpecForge's row: `conversations` of role/content turns whatever the
-    input's shape (ShareGPT converted, a prompt as a user turn), status success."""
+    """Every finished result as SpecForge's row (unfinished ones are left out by default):
+    `conversations` of role/content turns whatever the input's shape (ShareGPT converted, the
+    dataset's own earlier answers marked `generated: false`), status success; a raw prompt as
+    `prompt` and `completion` with no conversation, so no trainer wraps it in a template."""
     exported = [orjson.loads(x) for x in
                 (out / "export.conversations.jsonl").read_bytes().splitlines()]
-    assert len(exported) == len(results)
+    finished = [r for r in results if unfinished(r) is None]
+    assert finished and len(exported) == len(finished)
     roles = {v: k for k, v in SHAREGPT.items()}
-    for got, result in zip(exported, results, strict=True):
+    for got, result in zip(exported, finished, strict=True):
         row = rows[result["line"]]
         assert got["id"] == result["id"] == row["id"]
         assert got["finish_reason"] == result["finish_reason"]
@@ -119,7 +123,8 @@ def _check_conversations(out: Path, results: list[dict[str, Any]],
         if isinstance(result.get("reasoning"), str):  # Qwen3.6 splits reasoning by default
             answer["reasoning_content"] = result["reasoning"]
         if "prompt" in row:
-            assert got["conversations"] == [{"role": "user", "content": row["prompt"]}, answer]
+            assert got["conversations"] is None and got["prompt"] == row["prompt"]
+            assert got["completion"] == result["completion"]
             continue
         turns = row["messages"] if "messages" in row else row["conversations"]
         asked = turns[:-1] if len(turns) > 1 else turns  # the old answer is dropped
