@@ -96,7 +96,7 @@ def test_run_interrupted_and_resumed_writes_every_row_once(
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {[c.cmdline()[:4] for c in alive]}"
     text = log.read_text()
-    assert text.count("interrupted") == 1 and "same command" in text, text[-2000:]
+    assert text.count("fleetgen run: interrupted") == 1 and "same command" in text, text[-2000:]
     assert (out / ".fleetgen-state" / "redis.url").exists()  # kept to resume
 
     again = subprocess.run(run_argv(prompts, urls), cwd=tmp_path, capture_output=True,
