@@ -137,6 +137,24 @@ def _unacked_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, 
             yield tag, payload
 
 
+def unrenewed_leases(client: redis.Redis, run: str, since: float) -> list[float]:
+    """The lease times (kombu's delivery-time scores) of `run`'s messages whose lease nobody
+    has renewed since `since` (epoch s): each held by a worker that died or froze, or fetched
+    by one that died before its next heartbeat. Bounded by what dead workers held."""
+    # (tag, score) pairs; redis-py types the reply as a plain list.
+    stale: list[tuple[Any, float]] = list(
+        client.zrangebyscore(KOMBU_UNACKED_INDEX, 0, since, withscores=True))  # type: ignore[arg-type]
+    if not stale:
+        return []
+    copies = client.hmget(KOMBU_UNACKED, [tag for tag, _ in stale])
+    scores = []
+    for (_, score), raw in zip(stale, copies, strict=True):
+        payload = task_payload(orjson.loads(raw)[0]) if raw is not None else None
+        if payload is not None and payload.get("run") == run:
+            scores.append(float(score))
+    return scores
+
+
 def requeue_unacked(client: redis.Redis) -> int:
     """Put every message kombu holds as unacked back at the front of its queue; returns how
     many. Only for a Redis no worker is connected to (the demo's own, before its workers

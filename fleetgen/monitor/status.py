@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import redis
 
+from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import (
     FINISHED_AT,
     QUEUE,
@@ -19,9 +20,11 @@ from fleetgen.base.contract import (
     RunKeys,
     worker_key,
 )
-from fleetgen.base.heartbeat import Heartbeat
+from fleetgen.base.envvars import VISIBILITY_TIMEOUT_S
+from fleetgen.base.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heartbeat
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.base.runstate import run_complete
+from fleetgen.base.wire import unrenewed_leases
 
 
 @dataclass
@@ -171,12 +174,23 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.stop_reason = manifest.get("stop_reason")
     status.blocked = blocked
     status.workers = _workers(client, stats, elapsed, now)
-    lost = [w for w in status.workers if w.lost]
-    status.lost_held = sum(w.held or 0 for w in lost)
-    waits = [w.back_in_s for w in lost if w.held and w.back_in_s is not None]
-    status.lost_back_in_s = round(max(waits), 1) if waits else None
+    _lost_leases(client, status, now)
     status.idle = idle_line(status)
     return status
+
+
+def _lost_leases(client: redis.Redis, status: RunStatus, now: float) -> None:
+    """The run's prompts whose lease no live worker renews (kombu's index, not a heartbeat's
+    snapshot: a dead worker may have taken more after its last beat), and when the last of
+    them is back in the queue: its lease, then a sweep."""
+    beats = [Heartbeat.of(b) for b in live_workers(client).values()]
+    interval_s = max((b.interval_s for b in beats), default=DEFAULT_INTERVAL_S)
+    lease_s = max((b.lease_s for b in beats if b.lease_s), default=VISIBILITY_TIMEOUT_S.default)
+    scores = unrenewed_leases(client, status.run, now - LOST_AFTER_BEATS * interval_s)
+    status.lost_held = len(scores)
+    if scores:
+        back = max(scores) + lease_s + sweep_interval_s(lease_s) - now
+        status.lost_back_in_s = round(max(back, 0.0), 1)
 
 
 def idle_line(s: RunStatus) -> str | None:
@@ -312,7 +326,7 @@ def _worker_line(w: WorkerStatus) -> str:
 
 def lost_line(s: RunStatus) -> str:
     """Why a run waits while its live workers idle: what lost workers hold, and until when."""
-    names = ", ".join(w.name for w in s.workers if w.lost and w.held)
+    names = ", ".join(w.name for w in s.workers if w.lost) or "(gone from view)"
     when = ("at the next sweep" if not s.lost_back_in_s
             else f"within {_duration(s.lost_back_in_s)}")
     return (f"{s.lost_held} prompt(s) held by lost worker(s) {names}: back in the queue {when}, "
