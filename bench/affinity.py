@@ -16,7 +16,6 @@ import argparse
 import random
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ import httpx
 import orjson
 
 from bench.common import save, table
-from bench.fleet import CONTEXT, Fleet, Model, drain_alongside, spec
-from fleetgen.base.redisconn import connect
+from bench.fleet import CONTEXT, Fleet, Model, spec
+from bench.turns import run_all_turns
 from fleetgen.local.fleet import LocalFleet
 
 REAL_PREFILL_TOKENS_PER_S = 8000.0
@@ -68,8 +67,6 @@ def sim_totals(local: LocalFleet) -> dict[str, float]:
 
 def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any, affinity: bool,
                  prefill_tokens_per_s: float) -> dict[str, Any]:
-    from fleetgen.drainer import Drainer
-    from producer.build import build_producer
     from producer.settings import ProducerSettings
 
     name = "on" if affinity else "off"
@@ -84,17 +81,7 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any, affini
                                     redis_url=local.redis_url, context_length=CONTEXT,
                                     turns="all", out=out, affinity=affinity,
                                     affinity_wait_s=AFFINITY_WAIT_S)
-        drainer = Drainer(connect(local.redis_url), settings.run, out, block_ms=50)
-        drainer.recover()
-        producer = build_producer(settings, tokenizer=tokenizer)
-        t0 = time.perf_counter()
-
-        def produce() -> None:
-            producer.run()
-            producer.wait_until_generated(2.0)  # it builds every next turn while it waits
-
-        end = drain_alongside(drainer, produce)
-        summary = drainer.write_summary()
+        t0, end, summary = run_all_turns(settings, tokenizer)
         totals = sim_totals(local)
     finally:
         local.stop()

@@ -82,8 +82,6 @@ def chains_of(model: Model, results: Path) -> list[list[float]]:
 
 
 def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dict[str, Any]:
-    from fleetgen.drainer import Drainer
-    from producer.build import build_producer
     from producer.settings import ProducerSettings
 
     fleet = Fleet("equal", [1.0] * model.gpus)
@@ -94,17 +92,7 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
         settings = ProducerSettings(input=prompts, run="bench-turns", redis_url=local.redis_url,
                                     context_length=CONTEXT, turns="all", out=out)
         poller = Poller([local.engine_url(g) for g in range(model.gpus)]).start()
-        drainer = Drainer(connect(local.redis_url), "bench-turns", out, block_ms=50)
-        drainer.recover()
-        producer = build_producer(settings, tokenizer=tokenizer)
-        t0 = time.perf_counter()
-
-        def produce() -> None:
-            producer.run()
-            producer.wait_until_generated(2.0)  # it builds every next turn while it waits
-
-        end = drain_alongside(drainer, produce)
-        summary = drainer.write_summary()
+        t0, end, summary = run_all_turns(settings, tokenizer)
         busy = poller.finish({})
         series = [(round(t - t0, 2), n) for t, n in poller.series if t >= t0]
     finally:
@@ -113,6 +101,26 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
             "summary": {k: summary[k] for k in ("total", "done", "failed", "rejected",
                                                 "truncated", "completion_tokens")},
             "chains": chains_of(model, OutDir(out).file(KIND_RESULT))}
+
+
+def run_all_turns(settings: Any, tokenizer: Any) -> tuple[float, float, dict[str, Any]]:
+    """A `--turns all` run to its end, the producer beside the drainer (the job's path):
+    (start, end) on perf_counter and the summary."""
+    from fleetgen.drainer import Drainer
+    from producer.build import build_producer
+
+    assert settings.out is not None
+    drainer = Drainer(connect(settings.redis_url), settings.run, settings.out, block_ms=50)
+    drainer.recover()
+    producer = build_producer(settings, tokenizer=tokenizer)
+    t0 = time.perf_counter()
+
+    def produce() -> None:
+        producer.run()
+        producer.wait_until_generated(2.0)  # it builds every next turn while it waits
+
+    end = drain_alongside(drainer, produce)
+    return t0, end, drainer.write_summary()
 
 
 def utilization_over_time(series: list[tuple[float, int]], slots: int, makespan_s: float,
