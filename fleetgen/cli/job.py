@@ -5,6 +5,7 @@ resumed by the same command."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import threading
@@ -75,8 +76,6 @@ def execute(job: Job) -> int:
         fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
         fleet.valkey.stop()
     if summary["complete"]:
-        import shutil
-
         shutil.rmtree(job.state_dir, ignore_errors=True)  # nothing left to resume
     if should_stop():
         # Said how to resume already (`_say_how_it_ended`): main exits 130 without a line of
