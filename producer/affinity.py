@@ -8,11 +8,18 @@ A worker consumes its own queue beside the shared one (workers/gate.py), and kom
 round-robin BRPOP takes from each in turn, so a next turn waits for at most about one free
 slot of its worker. No GPU idles for it: a next turn goes to the shared queue when its worker
 is not alive and taking prompts, or already has a pool's worth waiting in its queue; and a
-worker's queue is moved to the shared one once that worker is lost or stops taking prompts."""
+worker's queue is moved to the shared one once that worker is lost or stops taking prompts.
+
+First turns that share a prefix with others (the samples of a prompt, prompts that open with
+the same long system prompt or document) go to one worker too: the one a rendezvous hash of
+their first PREFIX_BLOCK tokens picks among the workers taking prompts, so every request with
+that prefix meets the server that computed it, without the producer remembering anything."""
 
 from __future__ import annotations
 
+import hashlib
 import time
+from array import array
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +32,11 @@ from fleetgen.base.wire import move_queue, task_queues
 
 # A next turn waits this long at most in its worker's queue before any worker may take it.
 WAIT_S = 2.0
+# First turns are routed by their first this many tokens: a prefix this long is worth a
+# server's compute (a long system prompt, a document, the prompt of several samples), and two
+# prompts sharing it share at least a system prompt's worth. Shorter prompts with one sample
+# go to the shared queue: their prefill is cheap, and balancing is worth more.
+PREFIX_BLOCK = 256
 
 # Move one exact message from a worker's queue to the next-taken end of the shared queue, only
 # if it is still there (a worker may have taken it meanwhile): atomic, so it is in one list.
@@ -46,6 +58,7 @@ class Affinity:
         self._swept_at = 0.0
         self._seen: dict[str, set[Any]] = {}  # per worker queue, what the last sweep saw
         self._steal = client.register_script(_STEAL)
+        self._workers_at: tuple[float, dict[str, int]] = (-1.0, {})
 
     def routes(self, payloads: list[TaskPayload],
                answered_by: Mapping[int, str | None]) -> dict[str, list[TaskPayload]]:
@@ -65,6 +78,49 @@ class Affinity:
             routes.setdefault(queue, []).append(payload)
         return routes
 
+    def first_routes(self, payloads: list[TaskPayload]) -> dict[str, list[TaskPayload]]:
+        """Queue -> the first turns to send there: each one with a prefix key (prefix_key) to
+        its key's worker while that worker's queue holds less than half a pool (the other half
+        is for next turns, whose whole history is cached there), a key's payloads of one
+        batch all to the same queue; the rest to the shared queue."""
+        if not self.enabled:
+            return {QUEUE: payloads} if payloads else {}
+        workers = self._workers()
+        routes: dict[str, list[TaskPayload]] = {}
+        chosen: dict[str, str] = {}
+        waiting: dict[str, int] = {}
+        for payload in payloads:
+            key = prefix_key(payload)
+            queue = QUEUE
+            if key is not None and workers:
+                queue = chosen.get(key) or ""
+                if not queue:
+                    worker = rendezvous(key, workers)
+                    if worker not in waiting:
+                        waiting[worker] = int(self.redis.llen(worker_queue(worker)))
+                    queue = QUEUE
+                    if waiting[worker] < max(1, workers[worker] // 2):
+                        queue = worker_queue(worker)
+                    chosen[key] = queue
+                if queue != QUEUE:
+                    waiting[queue[len(worker_queue("")):]] += 1
+            routes.setdefault(queue, []).append(payload)
+        return routes
+
+    def _workers(self) -> dict[str, int]:
+        """Worker -> its pool size, of the workers taking prompts now; looked up at most once
+        a second (a producer batch each look would be a scan of the heartbeats each)."""
+        now = time.monotonic()
+        if now - self._workers_at[0] >= 1.0:
+            workers: dict[str, int] = {}
+            for key in self.redis.scan_iter(match=worker_key("*"), count=1000):
+                name = key.decode() if isinstance(key, bytes) else str(key)
+                beat = read_hash(self.redis, name)
+                if taking(beat):
+                    workers[name[len(worker_key("")):]] = int(beat.get("concurrency") or 0)
+            self._workers_at = (now, workers)
+        return self._workers_at[1]
+
     def _room(self, worker: str) -> int:
         """How many more next turns the worker's queue may hold: its pool size, less what
         waits there; 0 for a worker that is not alive and taking prompts."""
@@ -75,9 +131,12 @@ class Affinity:
 
     def sweep(self) -> int:
         """At most every `wait_s`: move the queue of each worker that is lost, gone or not
-        taking prompts to the shared queue, and from a live worker's queue each message the
-        last sweep saw there already (it waited `wait_s` or more: its worker is saturated,
-        any other may take it). Returns the messages moved."""
+        taking prompts to the shared queue; and, while the shared queue is empty (a worker
+        that frees a slot finds nothing else to do), from a live worker's queue each message
+        the last sweep saw there already (it waited `wait_s` or more: its worker is
+        saturated, an idle one takes it). While the shared queue holds work, no GPU idles for
+        a message that waits for its own worker, which takes its queue first
+        (fleetgen/base/broker.py `OwnQueueFirst`). Returns the messages moved."""
         now = time.monotonic()
         if now - self._swept_at < self.wait_s:
             return 0
@@ -89,8 +148,9 @@ class Affinity:
                 moved += move_queue(self.redis, queue)
                 continue
             waiting = set(self.redis.lrange(queue, 0, -1))
-            for raw in waiting & self._seen.get(queue, set()):
-                moved += int(self._steal(keys=[queue, QUEUE], args=[raw]))
+            if not self.redis.llen(QUEUE):
+                for raw in waiting & self._seen.get(queue, set()):
+                    moved += int(self._steal(keys=[queue, QUEUE], args=[raw]))
             seen[queue] = waiting
         self._seen = seen
         return moved
@@ -103,3 +163,25 @@ def taking(beat: Mapping[str, str]) -> bool:
     return beat.get("consuming") == "1" and not Heartbeat.of(beat).lost(time.time())
 
 
+
+
+def prefix_key(payload: TaskPayload) -> str | None:
+    """What a first turn shares with others, as a key: its first PREFIX_BLOCK tokens (a shared
+    system prompt or document, and a long prompt's samples, which share all of it); a short
+    prompt's samples share their row; None for a short prompt's only sample."""
+    ids = payload["input_ids"]
+    if len(ids) >= PREFIX_BLOCK:
+        block = array("q", ids[:PREFIX_BLOCK]).tobytes()
+        return hashlib.blake2b(block, digest_size=8).hexdigest()
+    if "sample" in payload:
+        return f"line {payload['line']}"
+    return None
+
+
+def rendezvous(key: str, workers: Mapping[str, int]) -> str:
+    """The worker a key goes to: highest random weight (rendezvous) hashing, so a key keeps
+    its worker while the fleet does, and a worker that leaves moves only its own keys."""
+    def weight(worker: str) -> bytes:
+        return hashlib.blake2b(f"{key}\0{worker}".encode(), digest_size=8).digest()
+
+    return max(sorted(workers), key=weight)

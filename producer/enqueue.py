@@ -36,13 +36,16 @@ class Enqueuer:
         self.fixed_high_water = high_water
         self._high_water_cache: tuple[float, int] = (0.0, MIN_HIGH_WATER)
 
-    def send(self, payloads: list[TaskPayload]) -> None:
-        """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out).
+    def send(self, payloads: list[TaskPayload],
+             routes: dict[str, list[TaskPayload]] | None = None) -> None:
+        """Enqueue in input order (LPUSH here, BRPOP in the worker: first in, first out), in
+        the shared queue or where `routes` puts them (a worker's own: producer/affinity.py).
         MULTI makes a batch atomic: a row is queued and marked sent, or neither."""
         if not payloads:
             return
         pipe = self.redis.pipeline(transaction=True)
-        pipe.lpush(QUEUE, *[task_message(payload) for payload in payloads])
+        for queue, group in (routes or {QUEUE: payloads}).items():
+            pipe.lpush(queue, *[task_message(payload) for payload in group])
         set_bits(pipe, self.keys.sent, [slot_of(payload) for payload in payloads])
         pipe.execute()
 

@@ -28,6 +28,9 @@ from kombu import serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils import json as kombu_json
+from kombu.utils.scheduling import priority_cycle
+
+from fleetgen.base.contract import AFFINITY_PREFIX
 
 # What Celery's `broker_transport` names (fleetgen/base/celeryconf.py).
 TRANSPORT = f"{__name__}:Transport"
@@ -81,17 +84,51 @@ class QoS(kombu_redis.QoS):
         is. Returns how many it holds. Called from the worker's heartbeat (workers/gate.py):
         while the worker lives, nothing it holds is redelivered, however long a generation
         takes; once it is dead the leases lapse after the visibility timeout."""
-        acked = self._dirty
-        held = [tag for tag in tuple(self._delivered) if tag not in acked]
+        held = self._held()
         if held:
             with self.pipe_or_acquire() as pipe:
                 pipe.zadd(self.unacked_index_key, dict.fromkeys(held, time.time()),
                           xx=True).execute()
         return len(held)
 
+    def _held(self) -> list[str]:
+        """The tags delivered and not acked. The consumer thread adds and removes tags while
+        the heartbeat's timer thread copies them, and a dict or set that changes size during
+        the copy raises RuntimeError: copy again (the window is a few microseconds; the last
+        try's error goes to the heartbeat, which skips that one beat)."""
+        for attempt in range(8):
+            try:
+                acked = set(self._dirty)
+                return [tag for tag in tuple(self._delivered) if tag not in acked]
+            except RuntimeError:
+                if attempt == 7:
+                    raise
+        return []
+
+
+class OwnQueueFirst(priority_cycle):
+    """The order a worker's BRPOP names its queues in: its own queue (the next turns of what it
+    answered, producer/affinity.py) before the shared one, always. kombu's default,
+    `round_robin_cycle`, moves the queue a message came from to the end of the list
+    (`Channel._brpop_read` -> `_queue_cycle.rotate(dest)`), so a next turn waiting in the
+    worker's own queue lost every other free slot to the shared queue, and the producer's
+    short wait then sent it to another server whose cache does not hold its history.
+    `priority_cycle` keeps the order; `update` (called on every consume and cancel,
+    `Channel._update_queue_cycle`) puts the own queues first. BRPOP takes from the first key
+    that holds a message (`Channel._brpop_start`), so the shared queue is served whenever the
+    own queue is empty: it holds at most a pool's worth, all of them this worker's work."""
+
+    def update(self, it: Any) -> None:
+        queues = list(it)
+        self.items[:] = [q for q in queues if q.startswith(AFFINITY_PREFIX)] + \
+            [q for q in queues if not q.startswith(AFFINITY_PREFIX)]
+
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    # `Channel.__init__` makes its cycle with `cycle_by_name(self.queue_order_strategy)`,
+    # which takes a dotted path as well as kombu's aliases.
+    queue_order_strategy = f"{__name__}:OwnQueueFirst"
     _sync: tuple[Any, Any] | None = None  # (the pool it was made for, the client)
 
     def _create_client(self, asynchronous: bool = False) -> Any:

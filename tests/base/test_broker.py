@@ -154,3 +154,35 @@ def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
     for tag in ("live-1", "live-2"):
         channel.qos.ack(tag)
     assert channel.qos.renew() == 0
+
+
+def test_a_worker_takes_its_own_queue_before_the_shared_one(redis_url: str,
+                                                             rclient: redis.Redis) -> None:
+    """kombu's BRPOP (`Channel._brpop_start`) names the queues in the cycle's order and takes
+    from the first that holds a message; kombu's default cycle rotates the queue just served
+    to the end, so a next turn in the worker's own queue waited behind every other message of
+    the shared one. OwnQueueFirst keeps the own queue first: all three own messages come
+    before any of the shared queue's, taken in the order the worker really consumes."""
+    from kombu import Consumer, Queue
+
+    from fleetgen.base.contract import QUEUE, worker_queue
+
+    app = make_app(redis_url, visibility_timeout_s=60)
+    own = worker_queue("gpu0@host")
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        for k in range(3):
+            producer.publish({"q": "shared", "k": k}, routing_key=QUEUE, serializer="json")
+            producer.publish({"q": "own", "k": k}, routing_key=own, serializer="json")
+        taken: list[str] = []
+
+        def on_message(body: dict[str, object], message: object) -> None:
+            taken.append(str(body["q"]))
+            message.ack()  # type: ignore[attr-defined]
+
+        # Shared queue consumed first, as Celery's worker does (the gate adds its own after).
+        with Consumer(conn, [Queue(QUEUE), Queue(own)], callbacks=[on_message],
+                      accept=["json"]):
+            while len(taken) < 6:
+                conn.drain_events(timeout=5)
+    assert taken == ["own"] * 3 + ["shared"] * 3

@@ -1,0 +1,118 @@
+"""Prefix affinity's routing (producer/affinity.py) on a real Valkey, with heartbeats written as
+workers write them: first turns that share a prefix go to one worker, within half a pool; a
+message waiting in a worker's queue is stolen only while the shared queue is empty; a lost
+worker's queue goes back to the shared one. The whole path with workers and servers:
+tests/e2e/test_turns.py and bench/affinity.py."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from fleetgen.base.contract import QUEUE, TaskPayload, worker_key, worker_queue
+from producer.affinity import PREFIX_BLOCK, Affinity, prefix_key, rendezvous
+
+
+def _beat(client: redis.Redis, worker: str, concurrency: int = 8, consuming: bool = True,
+          age_s: float = 0.0) -> None:
+    client.hset(worker_key(worker), mapping={
+        "at": time.time() - age_s, "interval_s": 2.0, "lease_s": 60, "sweep_s": 6,
+        "held": 0, "consuming": "1" if consuming else "0", "concurrency": concurrency})
+
+
+def _payload(line: int, ids: list[int], sample: int | None = None) -> TaskPayload:
+    payload: dict[str, Any] = {"run": "r", "line": line, "id": str(line), "input_ids": ids,
+                               "max_tokens": 8, "sampling": {}, "row": {}}
+    if sample is not None:
+        payload["sample"] = sample
+    return payload  # type: ignore[return-value]
+
+
+def _system(k: int) -> list[int]:
+    """A prompt opening with shared system prompt k (PREFIX_BLOCK + 20 tokens), then its own."""
+    return [1000 + k] * (PREFIX_BLOCK + 20)
+
+
+def _where(routes: dict[str, list[TaskPayload]]) -> dict[int, str]:
+    return {p["line"] * 100 + p.get("sample", 0): q for q, ps in routes.items() for p in ps}
+
+
+def test_a_short_prompts_samples_go_together_and_a_lone_one_to_the_shared_queue(
+        rclient: redis.Redis) -> None:
+    for w in ("a", "b", "c", "d"):
+        _beat(rclient, w)
+    affinity = Affinity(rclient)
+    samples = [_payload(7, [1, 2, 3], sample=k) for k in range(4)]
+    lone = _payload(8, [1, 2, 3])
+    routes = affinity.first_routes([*samples, lone])
+    where = _where(routes)
+    own = {where[700 + k] for k in range(4)}
+    assert len(own) == 1 and own != {QUEUE}
+    assert where[800] == QUEUE
+    assert prefix_key(lone) is None
+
+
+def test_prompts_sharing_a_long_prefix_meet_one_worker_and_others_spread(
+        rclient: redis.Redis) -> None:
+    workers = ("a", "b", "c", "d")
+    for w in workers:
+        _beat(rclient, w, concurrency=1000)
+    affinity = Affinity(rclient)
+    shared = [_payload(n, [*_system(0), n]) for n in range(1, 11)]
+    others = [_payload(100 + k, [*_system(k), k]) for k in range(1, 41)]
+    routes = affinity.first_routes(shared + others)
+    where = _where(routes)
+    assert len({where[n * 100] for n in range(1, 11)}) == 1
+    spread = {where[(100 + k) * 100] for k in range(1, 41)}
+    assert spread == {worker_queue(w) for w in workers}
+
+
+def test_a_workers_queue_takes_first_turns_up_to_half_its_pool(rclient: redis.Redis) -> None:
+    _beat(rclient, "a", concurrency=8)
+    rclient.rpush(worker_queue("a"), "x")  # one waits already
+    routes = Affinity(rclient).first_routes(
+        [_payload(n, [*_system(n), n]) for n in range(1, 11)])
+    assert len(routes[worker_queue("a")]) == 3  # 8 // 2, less the one waiting
+    assert len(routes[QUEUE]) == 7
+
+
+def test_no_routing_without_live_workers_or_when_off(rclient: redis.Redis) -> None:
+    _beat(rclient, "lost", age_s=60)
+    _beat(rclient, "closed", consuming=False)
+    payloads = [_payload(n, _system(0)) for n in range(1, 5)]
+    assert Affinity(rclient).first_routes(payloads) == {QUEUE: payloads}
+    _beat(rclient, "a")
+    assert Affinity(rclient, enabled=False).first_routes(payloads) == {QUEUE: payloads}
+
+
+def test_rendezvous_moves_only_a_leaving_workers_keys() -> None:
+    workers = {w: 8 for w in "abcdefgh"}
+    keys = [f"k{n}" for n in range(400)]
+    before = {k: rendezvous(k, workers) for k in keys}
+    assert len(set(before.values())) == 8
+    del workers["c"]
+    after = {k: rendezvous(k, workers) for k in keys}
+    assert {k for k in keys if before[k] != after[k]} == {k for k in keys if before[k] == "c"}
+
+
+def test_a_waiting_message_is_stolen_only_while_the_shared_queue_is_empty(
+        rclient: redis.Redis) -> None:
+    _beat(rclient, "a")
+    rclient.rpush(worker_queue("a"), "turn")
+    rclient.rpush(QUEUE, "first")
+    affinity = Affinity(rclient, wait_s=0.0)
+    assert affinity.sweep() == 0 and affinity.sweep() == 0  # seen twice, others busy
+    rclient.delete(QUEUE)
+    assert affinity.sweep() == 1
+    assert rclient.lrange(QUEUE, 0, -1) == [b"turn"]
+    assert rclient.llen(worker_queue("a")) == 0
+
+
+def test_a_lost_workers_queue_goes_back_to_the_shared_one(rclient: redis.Redis) -> None:
+    _beat(rclient, "a", age_s=60)
+    rclient.rpush(worker_queue("a"), "t1", "t2")
+    rclient.rpush(QUEUE, "first")
+    assert Affinity(rclient, wait_s=0.0).sweep() == 2
+    assert rclient.llen(QUEUE) == 3 and not rclient.exists(worker_queue("a"))
