@@ -1,4 +1,4 @@
-"""Fill the README's table of environment variables from fleetgen/base/envvars.py.
+"""Fill the table of environment variables in docs/reference.md from fleetgen/base/envvars.py.
 
 The table sits between `<!-- envvars -->` and `<!-- /envvars -->`; what is between the markers
 is replaced, everything else is left as written. `--check` changes nothing and exits 1 when
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from fleetgen.base.envvars import TABLE, EnvVar  # noqa: E402
 
-README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"
 BLOCK = re.compile(r"(<!-- envvars -->\n)(?P<body>.*?)(<!-- /envvars -->)", re.DOTALL)
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
@@ -52,7 +52,7 @@ def main(argv: Sequence[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 if the file differs from the table")
-    parser.add_argument("file", nargs="?", type=Path, default=README)
+    parser.add_argument("file", nargs="?", type=Path, default=REFERENCE)
     args = parser.parse_args(argv)
     text = args.file.read_text()
     new = fill(text)

@@ -1,4 +1,4 @@
-"""Fill the performance tables in docs/performance.md and the README from bench/figures/*.json.
+"""Fill the performance tables in docs/performance.md and docs/scale.md from bench/figures/*.json.
 
 Each table sits between `<!-- perf:NAME -->` and `<!-- /perf:NAME -->`; what is between the
 markers is replaced, everything else is left as written. `--check` changes nothing and exits
@@ -21,7 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "bench" / "figures"
-DOCS = (ROOT / "docs" / "performance.md", ROOT / "docs" / "scale.md", ROOT / "README.md")
+DOCS = (ROOT / "docs" / "performance.md", ROOT / "docs" / "scale.md")
 BLOCK = re.compile(r"(<!-- perf:(?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /perf:(?P=name) -->)",
                    re.DOTALL)
 

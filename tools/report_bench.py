@@ -1,5 +1,5 @@
 """Measure `fleetgen report` on a large synthetic output directory: build time, peak memory and
-the HTML's size (README "Report", docs/performance.md).
+the HTML's size (docs/performance.md "Export and report").
 
 The directory is what the drainer writes for a seed-like run (8 workers, 8,192-token context,
 prompts of ~300 tokens, thinking answers of ~770 tokens with their reasoning, a few failures

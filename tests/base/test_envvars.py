@@ -1,6 +1,6 @@
 """fleetgen/base/envvars.py is the one table of FLEETGEN_* variables: every name in the tree is
-in it, the README's table is generated from it, and the worker settings take their names and
-defaults from it."""
+in it, the table in docs/reference.md is generated from it, and the worker settings take their
+names and defaults from it."""
 
 from __future__ import annotations
 
@@ -26,12 +26,18 @@ NAME = re.compile(r"\bFLEETGEN_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
 REDIS = {envvars.REDIS_URL.name: "redis://127.0.0.1:1/0"}
 
 
-def test_the_readme_table_is_generated_from_the_table() -> None:
-    # Fails when someone edits the README's table by hand or adds a variable without
-    # regenerating it (python tools/envvars_table.py).
+def test_the_reference_table_is_generated_from_the_table() -> None:
+    # Fails when someone edits the table in docs/reference.md by hand or adds a variable
+    # without regenerating it (python tools/envvars_table.py).
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "envvars_table.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
+    assert envvars_table.REFERENCE == ROOT / "docs" / "reference.md"
+    # The one table, in the one place the tool checks: a copy elsewhere would go stale.
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    holding = [p.relative_to(ROOT).as_posix() for p in docs if "<!-- envvars -->" in p.read_text()]
+    assert holding == ["docs/reference.md"], holding
+    assert envvars.REDIS_URL.name in envvars_table.REFERENCE.read_text()
 
 
 def test_the_tool_rewrites_only_its_block(tmp_path: Path) -> None:

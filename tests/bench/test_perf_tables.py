@@ -23,6 +23,16 @@ def test_docs_match_the_tracked_figures() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_every_marked_table_is_in_a_file_the_tool_checks() -> None:
+    # A table moved to another page (as from the README to docs/) must take the tool with it,
+    # or --check would pass over it.
+    checked = {p.resolve() for p in perf_tables.DOCS}
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    marked = {p.resolve() for p in pages if perf_tables.BLOCK.search(p.read_text())}
+    assert marked, "no <!-- perf:NAME --> block found at all"
+    assert marked == checked, (sorted(map(str, marked)), sorted(map(str, checked)))
+
+
 def _ordering(ratios: dict[str, list[float]]) -> dict[str, Any]:
     return {"bench": "ordering", "at": "2026-01-02T03:04:05", "run": "make bench test",
             "commit": "0123456789abcdef0123", "arguments": {"rows": 10, "seeds": 3},
