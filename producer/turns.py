@@ -12,7 +12,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, blocked_by, slot_of
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outcomes import RESULT_FIELDS, TURN_FIELDS
+from fleetgen.base.outcomes import split_result
 from fleetgen.base.outdir import OutDir
 
 Message = dict[str, Any]
@@ -66,10 +66,8 @@ def turn_messages(turns: list[list[Message]], answers: list[Message]) -> list[Me
 
 
 def row_object(record: dict[str, Any]) -> dict[str, Any]:
-    """The input row a result answered: its id and the fields carried through."""
-    row = {k: v for k, v in record.items() if k not in RESULT_FIELDS | TURN_FIELDS}
-    row["id"] = record["id"]
-    return row
+    """The input row a result answered: its id and its own fields (`split_result`)."""
+    return {"id": record["id"], **split_result(record).row}
 
 
 class WrittenTurns:

@@ -7,8 +7,9 @@ import hashlib
 import sys
 import time
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -20,16 +21,50 @@ from fleetgen.base.structured import json_error
 # The fields of a task payload that name which request of its row a record answers, and
 # where the row is in a run of several input files.
 _REQUEST_FIELDS = ("sample", "slot", "file", "position", "turn", "turns")
-# Every field fleetgen writes into a result line (README "Output"); everything else in a
-# result is the input row's own, carried through (the exporter and `--turns all` read the
-# row back from a result by leaving these out). TURN_FIELDS are fleetgen's only in a
-# `--turns all` run: in a `--turns last` run a field of that name is the input's own.
-RESULT_FIELDS = frozenset({
+# A result line is flat for its readers: fleetgen's fields and the input row's side by side
+# (docs/design.md "Result records"). These names are fleetgen's in every result, whether or not
+# this one carries them (`reasoning` only when the run splits reasoning, `turn` only with
+# `--turns all`, ...); every other top-level key is the input row's own, carried through.
+# A row field with one of these names is kept whole under SHADOWED, never overwritten or
+# mistaken for fleetgen's (a row's `slot` read as its bit in the run's bitmaps, its
+# `reasoning` exported as the model's), so `split_result` gives the row back exactly.
+SHADOWED: Final = "shadowed"
+RESULT_FIELDS: Final = frozenset({
     "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-    "max_tokens", "latency_s", "attempts", "worker", "line", "sample", "slot", "reasoning",
-    "reasoning_tokens", "reasoning_unfinished", "logprobs", "json_valid", "json_error", "file",
-    "position", "output_ids", "prompt_ids_digest", "finished_at"})
-TURN_FIELDS = frozenset({"turn", "turns"})
+    "max_tokens", "latency_s", "attempts", "worker", "line", "reasoning", "reasoning_tokens",
+    "reasoning_unfinished", "logprobs", "json_valid", "json_error", "output_ids",
+    "prompt_ids_digest", "finished_at", *_REQUEST_FIELDS, SHADOWED})
+
+
+class ResultParts(NamedTuple):
+    """A result record taken apart: fleetgen's fields (with `id`, the row's key, as vLLM's
+    BatchRequestOutput keeps `custom_id` beside the response), and the input row's own fields
+    as the producer read them (less `id`: the task payload's `row`)."""
+
+    fleetgen: dict[str, Any]
+    row: dict[str, Any]
+
+
+def carry_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The start of a result record: the input row's fields, flat, those named like one of
+    fleetgen's under SHADOWED (absent when there are none)."""
+    record = {k: v for k, v in row.items() if k not in RESULT_FIELDS}
+    shadowed = {k: v for k, v in row.items() if k in RESULT_FIELDS}
+    if shadowed:
+        record[SHADOWED] = shadowed
+    return record
+
+
+def split_result(record: Mapping[str, Any]) -> ResultParts:
+    """The one reading of which keys of a result are fleetgen's and which the row's:
+    `split_result(result_record(payload, ...)).row == payload["row"]`."""
+    fleetgen = {k: v for k, v in record.items() if k in RESULT_FIELDS and k != SHADOWED}
+    row = {k: v for k, v in record.items() if k not in RESULT_FIELDS}
+    shadowed = record.get(SHADOWED)
+    if isinstance(shadowed, dict):
+        row.update(shadowed)
+    return ResultParts(fleetgen, row)
+
 
 # A stream entry is two fields: the kind, and the record as orjson bytes. The drainer writes
 # those bytes to the file as they came, so a record is serialised exactly once.
@@ -76,8 +111,9 @@ def read_entry(fields: dict[bytes, bytes]) -> tuple[str, bytes] | None:
 
 def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, attempts: int,
                   worker: str) -> dict[str, Any]:
-    # The input row's fields first, so ours win on a name clash (documented in README).
-    record: dict[str, Any] = dict(payload["row"])
+    """The result line of one answer: the input row's fields (those named like one of
+    RESULT_FIELDS kept whole under SHADOWED), then fleetgen's."""
+    record = carry_row(payload["row"])
     record.update(
         id=payload["id"],
         completion=gen.text,

@@ -122,7 +122,7 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
     chat_template_kwargs, the row's own over them) from the input row's fields that the record
     carries. The exporter may not import the producer (tests/layout/test_layers.py), so it is
     built here, one floor up, and handed over as a callable."""
-    from fleetgen.exporter.shape import RESULT_FIELDS
+    from fleetgen.base.outcomes import split_result
     from producer.pipeline import render_row
     from producer.rows import BadRow, parse_row
     from producer.tokenizer import load_tokenizer
@@ -131,8 +131,7 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
                                chat_template_kwargs=settings.get("chat_template_kwargs") or {})
 
     def ids(record: Mapping[str, Any]) -> list[int]:
-        fields = {k: v for k, v in record.items() if k not in RESULT_FIELDS}
-        row = parse_row(int(record["line"]), fields)
+        row = parse_row(int(record["line"]), split_result(record).row)
         if isinstance(row, BadRow):
             raise ValueError(row.reason)
         return tokenizer.encode_batch([render_row(tokenizer, row)])[0]

@@ -90,7 +90,7 @@ def _finish(row: dict[str, Any], record: dict[str, Any], options: dict[str, Any]
             turns_all: bool) -> dict[str, Any]:
     """The fields every line ends with: the input row's own, the sample and turn, the
     template options (and each as a column), whether it thought, and its status."""
-    for key, value in shape.row_fields(record, turns_all).items():
+    for key, value in shape.row_fields(record).items():
         row.setdefault(key, value)
     if record.get("sample") is not None:
         row["sample"] = record["sample"]

@@ -8,9 +8,6 @@ from typing import Any, Final
 
 from fleetgen.base import outcomes
 
-# The fields fleetgen adds to a result line (README "Output"); everything else in a result is
-# the input row's own, carried through.
-RESULT_FIELDS: Final = outcomes.RESULT_FIELDS
 # The transport fields of an OpenAI Batch input line, carried through as row fields; `body`
 # holds the request itself.
 BATCH_FIELDS: Final = frozenset({"custom_id", "method", "url", "body"})
@@ -110,13 +107,11 @@ def answer(record: dict[str, Any], reasoning: str) -> tuple[str, str | None]:
     return THINK_OPEN + thought + THINK_CLOSE + completion, None
 
 
-def row_fields(record: dict[str, Any], turns_all: bool = False) -> dict[str, Any]:
-    """The input row's own fields, less its conversation and a Batch line's transport (and,
-    from a `--turns all` run, fleetgen's `turn` and `turns`)."""
-    skip = RESULT_FIELDS | BATCH_FIELDS | set(CONVERSATION_FIELDS)
-    if turns_all:
-        skip |= outcomes.TURN_FIELDS
-    return {k: v for k, v in record.items() if k not in skip}
+def row_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """The input row's own fields (`outcomes.split_result`: those named like fleetgen's
+    too), less its conversation and a Batch line's transport."""
+    return {k: v for k, v in outcomes.split_result(record).row.items()
+            if k not in BATCH_FIELDS and k not in CONVERSATION_FIELDS}
 
 
 def user_turns(turns: list[Any]) -> list[list[Any]]:

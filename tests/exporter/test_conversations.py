@@ -118,6 +118,23 @@ def test_an_answer_cut_off_inside_its_reasoning_keeps_the_block_open(
     assert row["conversations"][-1] == assistant("", reasoning_content="step 1, step 2")
 
 
+def test_a_rows_fields_named_like_fleetgens_are_the_rows_not_the_answers(
+        export: Export, tmp_path: Path) -> None:
+    """A dataset row's own `reasoning`, `completion` and `turn` (kept under `shadowed` in the
+    result: tests/base/test_outcomes.py) are columns of the row, never the model's reasoning
+    or a turn of `--turns all`; the results table keeps them as the result line has them."""
+    out = tmp_path / "out"
+    own = {"reasoning": "the dataset's", "completion": "a reference", "turn": 3}
+    write_answers(out, [result({"messages": [user("Go on.")], **own}, "r", 1, "Done.")])
+    assert export(out, "--format", "conversations").code == 0
+    (row,) = read_jsonl(out / "export.conversations.jsonl")
+    assert row["conversations"] == [user("Go on."), assistant("Done.")]
+    assert "thinking" not in row and {k: row[k] for k in own} == own
+    assert export(out, "--format", "parquet").code == 0
+    (table,) = pq.read_table(out / "export.parquet").to_pylist()
+    assert (table["completion"], table["shadowed"]) == ("Done.", own) and "reasoning" not in table
+
+
 def test_the_sharegpt_speakers_are_the_producers() -> None:
     """The exporter drops the trailing answers the producer dropped and names each speaker's
     role as the producer read it: the same table."""

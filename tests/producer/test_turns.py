@@ -8,7 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from fleetgen.base.contract import TaskPayload
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outcomes import Generation, result_record
 from producer.turns import WrittenTurns, answer_message, row_object, turn_messages, user_turns
 
 SYS = {"role": "system", "content": "Be brief."}
@@ -54,6 +56,18 @@ def test_row_object_leaves_out_fleetgen_fields() -> None:
     record = {"id": "x", "messages": [user("a")], "tag": 1, "completion": "A", "turn": 1,
               "turns": 2, "line": 3, "worker": "gpu0@h"}
     assert row_object(record) == {"id": "x", "messages": [user("a")], "tag": 1}
+
+
+def test_row_object_gives_back_the_rows_fields_named_like_fleetgens() -> None:
+    """The next turn is rendered from the row as it was read: its own `completion` and `turn`
+    too, not this run's answer or turn number."""
+    row = {"messages": [user("a"), assistant("A"), user("b")], "completion": "ref", "turn": 9}
+    record = result_record(
+        TaskPayload(run="r", line=3, id="x", input_ids=[1], max_tokens=5, sampling={},
+                    row=row, turn=1, turns=2),
+        Generation("A'", "stop", 1, 1, 0, 0.1), max_tokens=5, attempts=1, worker="w")
+    assert (record["completion"], record["turn"]) == ("A'", 1)
+    assert row_object(orjson.loads(orjson.dumps(record))) == {"id": "x", **row}
 
 
 def write(path: Path, records: list[dict[str, object]], tail: bytes = b"") -> None:

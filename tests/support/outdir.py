@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.outcomes import carry_row
+
 RUN = "exp-fixture"
 FINISHED_AT = 1_790_000_000.75
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -44,7 +46,7 @@ def result(row: dict[str, Any], row_id: str, line: int, completion: str, *,
            finish: str = "stop", prompt_tokens: int = 20, completion_tokens: int = 5,
            **extra: Any) -> dict[str, Any]:
     """A result line as fleetgen writes it: the row's fields, then fleetgen's."""
-    record = dict(row)
+    record = carry_row(row)
     record.update(id=row_id, completion=completion, finish_reason=finish,
                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                   cached_tokens=0, max_tokens=1000, latency_s=0.25, attempts=1,
