@@ -16,7 +16,7 @@ import orjson
 
 from fleetgen.base.envvars import BENCH_FIGURES, BENCH_RUN
 
-# Tracked: docs/performance.md and the README's table are generated from these files
+# Tracked: the tables of docs/performance.md and docs/scale.md are generated from these files
 # (tools/perf_tables.py). FLEETGEN_BENCH_FIGURES moves them elsewhere (the smoke test must
 # not overwrite a real run's figures).
 FIGURES_DIR = Path(BENCH_FIGURES.value()

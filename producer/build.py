@@ -122,7 +122,7 @@ def check_token_ids(s: ProducerSettings, proto: EngineProtocol,
         if not check.ok:
             raise ConfigError(f"--token-ids: {url} ({limits.engine}, {proto.name} protocol) "
                               f"cannot return token ids: {check.detail}; use a server that "
-                              "returns them (README \"Token ids\") or drop --token-ids")
+                              "returns them (docs/formats.md \"Token ids\") or drop --token-ids")
 
 
 def warn_ignored_seed(s: ProducerSettings, servers: dict[str, ServerLimits]) -> None:

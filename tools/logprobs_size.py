@@ -1,5 +1,5 @@
 """Measure what `--logprobs K` costs in the output: bytes per output token of a result line,
-and of its `logprobs` field alone, for several K (README "Log-probabilities").
+and of its `logprobs` field alone, for several K (docs/formats.md "Thinking, JSON, logprobs").
 
 Answers come from the simulator through the real SGLang client and the worker's record builder,
 so the record is byte for byte what the drainer writes; the simulator's ids are spread over the

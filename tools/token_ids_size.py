@@ -1,6 +1,7 @@
-"""Measure what `--token-ids` costs in the output (README "Token ids"): a real run (`fleetgen
-demo --token-ids` on the bundled sample: Valkey, Celery workers, simulated GPUs, the drainer),
-then `fleetgen export --format tokens` as JSONL and as Parquet, and bytes per token of each.
+"""Measure what `--token-ids` costs in the output (docs/formats.md "Token ids"): a real run
+(`fleetgen demo --token-ids` on the bundled sample: Valkey, Celery workers, simulated GPUs, the
+drainer), then `fleetgen export --format tokens` as JSONL and as Parquet, and bytes per token
+of each.
 
 The simulator's output ids are Qwen3.6's own ids of 64 common English words (3 to 5 digits);
 a real model's answers look more like the prompts' ids (real text, measured here too).
@@ -20,7 +21,7 @@ from typing import Any
 import orjson
 
 from fleetgen.base.contract import KIND_RESULT
-from fleetgen.base.outdir import OutDir
+from fleetgen.base.outdir import DrainDir
 
 
 def without_ids(record: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--token-ids")
         fleetgen("export", str(out), "--format", "tokens")
         fleetgen("export", str(out), "--format", "tokens", "--out", str(out / "t.parquet"))
-        raw = OutDir(out).file(KIND_RESULT).read_bytes()
+        raw = DrainDir(out).file(KIND_RESULT).read_bytes()
         records = [orjson.loads(line) for line in raw.splitlines()]
         output = sum(r["completion_tokens"] for r in records)
         added = sum(len(orjson.dumps(r)) - len(orjson.dumps(without_ids(r))) for r in records)

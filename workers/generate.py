@@ -123,7 +123,7 @@ def check_token_ids(gen: Generation, options: GenerateOptions) -> None:
         return
     if gen.output_ids is None:
         raise errors.PermanentError("the engine returned no output token ids, which "
-                                    "--token-ids needs (see README \"Token ids\")")
+                                    "--token-ids needs (see docs/formats.md \"Token ids\")")
     if len(gen.output_ids) != gen.completion_tokens:
         raise errors.PermanentError(f"the engine returned {len(gen.output_ids)} output token "
                                     f"ids for {gen.completion_tokens} completion tokens")

@@ -1,7 +1,7 @@
 """Every `FLEETGEN_*` environment variable, once: its name, type, default and what it does.
 
 The settings read names and defaults from here (workers/settings.py, the CLI's flag defaults,
-the Redis URL, the tokenizer cache); the README's table of variables is generated from
+the Redis URL, the tokenizer cache); the table of variables in docs/reference.md is generated from
 `TABLE` by tools/envvars_table.py, and tests/base/test_envvars.py fails when the two differ or
 when a `FLEETGEN_*` name anywhere in the tree is missing here. An empty value counts as unset
 (except where `blank_is_unset` says otherwise).
@@ -40,12 +40,12 @@ def _optional_text(raw: str) -> str | None:
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     name: str
-    kind: str  # how the README names its type: URL, seconds, integer, 0/1, path, text
+    kind: str  # how docs/reference.md names its type: URL, seconds, integer, 0/1, path, text
     default: T
     parse: Callable[[str], T]
     read_by: str
     help: str
-    default_text: str | None = None  # the README's default where `default` does not say it
+    default_text: str | None = None  # the docs' default where `default` does not say it
     secret: bool = False  # hidden from repr and logs
     blank_is_unset: bool = True
 

@@ -10,8 +10,8 @@ Parallel arrays, one entry per output token, whatever the engine's own shape:
 Logprobs are rounded to `DECIMALS` places (an absolute error of 5e-4 in a logprob is a relative
 error of 0.05 % in the probability); a value the engine sent as null or not finite is null.
 No token text is stored: ids are exact, a token's text is not (byte-level tokens are not
-always valid UTF-8), and the text is the tokenizer's to give. README "Log-probabilities"
-has the size per token.
+always valid UTF-8), and the text is the tokenizer's to give. docs/formats.md "Thinking,
+JSON, logprobs" has the size per token.
 """
 
 from __future__ import annotations

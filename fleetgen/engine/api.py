@@ -40,7 +40,8 @@ class ServerLimits:
 class GenerateOptions:
     """What a request asks of the engine beyond sampling and budget, from the task payload.
     Each protocol sends them in its engine's own names; one an engine cannot honour is a
-    `PermanentError` naming the engine and the way out (README "Thinking, JSON, logprobs")."""
+    `PermanentError` naming the engine and the way out (docs/formats.md "Thinking, JSON,
+    logprobs")."""
 
     keep_special_tokens: bool = False  # `<think>`/`</think>` stay in the text (the split)
     logprobs: int = 0  # top-K log-probabilities of every output token; 0: none

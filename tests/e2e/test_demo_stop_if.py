@@ -1,6 +1,6 @@
-"""`--stop-if` in the demo (issue 22, point 4): the README's recipe stops the bundled set before
-it is all sent, the reason is in summary.json and the final table, the export says the run
-was stopped (not "wait for the drain"), and the same command plus --ignore-stop finishes it."""
+"""`--stop-if` in the demo (issue 22, point 4): the recipe of docs/reference.md stops the bundled
+set before it is all sent, the reason is in summary.json and the final table, the export says the
+run was stopped (not "wait for the drain"), and the same command plus --ignore-stop finishes it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 
 from fleetgen.cli.demo import sample_prompts
 
-# The README's recipe ("Early warning in the demo"): a deliberately wrong budget.
+# The recipe of docs/reference.md ("Early warning", "In the demo"): a deliberately wrong budget.
 RECIPE = ("--max-output-tokens", "16", "--stop-if", "truncated>0.5", "--after", "40")
 
 

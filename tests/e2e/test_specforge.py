@@ -69,7 +69,7 @@ def asked(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def unfinished(record: dict[str, Any]) -> str | None:
-    """Why --only-finished must leave a result out (README, Export), from its fields."""
+    """Why --only-finished must leave a result out (docs/formats.md, Export), from its fields."""
     if record["reasoning_unfinished"]:
         return "reasoning_unfinished"
     if record["finish_reason"] == "length":

@@ -3,7 +3,7 @@ Valkey, Celery workers and simulated thinking-model servers (SGLang's native pro
 vLLM's /v1/completions), then the export after `fleetgen purge`. Every output id is the
 simulator's own; every exported line is the producer's prompt ids then those, masked 0 then
 1 (the trainers' own loaders judge the export in tests/trainers). Also measures the bytes
-per token `output_ids` adds to results.jsonl (README "Token ids")."""
+per token `output_ids` adds to results.jsonl (docs/formats.md "Token ids")."""
 
 from __future__ import annotations
 

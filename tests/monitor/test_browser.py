@@ -2,7 +2,7 @@
 fleet, watched by the live page while it runs, then reported from its output directory. Every
 chart is drawn (non-zero size, the series' own colour on its canvas), the figures shown equal
 summary.json and `fleetgen status --json`, the console stays clean, and the screenshots are kept
-(under the test's tmp dir and out/screenshots/; docs/ holds the copies the README shows)."""
+(under the test's tmp dir and out/screenshots/; docs/ holds the copies docs/report.md shows)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_the_live_page_in_chromium_shows_what_status_json_says(
         driver.get(live.url)
 
         def busy() -> bool:
-            # Mid-run, while both GPUs work: the screenshot the README shows.
+            # Mid-run, while both GPUs work: the screenshot docs/report.md shows.
             shown = _figures(driver)
             updates = driver.execute_script("return Number(document.body.dataset.updates || 0)")
             return updates >= 4 and (shown.get("in_flight") or 0) > 0 and \

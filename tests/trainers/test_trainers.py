@@ -9,7 +9,7 @@ thinking off, raw prompts, the dataset's own history answers, cut answers), `--t
 For every generated answer: the trainer's input ids must be the prompt the model was sent
 followed by the ids it returned, and its loss mask must cover exactly those ids
 (tests/support/trainer_verdict.py). Where a trainer cannot by its own rules, the limit is
-pinned with its figure (README "Training a drafter" lists them all)."""
+pinned with its figure (docs/training.md lists them all)."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def test_include_unfinished_keeps_every_answer_exact(judged: Judged, run: str) -
 @pytest.mark.parametrize("run", [run.name for run in RUNS])
 def test_conversations_train_every_answer_as_sent_in_specforge(judged: Judged,
                                                               run: str) -> None:
-    """`train_data_path` with `train_only_last_turn: true` (README): every finished answer
+    """`train_data_path` with `train_only_last_turn: true` (docs/training.md): every finished answer
     once, in the context it was sent (the row's template options, preserve_thinking
     included, reach the template as columns), raw prompts skipped. SpecForge's own limits,
     pinned: its parser forces enable_thinking, so a no-thinking answer's mask starts 2
