@@ -13,7 +13,7 @@ import orjson
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, blocked_by, slot_of
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outcomes import split_result
-from fleetgen.base.outdir import OutDir
+from fleetgen.base.outdir import DrainDir
 
 Message = dict[str, Any]
 
@@ -78,7 +78,7 @@ class WrittenTurns:
 
     def __init__(self, out: Path, run: str) -> None:
         self.out = out
-        self.dir = OutDir(out)
+        self.dir = DrainDir(out)
         self.run = run
         self.kinds = bytearray()  # by slot: 0 nothing, 1 result, 2 rejected
         self.written = 0

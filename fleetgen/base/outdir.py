@@ -89,9 +89,11 @@ def usable_dir(path: Path) -> None:
         raise ConfigError(f"cannot write in {path}: {cause}; pick another --out") from None
 
 
-class OutDir:
-    """One drained output directory. Reading names and the summary is free for anyone; the
-    writing methods are the drainer's, the only writer of these files."""
+class DrainDir:
+    """The directory `fleetgen drain --out` writes, as its one writer sees it: its files'
+    names and the drainer's writes. Reading names and the summary is free for anyone; the
+    writing methods are the drainer's, the only writer of these files. (A finished run read
+    back for export or the report is fleetgen/exporter/source.py `DrainedRun`.)"""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -197,3 +199,7 @@ class OutDir:
         for f in self._appends.values():
             f.close()
         self._appends.clear()
+
+
+# The name before issue 33 (6a), kept while bench/ still imports it.
+OutDir = DrainDir

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, OutDir, usable_dir
+from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, DrainDir, usable_dir
 from fleetgen.cli import job
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
@@ -73,7 +73,7 @@ def sample_prompts() -> Path:
     return Path(str(resources.files("fleetgen") / "data" / "sample_prompts.jsonl"))
 
 
-def _recorded_run(out: OutDir) -> str | None:
+def _recorded_run(out: DrainDir) -> str | None:
     """The run whose output `out` holds (the drainer's marker, else the summary's), if any."""
     return out.owner() or str((out.read_summary() or {}).get("run", "")) or None
 
@@ -82,7 +82,7 @@ def _prepare_out(out: Path) -> str | None:
     """The run to resume in `out` (an unfinished demo whose Redis state is kept there), or
     None after clearing an earlier, finished demo's output for a new run. The demo touches
     only its own output, never another run's."""
-    outdir = OutDir(out)
+    outdir = DrainDir(out)
     run = _recorded_run(outdir)
     if run is None and any((out / name).exists() for name in output_files()):
         raise ConfigError(f"{out} already holds output files; pick another --out")

@@ -15,7 +15,7 @@ from typing import Any
 
 from fleetgen.base import envvars, exitcodes
 from fleetgen.base.errors import ConfigError, EngineUnreachable
-from fleetgen.base.outdir import OutDir, usable_dir
+from fleetgen.base.outdir import DrainDir, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
 from fleetgen.cli.produce import add_producer_options, settings_from
@@ -102,7 +102,7 @@ def listen_address(value: str | None) -> tuple[str, int] | None:
 def run_name(out: Path, given: str | None) -> tuple[str, bool]:
     """The run to resume in `out` (its marker, else its summary), or a new one; True when
     resumed. ConfigError when --run names another run than the one `out` holds."""
-    outdir = OutDir(out)
+    outdir = DrainDir(out)
     recorded = outdir.owner() or str((outdir.read_summary() or {}).get("run", "")) or None
     if recorded is not None and given is not None and given != recorded:
         raise ConfigError(f"{out} holds the output of run {recorded!r}, not {given!r}; "

@@ -20,7 +20,7 @@ from fleetgen.base.contract import (
     slot_of,
 )
 from fleetgen.base.outcomes import QUALITY_COUNTS, quality_counts
-from fleetgen.base.outdir import OutDir
+from fleetgen.base.outdir import DrainDir
 
 log = logging.getLogger("fleetgen.drainer")
 
@@ -106,7 +106,7 @@ class FileStore:
 
     def __init__(self, run: str, path: Path) -> None:
         self.run = run
-        self.dir = OutDir(path)
+        self.dir = DrainDir(path)
         self.tally = Tally()
         self._superseded = False
 

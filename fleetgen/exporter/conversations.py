@@ -53,7 +53,7 @@ import orjson
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.exporter import shape, tokens
 from fleetgen.exporter.finished import Selection, unfinished
-from fleetgen.exporter.source import OutputDir
+from fleetgen.exporter.source import DrainedRun
 
 COLUMN = "conversations"
 STATUS = "success"  # SpecForge's mark of a regenerated row
@@ -163,14 +163,14 @@ def rows(outcomes: list[Any], reasoning: str, selection: Selection,
             yield turn_row(before, reasoning, run_kwargs)
 
 
-def run_kwargs_of(source: OutputDir) -> dict[str, Any]:
+def run_kwargs_of(source: DrainedRun) -> dict[str, Any]:
     """The run's --chat-template-kwargs (summary.json `settings`)."""
     settings = (source.info.summary or {}).get("settings") or {}
     kwargs = settings.get("chat_template_kwargs")
     return dict(kwargs) if isinstance(kwargs, dict) else {}
 
 
-def write(source: OutputDir, out: BinaryIO, reasoning: str,
+def write(source: DrainedRun, out: BinaryIO, reasoning: str,
           selection: Selection | None = None) -> tuple[int, int]:
     """Every result (every finished one, by `selection`), in input order; returns (lines
     written, outcomes superseded)."""
@@ -185,7 +185,7 @@ def write(source: OutputDir, out: BinaryIO, reasoning: str,
     return written, index.superseded
 
 
-def write_parquet(source: OutputDir, out: BinaryIO, reasoning: str,
+def write_parquet(source: DrainedRun, out: BinaryIO, reasoning: str,
                   selection: Selection | None = None) -> tuple[int, int]:
     """The same rows as a Parquet table (`conversations` a list of structs); returns (rows
     written, outcomes superseded)."""

@@ -9,11 +9,11 @@ from typing import BinaryIO
 
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import OutDir, atomic_file
+from fleetgen.base.outdir import DrainDir, atomic_file
 from fleetgen.exporter import FORMATS, conversations, openai_batch, parquet, tokens
 from fleetgen.exporter.finished import Selection
 from fleetgen.exporter.shape import REASONING_MODES
-from fleetgen.exporter.source import KINDS, OutputDir
+from fleetgen.exporter.source import KINDS, DrainedRun
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def export(directory: Path, options: Options,
     out = options.out or default_out(directory, options.format)
     selection = Selection(options.only_finished or (options.format in TRAINING
                                                     and not options.include_unfinished))
-    with OutputDir(directory, progress) as source:
+    with DrainedRun(directory, progress) as source:
         refuse_drainer_files(directory, out)
         _refuse_turns(source, options, out)
         prompt_ids = _prompt_ids(source, options)  # tokens: refused before anything is written
@@ -98,7 +98,7 @@ def export(directory: Path, options: Options,
                       dict(selection.left_out), info.stopped)
 
 
-def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,
+def _write(source: DrainedRun, f: BinaryIO, options: Options, out: Path,
            selection: Selection, prompt_ids: tokens.PromptIds | None = None
            ) -> tuple[int, int]:
     if options.format == "conversations":
@@ -116,7 +116,7 @@ def _write(source: OutputDir, f: BinaryIO, options: Options, out: Path,
     return openai_batch.write(source, f, ctx)
 
 
-def _refuse_turns(source: OutputDir, options: Options, out: Path) -> None:
+def _refuse_turns(source: DrainedRun, options: Options, out: Path) -> None:
     """openai-batch has one response per request line; a `--turns all` conversation is several
     requests, each built on the answer before it, which no Batch input line asked for."""
     settings = (source.info.summary or {}).get("settings") or {}
@@ -132,7 +132,7 @@ def _refuse_turns(source: OutputDir, options: Options, out: Path) -> None:
                           "only for now; give --out a .jsonl name")
 
 
-def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:
+def _prompt_ids(source: DrainedRun, options: Options) -> tokens.PromptIds | None:
     if options.format != "tokens":
         return None
     settings = (source.info.summary or {}).get("settings")
@@ -142,7 +142,7 @@ def _prompt_ids(source: OutputDir, options: Options) -> tokens.PromptIds | None:
 def refuse_drainer_files(directory: Path, out: Path) -> None:
     """A file written from an output directory (an export, a report) may not replace one of
     the drainer's own files, nor be a directory."""
-    ours = {path.resolve() for path in OutDir(directory).own_files()}
+    ours = {path.resolve() for path in DrainDir(directory).own_files()}
     if out.resolve() in ours:
         raise ConfigError(f"--out {out} is one of the drainer's own files; pick another path")
     if out.is_dir():

@@ -29,7 +29,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_REJECTED, KIND_RESULT
 from fleetgen.exporter import shape
-from fleetgen.exporter.source import KINDS, Outcome, OutputDir
+from fleetgen.exporter.source import KINDS, DrainedRun, Outcome
 
 DEFAULT_MODEL = "fleetgen"
 REJECTED_STATUS = 400  # what the engine answers a request it cannot take
@@ -190,7 +190,7 @@ def _text_logprobs(compact: Any) -> dict[str, Any] | None:
     }
 
 
-def write(source: OutputDir, out: BinaryIO, ctx: Context) -> tuple[int, int]:
+def write(source: DrainedRun, out: BinaryIO, ctx: Context) -> tuple[int, int]:
     """One line per input line that has an outcome, in input order; returns (lines written,
     outcomes superseded)."""
     index = source.index(KINDS)

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import Selection
-from fleetgen.exporter.source import OutputDir
+from fleetgen.exporter.source import DrainedRun
 
 log = logging.getLogger("fleetgen.exporter")
 
@@ -113,7 +113,7 @@ class SchemaBuilder:
         self.types[name] = kind
 
 
-def write(source: OutputDir, out: BinaryIO, reasoning: str,
+def write(source: DrainedRun, out: BinaryIO, reasoning: str,
           selection: Selection | None = None) -> tuple[int, int]:
     """Every result (every finished one, by `selection`) as a table row, in input order;
     returns (rows written, outcomes superseded)."""
@@ -121,8 +121,9 @@ def write(source: OutputDir, out: BinaryIO, reasoning: str,
                       selection or Selection())
 
 
-def write_rows(source: OutputDir, out: BinaryIO, to_row: Callable[[dict[str, Any]], dict[str, Any]],
-               selection: Selection, always: Sequence[str] = ALWAYS) -> tuple[int, int]:
+def write_rows(source: DrainedRun, out: BinaryIO,
+               to_row: Callable[[dict[str, Any]], dict[str, Any]], selection: Selection,
+               always: Sequence[str] = ALWAYS) -> tuple[int, int]:
     """Each result `selection` admits, as `to_row` shapes it, in input order; `always`: the
     columns every table has, first. The schema comes from the same rows (the index's scan)."""
     builder = SchemaBuilder(always)

@@ -21,7 +21,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import InputError
-from fleetgen.base.outdir import FILES, RUN_MARKER, OutDir, whole_lines_end
+from fleetgen.base.outdir import FILES, RUN_MARKER, DrainDir, whole_lines_end
 
 log = logging.getLogger("fleetgen.exporter")
 
@@ -109,10 +109,12 @@ def _positions(order: Any, chunk: int = 1 << 16) -> Iterator[int]:
 
 
 @dataclass
-class OutputDir:
-    """An output directory written by `fleetgen drain`, checked and opened for reading. Each
-    file is read up to its last whole line as it was when opened: a drainer still writing
-    (or one killed mid-line) adds nothing half-written to an export."""
+class DrainedRun:
+    """A drained run read back from its files for export and the report: the directory
+    `fleetgen drain` wrote (fleetgen/base/outdir.py `DrainDir`), checked and opened for reading,
+    with the run it holds and its outcomes in input order. Each file is read up to its last
+    whole line as it was when opened: a drainer still writing (or one killed mid-line) adds
+    nothing half-written to an export."""
 
     path: Path
     progress: Callable[[int], None] = lambda nbytes: None  # bytes scanned, then bytes read
@@ -123,7 +125,7 @@ class OutputDir:
 
     def __post_init__(self) -> None:
         _check_is_output(self.path)
-        directory = OutDir(self.path)
+        directory = DrainDir(self.path)
         for kind in KINDS:
             file_path = directory.file(kind)
             if not file_path.exists():
@@ -145,7 +147,7 @@ class OutputDir:
             f.close()
         self._files.clear()
 
-    def __enter__(self) -> OutputDir:
+    def __enter__(self) -> DrainedRun:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -210,7 +212,7 @@ def _check_is_output(path: Path) -> None:
         raise InputError(f"no such directory: {path}; {hint}")
     if not path.is_dir():
         raise InputError(f"{path} is a file, not an output directory; {hint}")
-    directory = OutDir(path)
+    directory = DrainDir(path)
     if not directory.marker.exists():
         raise InputError(f"{path} is not a drained output directory (no {RUN_MARKER} marker, "
                          f"which `fleetgen drain` writes first); {hint}")
@@ -232,7 +234,7 @@ def _parse(raw: bytes, name: str, number: int) -> dict[str, Any]:
     return record
 
 
-def _run_info(directory: OutDir) -> RunInfo:
+def _run_info(directory: DrainDir) -> RunInfo:
     run = directory.owner() or ""
     summary: dict[str, Any] | None = None
     try:
@@ -243,3 +245,7 @@ def _run_info(directory: OutDir) -> RunInfo:
     created = int(finished) if isinstance(finished, int | float) else \
         int(directory.file(KIND_RESULT).stat().st_mtime)
     return RunInfo(run, summary, created)
+
+
+# The name before issue 33 (6a), kept while fleetgen/monitor/report.py still imports it.
+OutputDir = DrainedRun

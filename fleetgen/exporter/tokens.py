@@ -37,7 +37,7 @@ from fleetgen.base.outcomes import ids_digest
 from fleetgen.base.outdir import SUMMARY
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import Selection, unfinished
-from fleetgen.exporter.source import OutputDir
+from fleetgen.exporter.source import DrainedRun
 
 PARQUET_SUFFIX = ".parquet"
 SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()),
@@ -101,7 +101,7 @@ def token_row(record: Mapping[str, Any], prompt: list[int]) -> dict[str, Any]:
     return row
 
 
-def write(source: OutputDir, out: BinaryIO, prompt_ids: PromptIds,
+def write(source: DrainedRun, out: BinaryIO, prompt_ids: PromptIds,
           parquet: bool = False, selection: Selection | None = None) -> tuple[int, int]:
     """Every result (the finished ones under --only-finished), in input order, as JSONL (or
     Parquet); returns (lines written, outcomes superseded)."""

@@ -17,7 +17,7 @@ import pytest
 from fleetgen.base import outdir
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import OutDir, atomic_file, temp_name
+from fleetgen.base.outdir import DrainDir, atomic_file, temp_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
 
 
 def test_the_names_are_the_public_contract(tmp_path: Path) -> None:
-    d = OutDir(tmp_path)
+    d = DrainDir(tmp_path)
     assert [p.name for p in d.own_files()] == ["results.jsonl", "failures.jsonl",
                                                "rejected.jsonl", ".fleetgen-run",
                                                "summary.json"]
@@ -50,7 +50,7 @@ def test_the_names_are_the_public_contract(tmp_path: Path) -> None:
 
 
 def test_a_claim_ties_the_directory_to_one_run(tmp_path: Path) -> None:
-    d = OutDir(tmp_path / "out")
+    d = DrainDir(tmp_path / "out")
     assert d.owner() is None
     d.claim("r1")  # creates the directory
     assert (tmp_path / "out" / ".fleetgen-run").read_text() == "r1\n"
@@ -64,13 +64,13 @@ def test_a_claim_ties_the_directory_to_one_run(tmp_path: Path) -> None:
 def test_output_files_without_a_marker_are_not_claimed(tmp_path: Path) -> None:
     (tmp_path / "rejected.jsonl").write_bytes(b'{"line": 0}\n')
     with pytest.raises(ConfigError, match="unknown run"):
-        OutDir(tmp_path).claim("r1")
+        DrainDir(tmp_path).claim("r1")
     assert not (tmp_path / ".fleetgen-run").exists()
 
 
 def test_the_marker_is_written_atomically_and_fsynced(tmp_path: Path,
                                                       events: list[tuple[str, str]]) -> None:
-    OutDir(tmp_path).claim("r1")
+    DrainDir(tmp_path).claim("r1")
     tmp = str(temp_name(tmp_path / ".fleetgen-run"))
     assert events == [("fsync", tmp), ("rename", f"{tmp} -> {tmp_path / '.fleetgen-run'}"),
                       ("fsync", str(tmp_path))]
@@ -84,7 +84,7 @@ def test_the_marker_is_written_atomically_and_fsynced(tmp_path: Path,
 ])
 def test_repair_cuts_only_a_torn_tail(tmp_path: Path, content: bytes, cut: int) -> None:
     (tmp_path / "results.jsonl").write_bytes(content)
-    assert OutDir(tmp_path).repair(KIND_RESULT) == cut
+    assert DrainDir(tmp_path).repair(KIND_RESULT) == cut
     assert (tmp_path / "results.jsonl").read_bytes() == content[:len(content) - cut]
 
 
@@ -93,19 +93,19 @@ def test_repair_finds_the_last_newline_chunks_back(tmp_path: Path,
     whole = b'{"line": 0}\n'
     torn = b"x" * (3 * (1 << 16) + 17)  # a torn line longer than three reading chunks
     (tmp_path / "failures.jsonl").write_bytes(whole + torn)
-    assert OutDir(tmp_path).repair(KIND_FAILURE) == len(torn)
+    assert DrainDir(tmp_path).repair(KIND_FAILURE) == len(torn)
     assert (tmp_path / "failures.jsonl").read_bytes() == whole
     assert events == [("fsync", str(tmp_path / "failures.jsonl"))]  # the cut is durable
 
 
 def test_repair_of_a_missing_file_is_nothing(tmp_path: Path) -> None:
-    assert OutDir(tmp_path).repair(KIND_REJECTED) == 0
+    assert DrainDir(tmp_path).repair(KIND_REJECTED) == 0
     assert not (tmp_path / "rejected.jsonl").exists()
 
 
 def test_append_writes_whole_lines_and_fsyncs_before_returning(
         tmp_path: Path, events: list[tuple[str, str]]) -> None:
-    d = OutDir(tmp_path)
+    d = DrainDir(tmp_path)
     d.open_appends()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["failures.jsonl", "rejected.jsonl",
                                                           "results.jsonl"]
@@ -120,7 +120,7 @@ def test_append_writes_whole_lines_and_fsyncs_before_returning(
 
 def test_replace_is_atomic_and_appends_follow_the_new_file(
         tmp_path: Path, events: list[tuple[str, str]]) -> None:
-    d = OutDir(tmp_path)
+    d = DrainDir(tmp_path)
     d.open_appends()
     d.append(KIND_FAILURE, [b'{"line": 0}', b'{"line": 1}'])
     events.clear()
@@ -146,7 +146,7 @@ def test_an_exception_inside_an_atomic_write_leaves_the_old_file(tmp_path: Path)
 
 def test_the_summary_is_written_durably_and_read_back(tmp_path: Path,
                                                       events: list[tuple[str, str]]) -> None:
-    d = OutDir(tmp_path)
+    d = DrainDir(tmp_path)
     assert d.read_summary() is None
     d.write_summary({"run": "r1", "complete": True})
     assert d.read_summary() == {"run": "r1", "complete": True}
@@ -159,7 +159,7 @@ import os, sys
 from pathlib import Path
 from fleetgen.base import outdir
 outdir.os.replace = lambda src, dst: os._exit(9)  # the process dies after the temp is fsynced
-d = outdir.OutDir(Path(sys.argv[1]))
+d = outdir.DrainDir(Path(sys.argv[1]))
 if sys.argv[2] == "summary":
     d.write_summary({"run": "r1", "complete": True})
 else:
@@ -170,7 +170,7 @@ else:
 @pytest.mark.parametrize("what", ["summary", "failures"])
 def test_a_crash_between_temp_write_and_rename_leaves_the_old_file_whole(
         tmp_path: Path, what: str) -> None:
-    d = OutDir(tmp_path)
+    d = DrainDir(tmp_path)
     d.claim("r1")
     d.write_summary({"run": "r1", "complete": False})
     (tmp_path / "failures.jsonl").write_bytes(b'{"line": 0}\n{"line": 1}\n')

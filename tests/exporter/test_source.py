@@ -10,12 +10,12 @@ from pathlib import Path
 import orjson
 
 from fleetgen.base.contract import KINDS
-from fleetgen.exporter.source import OutputDir
+from fleetgen.exporter.source import DrainedRun
 from tests.support.outdir import result
 
 
 def test_lines_written_after_opening_are_not_read(drained: Path) -> None:
-    with OutputDir(drained) as source:
+    with DrainedRun(drained) as source:
         with (drained / "results.jsonl").open("ab") as f:  # the drainer goes on writing
             f.write(orjson.dumps(result({"prompt": "late"}, "late", 99, "x")) + b"\n")
         # ... and rewrites failures.jsonl (temp file + rename) without two of its rows
