@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -85,6 +86,12 @@ class EarlyStop:
         self._next_check = time.monotonic() + CHECK_EVERY_S
         self.verdict = judge(read_hash(self.redis, self.keys.stats), self.rules, self.after)
         return self.verdict is not None
+
+    def wait_for_sent(self, should_stop: Callable[[], bool]) -> None:
+        """Once stopped: let what was queued or in flight before the stop finish."""
+        while not should_stop() and self.redis.bitcount(self.keys.done) < self.redis.bitcount(
+                self.keys.sent):
+            time.sleep(0.2)
 
 
 def judge(stats: dict[str, str], rules: list[StopRule], after: int) -> Verdict | None:

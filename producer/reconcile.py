@@ -50,6 +50,10 @@ class Reconciler:
     def in_flight(self) -> set[int]:
         return lines_in_flight(self.redis, self.run)
 
+    def retrying(self) -> int:
+        """Slots `fleetgen retry` sent back: failed in the files, but not done."""
+        return int(self.redis.scard(self.keys.retrying))
+
     def lost_lines(self, total: int) -> set[int]:
         """Lines with no outcome that are neither queued nor held by a worker. `total` is
         the producer's own count: the manifest's may have been lost with the rest."""

@@ -14,7 +14,7 @@ from fleetgen.base.runstate import run_complete
 from producer.build import build_producer
 from producer.inputs import resolve_input
 from producer.manifest import RunManifest
-from producer.pipeline import Progress
+from producer.progress import Progress
 from producer.rows import count_rows
 from producer.settings import ProducerSettings
 

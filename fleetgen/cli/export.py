@@ -123,7 +123,7 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
     carries. The exporter may not import the producer (tests/layout/test_layers.py), so it is
     built here, one floor up, and handed over as a callable."""
     from fleetgen.base.outcomes import split_result
-    from producer.pipeline import render_row
+    from producer.prompts import render_row
     from producer.rows import BadRow, parse_row
     from producer.tokenizer import load_tokenizer
 

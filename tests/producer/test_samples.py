@@ -115,9 +115,10 @@ def test_pipeline_caps_a_rows_max_tokens_by_the_budget(tmp_path: Path, redis_url
                                                       rclient: redis.Redis) -> None:
     producer = build_producer(settings(tmp_path, redis_url, "cap"), tokenizer=tokenizer())
     big, small = row(max_tokens=10_000), row(max_tokens=3)
-    payloads = producer._budget([(big, "hi", [Request(4, None, 4)]),
-                                    (small, "hi", [Request(5, None, 5)])], [])
-    assert [p["max_tokens"] for p in payloads] == [32, 3]  # min(run cap 32, row's own)
+    batch = producer.prompts.batch()
+    batch.add(big, [Request(4, None, 4)])
+    batch.add(small, [Request(5, None, 5)])
+    assert [p["max_tokens"] for p in batch.payloads()] == [32, 3]  # min(run cap 32, row's own)
 
 
 def test_reasoning_flags(tmp_path: Path) -> None:

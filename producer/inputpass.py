@@ -1,0 +1,102 @@
+"""One pass over the input, in batches: each row's requests numbered into slots (the same input
+and settings give every request the same slot), the wanted ones rendered, tokenized and
+budgeted as one batch, their first turns enqueued and the rest rejected. A first pass wants
+what is neither done nor in flight; a re-enqueueing pass wants only the slots Redis lost."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from fleetgen.base.contract import TaskPayload
+from fleetgen.base.outcomes import duplicate_record
+from producer.dedup import SeenIds
+from producer.inputs import Inputs
+from producer.manifest import RunManifest
+from producer.options import Request
+from producer.outbox import Outbox
+from producer.progress import Progress
+from producer.prompts import PromptBatch, Prompts, rejected
+from producer.rows import BadRow, Row, read_rows
+from producer.turnmode import TurnMode
+
+
+class InputPass:
+    def __init__(self, inputs: Inputs, batch_size: int, default_n: int, prompts: Prompts,
+                 outbox: Outbox, turns: TurnMode, manifest: RunManifest,
+                 seen_ids: SeenIds) -> None:
+        self.inputs = inputs
+        self.batch_size = batch_size
+        self.default_n = default_n  # --n: samples of a row that does not say
+        self.prompts = prompts
+        self.outbox = outbox
+        self.turns = turns
+        self.manifest = manifest
+        self.seen_ids = seen_ids  # ~8 bytes a row (bench/memory.py)
+        self.next_slot = 1
+
+    @property
+    def slots_read(self) -> int:
+        """The requests of the rows read so far (rows x samples, x turns with --turns all)."""
+        return self.next_slot - 1
+
+    def run(self, wanted: Callable[[int], bool], on_batch: Callable[[Progress], None] | None,
+            should_stop: Callable[[], bool]) -> Progress:
+        progress = self.outbox.new_pass()
+        self.seen_ids.clear()
+        self.next_slot = 1
+        for chunk in _batched(read_rows(self.inputs), self.batch_size):
+            if should_stop():
+                break
+            # Next turns go out while the input is still being read (no waves): they are
+            # built whenever the files gain an answer, also while the queue is full.
+            self.outbox.wait_for_room(should_stop, while_full=self.turns.follow)
+            if should_stop():
+                break
+            payloads, rejections = self._prepare(chunk, wanted, progress)
+            self.outbox.send_first(payloads, rejections)
+            self.manifest.record_read(self.slots_read)
+            self.turns.follow()
+            if on_batch:
+                on_batch(progress)
+        return progress
+
+    def _prepare(self, chunk: list[Row | BadRow], wanted: Callable[[int], bool],
+                 progress: Progress) -> tuple[list[TaskPayload], list[dict[str, Any]]]:
+        batch = self.prompts.batch()
+        for item in chunk:
+            progress.read += 1
+            duplicate = self._is_duplicate(item.id)
+            item, requests = self.turns.requests(item, self.next_slot, self.default_n)
+            self.next_slot += len(requests)
+            pending = [r for r in requests if wanted(r.slot)]
+            progress.skipped += len(requests) - len(pending)
+            if pending:
+                self._add(batch, item, pending, duplicate)
+        return batch.payloads(), batch.rejections
+
+    @staticmethod
+    def _add(batch: PromptBatch, item: Row | BadRow, pending: list[Request],
+             duplicate: bool) -> None:
+        if duplicate:
+            batch.reject([r.mark(duplicate_record(item.id, item.line, file=item.source,
+                                                  position=item.position)) for r in pending])
+        elif isinstance(item, BadRow):
+            batch.reject([r.mark(rejected(item, item.reason)) for r in pending])
+        else:
+            # A pass sends first turns; with --turns all the next ones are built from the
+            # answers written (producer/conversations.py).
+            first = [r for r in pending if r.turn in (None, 1)]
+            if first:
+                batch.add(item, first)
+
+    def _is_duplicate(self, row_id: str) -> bool:
+        """First occurrence wins. 64-bit hashes, not the ids themselves."""
+        return not self.seen_ids.add(hash(row_id))
+
+
+def _batched(items: Iterable[Row | BadRow], size: int) -> Iterator[list[Row | BadRow]]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
