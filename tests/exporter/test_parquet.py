@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from fleetgen.base.outcomes import RESULT_FIELDS
 from fleetgen.exporter import parquet
 from tests.support.cli import Export
 from tests.support.outdir import RUN, records, result, without_nulls
@@ -115,3 +116,10 @@ def test_a_run_with_no_results_gives_an_empty_table_with_the_fixed_columns(
     assert table.schema.names == ["id", "completion", "finish_reason", "prompt_tokens",
                                   "completion_tokens", "cached_tokens", "max_tokens",
                                   "latency_s", "attempts", "worker", "line"]
+
+
+def test_the_declared_columns_are_fleetgens_fields() -> None:
+    """A column typed by fleetgen is one of its result fields (a row's field of that name is
+    under `shadowed`, so a user's text never meets a declared int column)."""
+    assert set(parquet.DECLARED) <= RESULT_FIELDS
+    assert set(parquet.ALWAYS) <= set(parquet.DECLARED)
