@@ -61,7 +61,7 @@ def tokenizer(name: str = "qwen3.6", template_kwargs: str = "{}") -> PromptToken
 def input_rows(prompts: Path, wanted: set[str], tokenizer_name: str = "qwen3.6",
                template_kwargs: str = "{}") -> dict[str, tuple[list[int], Row]]:
     """Row id -> the token ids the producer sends for it (render with the chat template
-    unless the row is a plain `prompt`, then tokenize; producer/pipeline.py) and the row, for
+    unless the row is a plain `prompt`, then tokenize; producer/prompts.py) and the row, for
     the first row with each wanted id (the first occurrence wins, as in the producer); a
     row's own `chat_template_kwargs` go over `template_kwargs`."""
     tok = tokenizer(tokenizer_name, template_kwargs)
