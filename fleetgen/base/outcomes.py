@@ -148,7 +148,7 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
         record["logprobs"] = gen.logprobs
     if payload.get("token_ids") and gen.output_ids is not None:
         # A plain JSON list: what every trainer's loader reads as it is (`input_ids` in
-        # speculators' and SpecForge's rows); about 7 bytes a token (README "Token ids").
+        # speculators' and SpecForge's rows); about 7 bytes a token (docs/formats.md "Token ids").
         record["output_ids"] = gen.output_ids
         # The prompt's ids are rendered again at export, not stored: their digest (39 bytes a
         # line) lets the export prove it rebuilt exactly the ids that were sent.

@@ -22,8 +22,7 @@ the content, `strip` leaves it out. Each line also holds `id`, the input row's o
 `status`.
 
 What a trainer needs to render the line as the model saw it (the figures
-SpecForge's and speculators' own code measured on these lines are in README "Training a
-drafter"):
+SpecForge's and speculators' own code measured on these lines are in docs/training.md):
 - `chat_template_kwargs`: the template options the prompt was rendered with (the run's, the
   row's own over them), and each of them again as a column of its own: SpecForge passes every
   column but `conversations`, `id` and `tools` to the chat template as a keyword
