@@ -86,7 +86,7 @@ class InputPass:
             batch.reject([r.mark(rejected(item, item.reason)) for r in pending])
         else:
             # A pass sends first turns; with --turns all the next ones are built from the
-            # answers written (producer/conversations.py).
+            # answers written (producer/allturns.py).
             first = [r for r in pending if r.turn in (None, 1)]
             if first:
                 batch.add(item, first)

@@ -31,9 +31,10 @@ class Outbox:
 
     def send_first(self, payloads: list[TaskPayload], rejections: list[dict[str, Any]]) -> None:
         """One batch of a pass over the input: every request of `--turns last`, the first
-        turns of `--turns all`. The one place first turns are sent."""
+        turns of `--turns all`. The one place first turns are sent: those sharing a prefix
+        with others to one worker's queue (producer/affinity.py `first_routes`)."""
         self.enqueuer.reject(rejections)
-        self.enqueuer.send(payloads)
+        self.enqueuer.send(payloads, self.affinity.first_routes(payloads))
         self._count(payloads, rejections)
 
     def send_next(self, payloads: list[TaskPayload], rejections: list[dict[str, Any]],

@@ -2,7 +2,7 @@
 the input once and enqueues what is neither done nor in flight, `wait_until_generated` stays
 until every request has an outcome. The parts, each in its module: the pass over the input
 (producer/inputpass.py: rows -> render -> tokenize once -> budget -> enqueue or reject), the
-turn mode chosen once (producer/turnmode.py, `--turns all` in producer/conversations.py),
+turn mode chosen once (producer/turnmode.py, `--turns all` in producer/allturns.py),
 reconciliation (producer/reconcile.py) and early stop (producer/earlystop.py)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import redis
 
 from fleetgen.base.contract import RunKeys
 from producer.affinity import Affinity
+from producer.allturns import AllTurns
 from producer.budget import Limits
-from producer.conversations import AllTurns
 from producer.dedup import SeenIds
 from producer.earlystop import EarlyStop, parse_rule
 from producer.enqueue import Enqueuer

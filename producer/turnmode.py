@@ -1,6 +1,6 @@
 """How a run treats a row's turns, chosen once per run: `--turns last` (one request per sample,
 answering the row's last user turn; the run waited for by the reconciler) or `--turns all`
-(every turn of every conversation, producer/conversations.py)."""
+(every turn of every conversation, producer/allturns.py)."""
 
 from __future__ import annotations
 

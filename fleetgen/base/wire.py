@@ -97,6 +97,15 @@ def task_queues(client: redis.Redis) -> list[str]:
     return [QUEUE, *own]
 
 
+def queued(client: redis.Redis) -> int:
+    """Messages waiting in the shared queue and in every worker's own (all runs')."""
+    queues = task_queues(client)
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue)
+    return sum(int(n) for n in pipe.execute())
+
+
 def _queued_of(client: redis.Redis, run: str,
                ) -> Iterator[tuple[str, Any, dict[str, Any]]]:
     """(queue, raw message, payload) of each task of `run` in the queues, a page at a time.

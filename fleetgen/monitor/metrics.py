@@ -10,7 +10,8 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetgen.base.contract import QUEUE, RunKeys, runs_index_key
+from fleetgen.base import wire
+from fleetgen.base.contract import RunKeys, runs_index_key
 from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.monitor import status
@@ -46,8 +47,9 @@ class FleetCollector(Collector):
         yield from families
 
     def _read(self) -> list[Metric]:
-        queue = GaugeMetricFamily("fleetgen_queue_depth", "prompts waiting in the Celery queue")
-        queue.add_metric([], int(self.redis.llen(QUEUE)))
+        queue = GaugeMetricFamily("fleetgen_queue_depth", "prompts waiting in the Celery "
+                                  "queues (the shared one and the workers' own)")
+        queue.add_metric([], wire.queued(self.redis))
         metrics: list[Metric] = [queue, *_worker_metrics(status.live_workers(self.redis))]
         runs = [s for s in (status.gather(self.redis, r) for r in self._runs()) if s]
         written = {r.run: read_hash(self.redis, RunKeys(r.run).written) for r in runs}

@@ -85,3 +85,13 @@ def test_remove_and_requeue_count_each_message_once(rclient: redis.Redis) -> Non
     assert rclient.hlen(KOMBU_UNACKED) == 0 and rclient.zcard(KOMBU_UNACKED_INDEX) == 0
     assert lines_in_flight(rclient, "kept") == set(range(1, 310))
     assert rclient.llen(QUEUE) == 309
+
+
+def test_queued_counts_the_shared_queue_and_every_workers_own(rclient: redis.Redis) -> None:
+    from fleetgen.base.contract import QUEUE, worker_queue
+    from fleetgen.base.wire import queued
+
+    rclient.rpush(QUEUE, "a", "b")
+    rclient.rpush(worker_queue("gpu0@h"), "c")
+    rclient.rpush(worker_queue("gpu1@h"), "d", "e", "f")
+    assert queued(rclient) == 6
