@@ -1,4 +1,7 @@
-"""Producer settings: one frozen dataclass, built from flags and FLEETGEN_* in one place."""
+"""Producer settings: one frozen dataclass, built from flags and FLEETGEN_* in one place.
+
+A field that is a run option takes its default from its entry in fleetgen/base/runoptions.py
+(`_option`), where its flag, its help and its place in the manifest are declared too."""
 
 from __future__ import annotations
 
@@ -7,14 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen import engine
+from fleetgen.base import runoptions
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact
+from fleetgen.base.runoptions import MAX_LOGPROBS
 from producer.earlystop import parse_rule
 
+__all__ = ["MAX_LOGPROBS", "MAX_SAMPLES", "MAX_STOPS", "ProducerSettings", "setting_default"]
+
 MAX_SAMPLES = 128  # OpenAI's own limit on `n`
-MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit; vLLM's default max_logprobs is 20
 MAX_STOPS = 32  # SGLang 0.5.23 sampling/sampling_params.py MAX_STOP_COUNT: more is a 400
+
+
+def _option(name: str) -> Any:
+    """A field that is run option `name`, with the table's default (an immutable one: the
+    empty dicts and `out` are written in the field, and tests/producer/test_settings_defaults.py
+    holds them equal to the table's)."""
+    return field(default=runoptions.option(name).default)
 
 
 @dataclass(frozen=True)
@@ -22,42 +35,42 @@ class ProducerSettings:
     input: Path
     run: str
     redis_url: str = field(repr=False)
-    tokenizer: str = "qwen3.6"
-    context_length: int | None = None
+    tokenizer: str = _option("tokenizer")
+    context_length: int | None = _option("context_length")
     # Every server the run will use (read for their limits; the smallest wins). One URL given
     # as a string is taken as a tuple of one.
-    engine_url: tuple[str, ...] = ()
+    engine_url: tuple[str, ...] = _option("engine_url")
     engine_api_key: str | None = field(default=None, repr=False)
-    engine_protocol: str | None = None  # sglang | openai; None: detected from the server
-    max_output_tokens: int | None = None
-    min_output_tokens: int = 16
-    margin: int = 0
+    engine_protocol: str | None = _option("engine_protocol")  # None: detected
+    max_output_tokens: int | None = _option("max_output_tokens")
+    min_output_tokens: int = _option("min_output_tokens")
+    margin: int = _option("margin")
     # Without --engine-url: what the servers count with every input (speculative decoding) and
     # their own input limit; with it, a floor on the reserve and a cap on the input limit.
-    reserved_tokens: int = 0
-    max_req_input_len: int | None = None
+    reserved_tokens: int = _option("reserved_tokens")
+    max_req_input_len: int | None = _option("max_req_input_len")
     sampling: Sampling = field(default_factory=lambda: Sampling())
-    n: int = 1  # samples per prompt, each its own request (a row's own `n` wins)
-    logprobs: int = 0  # top-K log-probabilities of every output token; 0: none
-    token_ids: bool = False  # keep every answer's generated token ids (`output_ids`)
-    json_schema: str | None = None  # a JSON Schema document (compact JSON) for every answer
+    n: int = _option("n")  # a row's own `n` wins
+    logprobs: int = _option("logprobs")
+    token_ids: bool = _option("token_ids")
+    json_schema: str | None = _option("json_schema")  # the schema as compact JSON
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    reasoning: str = "auto"  # auto | split | off: split answers on </think>
+    reasoning: str = _option("reasoning")
     # Early warning (producer/earlystop.py): rules like `truncated>0.2`, judged once `stop_after`
     # answers are back; `ignore_stop` goes on with a run they stopped.
-    stop_if: tuple[str, ...] = ()
-    stop_after: int = 500
-    ignore_stop: bool = False
-    high_water: int | None = None  # None: derived from the live fleet's concurrency
-    batch_size: int = 512
+    stop_if: tuple[str, ...] = _option("stop_if")
+    stop_after: int = _option("stop_after")
+    ignore_stop: bool = _option("ignore_stop")
+    high_water: int | None = _option("high_water")  # None: from the live fleet's concurrency
+    batch_size: int = _option("batch_size")
     # `last`: regenerate a conversation's last assistant turn; `all`: every turn in order, each
     # built from the answers this run wrote before it, read back from `out` (the drainer's
     # output directory: the files are the truth of what each next turn is built from).
-    turns: str = "last"
+    turns: str = _option("turns")
     out: Path | None = None
     # --turns all: each next turn to the worker that answered the turn before (its server's
     # prefix cache holds the history: producer/affinity.py); off, to the shared queue.
-    affinity: bool = True
+    affinity: bool = _option("affinity")
     # How long a next turn may wait in its worker's queue before any worker may take it.
     affinity_wait_s: float = 2.0
     # How the command that runs the producer starts another run instead of this one, for the
@@ -129,35 +142,35 @@ class ProducerSettings:
                               f"MAX_STOP_COUNT), got {len(stops)}")
 
     def manifest_settings(self, files: list[str] | None = None) -> dict[str, Any]:
-        """What is stored in the run's manifest: never a secret. `files`: the input's files
-        as the producer resolved them (names relative to INPUT), so a resume reads the same."""
-        return {
-            "input": str(self.input.resolve()),
-            **({"files": files} if files is not None else {}),
-            "tokenizer": self.tokenizer,
-            "context_length": self.context_length,
-            "engine_url": list(self.engine_url),
-            "engine_protocol": self.engine_protocol,
-            "max_output_tokens": self.max_output_tokens,
-            "min_output_tokens": self.min_output_tokens,
-            "margin": self.margin,
-            "reserved_tokens": self.reserved_tokens,
-            "max_req_input_len": self.max_req_input_len,
-            "sampling": dict(self.sampling),
-            "n": self.n,
-            "logprobs": self.logprobs,
-            "token_ids": self.token_ids,
-            "json_schema": self.json_schema,
-            "chat_template_kwargs": self.chat_template_kwargs,
-            "reasoning": self.reasoning,
-            "turns": self.turns,
-            "redis": redact(self.redis_url),
-        }
+        """What is stored in the run's manifest (fleetgen/base/runoptions.py STORED), a secret
+        redacted. `files`: the input's files as the producer resolved them (names relative to
+        INPUT), so a resume reads the same."""
+        stored: dict[str, Any] = {}
+        for option in runoptions.STORED:
+            if option.name == "files":
+                if files is not None:
+                    stored["files"] = files
+                continue
+            stored[option.stored_as] = _stored(getattr(self, option.name), option.secret)
+        return stored
+
+
+def _stored(value: Any, secret: bool) -> Any:
+    """A setting as the manifest keeps it (JSON)."""
+    if secret:
+        return redact(value)
+    if isinstance(value, Path):
+        return str(value.resolve())
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
 
 
 def setting_default(name: str) -> Any:
-    """The default of ProducerSettings field `name`: the CLI's flags take their defaults from
-    here, so each is written once (tests/producer/test_settings_defaults.py holds them equal)."""
+    """The default of ProducerSettings field `name` (a run option's is its table entry's:
+    tests/producer/test_settings_defaults.py holds the flags' defaults equal to the fields')."""
     for f in fields(ProducerSettings):
         if f.name == name:
             if f.default is not MISSING:

@@ -55,7 +55,8 @@ class RunKeys:
         # Append-only log of outcomes (results, failures, rejections). The drainer XDELs
         # entries once they are fsynced to the output files, so it stays small.
         self.stream = f"{base}:events"
-        # Hash: settings, total rows, state, timestamps. Written by the producer.
+        # Hash: settings, total rows, state, timestamps; its fields and their one reader and
+        # writer are fleetgen/base/manifest.py.
         self.manifest = f"{base}:manifest"
         # Bitmap by input line: the row was enqueued or rejected by the producer.
         self.sent = f"{base}:sent"

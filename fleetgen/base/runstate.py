@@ -9,32 +9,26 @@ from typing import cast
 import orjson
 import redis
 
-from fleetgen.base.contract import (
-    FINISHED_AT,
-    STATE_PRODUCED,
-    STATE_STOPPED,
-    RunKeys,
-    TaskPayload,
-    runs_index_key,
-)
+from fleetgen.base.contract import RunKeys, TaskPayload, runs_index_key
+from fleetgen.base.manifest import Manifest, RunManifest
 from fleetgen.base.redisconn import read_hash
 
 
 def run_complete(client: redis.Redis, run: str, written: int | None = None,
-                 manifest: dict[str, str] | None = None) -> bool:
+                 manifest: Manifest | None = None) -> bool:
     """The one definition of a finished run: the producer has read the whole input, every
     row is written, no row is back in retry, and the stream holds nothing unwritten.
     `written` is the drainer's own count when it asks; others read the count it publishes.
     `manifest`: the run's manifest if the caller has just read it (one read per tick)."""
     keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest) if manifest is None else manifest
-    if manifest.get("state") != STATE_PRODUCED or "total" not in manifest:
+    manifest = RunManifest(client, run).read() if manifest is None else manifest
+    if not manifest.produced or manifest.total is None:
         return False
     if written is None:
         counts = read_hash(client, keys.written)
         # `blocked`: later turns held back by a failed turn (--turns all), settled for now.
         written = sum(int(counts.get(k, 0)) for k in ("done", "failed", "rejected", "blocked"))
-    if written < int(manifest["total"]):
+    if written < manifest.total:
         return False
     # Rows that `fleetgen retry` sent back to work are not final until they land again, and
     # an entry XADDed just after the drainer's last read is still in the stream.
@@ -46,12 +40,12 @@ def run_complete(client: redis.Redis, run: str, written: int | None = None,
 
 
 def stopped_and_settled(client: redis.Redis, run: str, written: int,
-                        manifest: dict[str, str] | None = None) -> str | None:
+                        manifest: Manifest | None = None) -> str | None:
     """The reason, if `--stop-if` stopped the run and every request sent before the stop has
     been written (so a drainer can end with what there is); else None."""
     keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest) if manifest is None else manifest
-    if manifest.get("state") != STATE_STOPPED:
+    manifest = RunManifest(client, run).read() if manifest is None else manifest
+    if manifest.stopped is None:
         return None
     pipe = client.pipeline(transaction=False)
     pipe.bitcount(keys.sent)
@@ -60,11 +54,11 @@ def stopped_and_settled(client: redis.Redis, run: str, written: int,
     sent, retrying, unread = pipe.execute()
     if written < sent or retrying or unread:
         return None
-    return manifest.get("stop_reason", "stopped by --stop-if")
+    return manifest.stopped
 
 
 def exists(client: redis.Redis, run: str) -> bool:
-    return bool(client.exists(RunKeys(run).manifest))
+    return RunManifest(client, run).exists()
 
 
 def failed_payloads(client: redis.Redis, run: str) -> list[TaskPayload]:
@@ -80,7 +74,7 @@ def mark_retrying(client: redis.Redis, run: str, lines: Iterable[int]) -> None:
     for line in lines:
         pipe.sadd(keys.retrying, line)
         pipe.setbit(keys.done, line, 0)
-    pipe.hdel(keys.manifest, FINISHED_AT)  # not ended any more: the drainer pins it again
+    RunManifest(client, run).reopen(pipe)  # not ended any more: the drainer pins it again
     pipe.execute()
 
 

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetgen.base import runoptions
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, DrainDir, usable_dir
 from fleetgen.cli import job
@@ -65,7 +66,7 @@ def add_parser(sub: Any) -> None:
                    "auth from $FLOWER_BASIC_AUTH (user:password) or a generated password "
                    "that is printed; it stays up after the run until Ctrl-C when run in a "
                    "terminal")
-    add_producer_options(p, demo=True)
+    add_producer_options(p, runoptions.DEMO)
     p.set_defaults(handler=run)
 
 

@@ -20,6 +20,7 @@ import orjson
 
 from fleetgen import engine
 from fleetgen.base import envvars, errors, exitcodes
+from fleetgen.base.runoptions import DEFAULT_TOKENIZER
 from fleetgen.cli.flags import json_object
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
@@ -77,9 +78,9 @@ def add_parser(sub: Any) -> None:
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                    help="per request; the tiny generation may wait in a busy server's queue (60)")
-    p.add_argument("--tokenizer", default="qwen3.6", metavar="PATH|qwen3.6",
+    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, metavar=f"PATH|{DEFAULT_TOKENIZER}",
                    help="the run's tokenizer, whose chat template is compared with the "
-                   "server's (default qwen3.6)")
+                   f"server's (default {DEFAULT_TOKENIZER})")
     p.add_argument("--chat-template-kwargs", metavar="JSON", default="{}",
                    help="the run's template options, e.g. '{\"enable_thinking\": false}'; the "
                    "probes' own go over them")

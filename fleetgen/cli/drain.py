@@ -44,9 +44,8 @@ def run(args: argparse.Namespace) -> int:
               lines=f"fleetgen drain: run {args.run!r}: written")
 
     def on_progress(d: Drainer) -> None:
-        manifest = d.manifest()
-        total = manifest.get("total") or manifest.get("expected")
-        bar.advance_to(d.tally.written, int(total) if total else None)
+        total = d.manifest().rows
+        bar.advance_to(d.tally.written, total)
 
     try:
         drainer.run_until_complete(follow=args.follow, should_stop=should_stop,

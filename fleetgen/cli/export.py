@@ -123,11 +123,12 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
     carries. The exporter may not import the producer (tests/layout/test_layers.py), so it is
     built here, one floor up, and handed over as a callable."""
     from fleetgen.base.outcomes import split_result
+    from fleetgen.base.runoptions import DEFAULT_TOKENIZER
     from producer.prompts import render_row
     from producer.rows import BadRow, parse_row
     from producer.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(str(settings.get("tokenizer") or "qwen3.6"),
+    tokenizer = load_tokenizer(str(settings.get("tokenizer") or DEFAULT_TOKENIZER),
                                chat_template_kwargs=settings.get("chat_template_kwargs") or {})
 
     def ids(record: Mapping[str, Any]) -> list[int]:

@@ -163,10 +163,9 @@ def run_pipeline(job: Job, settings: ProducerSettings,
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
-        manifest = d.manifest()
-        total = manifest.get("total") or manifest.get("expected")
-        bar.advance_to(d.tally.written, int(total) if total else None)
-        ticker.tick(d.tally.written, int(total) if total else None)
+        total = d.manifest().rows
+        bar.advance_to(d.tally.written, total)
+        ticker.tick(d.tally.written, total)
 
     try:
         drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetgen.base import envvars, exitcodes
+from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.errors import ConfigError, EngineUnreachable
 from fleetgen.base.outdir import DrainDir, usable_dir
 from fleetgen.base.redisconn import redis_url
@@ -61,9 +61,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
-    add_producer_options(p, demo=True)
-    # add_producer_options(demo=True) defaults what the demo does not ask; these run asks.
-    p.set_defaults(handler=run, engine_protocol=envvars.ENGINE_PROTOCOL.value(), engine_url=None)
+    add_producer_options(p, runoptions.RUN)
+    p.set_defaults(handler=run)
 
 
 def expand_engine_urls(urls: list[str]) -> list[str]:

@@ -7,37 +7,32 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
 import redis
 
-from fleetgen.base.contract import FINISHED_AT, KIND_FAILURE, KIND_REJECTED, KIND_RESULT, RunKeys
+from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, RunKeys
+from fleetgen.base.manifest import Manifest, RunManifest
 from fleetgen.base.redisconn import read_hash
+from fleetgen.base.runoptions import SUMMARY_SETTINGS
 from fleetgen.base.runstate import run_complete, stopped_and_settled
 from fleetgen.drainer.store import Tally
 
 BITS_PER_COMMAND = 4096  # offsets per BITFIELD when done bits are written back
 # A run's clock counts the time it worked, not the time it was stopped: a drainer starting on
-# a run that has not ended adds to the manifest's `paused_s` the time since the run last moved
+# a run that has not ended adds to the manifest's pause the time since the run last moved
 # (its drainer's last stamp, ACTIVE_AT in the `written` hash, or its last outcome's stream id),
 # if longer than this (a drainer restarted at once, workers at work, pauses nothing).
 PAUSE_MIN_S = 5.0
 ACTIVE_AT = "active_at"
-PAUSED_S = "paused_s"
-
-# The run's settings copied into summary.json, so an export made from the files alone (long
-# after `fleetgen purge`) knows how prompts were rendered (`--format tokens` re-renders them).
-# What changes a row, never a URL or anything that may hold a secret.
-SUMMARY_SETTINGS = ("tokenizer", "chat_template_kwargs", "token_ids", "logprobs", "reasoning",
-                    "n", "sampling", "context_length", "max_output_tokens", "turns")
 
 
-def summary_settings(manifest: dict[str, str]) -> dict[str, Any] | None:
-    """The manifest's settings named in SUMMARY_SETTINGS, or None without a manifest."""
-    try:
-        settings = orjson.loads(manifest["settings"])
-    except (KeyError, orjson.JSONDecodeError):
+def summary_settings(manifest: Manifest) -> dict[str, Any] | None:
+    """The run's settings copied into summary.json (fleetgen/base/runoptions.py
+    SUMMARY_SETTINGS), so an export made from the files alone (long after `fleetgen purge`)
+    knows how prompts were rendered; None without stored settings."""
+    if manifest.settings is None:
         return None
-    return {name: settings[name] for name in SUMMARY_SETTINGS if name in settings}
+    return {name: manifest.settings[name] for name in SUMMARY_SETTINGS
+            if name in manifest.settings}
 
 
 class RunBook:
@@ -48,14 +43,15 @@ class RunBook:
         self.run = run
         self.keys = RunKeys(run)
         self.tally = tally
+        self.record = RunManifest(client, run)
 
-    def manifest(self) -> dict[str, str]:
-        return read_hash(self.redis, self.keys.manifest)
+    def manifest(self) -> Manifest:
+        return self.record.read()
 
-    def complete(self, manifest: dict[str, str] | None = None) -> bool:
+    def complete(self, manifest: Manifest | None = None) -> bool:
         return run_complete(self.redis, self.run, self.tally.written, manifest)
 
-    def stopped(self, manifest: dict[str, str] | None = None) -> str | None:
+    def stopped(self, manifest: Manifest | None = None) -> str | None:
         """Why the run was stopped early, once all it sent before the stop is written."""
         return stopped_and_settled(self.redis, self.run, self.tally.written, manifest)
 
@@ -86,7 +82,7 @@ class RunBook:
         to its `paused_s` (0 if it has ended, never moved, or moved just now)."""
         now = time.time() if now is None else now
         m = self.manifest()
-        if not m or m.get(FINISHED_AT):
+        if not m.exists or m.finished_at:
             return 0.0
         moved = [float(read_hash(self.redis, self.keys.written).get(ACTIVE_AT) or 0),
                  self._last_outcome_at()]
@@ -94,7 +90,7 @@ class RunBook:
         paused = now - last if last else 0.0
         if paused < PAUSE_MIN_S:
             return 0.0
-        self.redis.hincrbyfloat(self.keys.manifest, PAUSED_S, round(paused, 3))
+        self.record.add_pause(paused)
         return paused
 
     def _last_outcome_at(self) -> float:
@@ -143,16 +139,16 @@ class RunBook:
         counts = self.counts()
         written = self.tally.written
         complete, stopped = self.complete(m), self.stopped(m)
-        started = float(m.get("started_at", "0") or 0)
+        started = m.started_at or 0.0
         finished = self._finished_at(m, ended=complete or stopped is not None)
         # The time the run worked: a resumed run's stops are not in it (resume_clock).
-        paused = float(m.get(PAUSED_S, "0") or 0)
+        paused = m.paused_s
         wall_s = max(finished - started - paused, 1e-9) if started else None
         return {
             "run": self.run,
             # The input's rows (times --n): a run stopped early (--stop-if) or still being
             # read says how many of them it has, not just the ones it read.
-            "total": int(m.get("total") or m.get("expected") or 0) or written,
+            "total": m.rows or written,
             **counts,
             "complete": complete,
             "stopped": stopped,
@@ -166,13 +162,13 @@ class RunBook:
             "settings": summary_settings(m),
         }
 
-    def _finished_at(self, m: dict[str, str], ended: bool) -> float:
+    def _finished_at(self, m: Manifest, ended: bool) -> float:
         """When the run ended, pinned in the manifest the first time it is seen ended, so
         `status` stops its clock there and a later drain writes the same figures."""
         if not ended:
             return time.time()
-        if m.get(FINISHED_AT):
-            return float(m[FINISHED_AT])
+        if m.finished_at:
+            return m.finished_at
         now = time.time()
-        self.redis.hset(self.keys.manifest, FINISHED_AT, now)
+        self.record.pin_finished(now)
         return now

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 
+from fleetgen.base.manifest import Manifest
 from fleetgen.drainer.bookkeeping import RunBook
 from fleetgen.drainer.store import FileStore, Tally
 from fleetgen.drainer.stream import StreamConsumer, outcomes
@@ -174,13 +175,13 @@ class Drainer:
         return len(entries)
 
     # -- the run's state, as the files hold it ------------------------------------------------
-    def manifest(self) -> dict[str, str]:
+    def manifest(self) -> Manifest:
         return self.book.manifest()
 
-    def complete(self, manifest: dict[str, str] | None = None) -> bool:
+    def complete(self, manifest: Manifest | None = None) -> bool:
         return self.book.complete(manifest)
 
-    def stopped(self, manifest: dict[str, str] | None = None) -> str | None:
+    def stopped(self, manifest: Manifest | None = None) -> str | None:
         return self.book.stopped(manifest)
 
     def ended(self) -> bool:

@@ -9,10 +9,9 @@ from typing import Any
 import orjson
 import redis
 
+from fleetgen.base import wire
 from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import (
-    FINISHED_AT,
-    QUEUE,
     STATE_COMPLETE,
     STATE_PRODUCED,
     STATE_PRODUCING,
@@ -22,6 +21,7 @@ from fleetgen.base.contract import (
 )
 from fleetgen.base.envvars import VISIBILITY_TIMEOUT_S
 from fleetgen.base.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heartbeat
+from fleetgen.base.manifest import RunManifest
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.base.runstate import run_complete
 from fleetgen.base.wire import unrenewed_leases
@@ -117,20 +117,20 @@ class RunStatus:
 
 def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus | None:
     keys = RunKeys(run)
-    manifest = read_hash(client, keys.manifest)
-    if not manifest:
+    manifest = RunManifest(client, run).read()
+    if not manifest.exists:
         return None
     stats = read_hash(client, keys.stats)
     written = read_hash(client, keys.written)
     now = now or time.time()
-    state = manifest.get("state", "?")
+    state = manifest.state or "?"
     if state == STATE_PRODUCED and run_complete(client, run, manifest=manifest):
         state = STATE_COMPLETE
-    started = float(manifest.get("started_at", now))
+    started = manifest.started_at if manifest.started_at is not None else now
     # A run that has ended (the drainer pinned when) stops its clock there, as summary.json.
-    ended = float(manifest.get(FINISHED_AT) or 0) if state != STATE_PRODUCING else 0
+    ended = (manifest.finished_at or 0) if state != STATE_PRODUCING else 0
     # Less the time it stood stopped before a resume, as summary.json's wall_s.
-    paused = float(manifest.get("paused_s") or 0)
+    paused = manifest.paused_s
     elapsed = max((ended or now) - started - paused, 1e-9)
 
     def n(source: dict[str, str], name: str) -> int:
@@ -152,14 +152,14 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     failed = int(client.hlen(keys.failed))
     sent = int(client.bitcount(keys.sent))
     finished = int(client.bitcount(keys.done))
-    queued = int(client.llen(QUEUE))
+    queued = wire.queued(client)  # the shared queue and the workers' own
     # The exact count once the producer has read everything; until then the input's size.
-    total = int(manifest.get("total") or manifest.get("expected") or 0) or None
+    total = manifest.rows
     rate = (done + failed) / elapsed
     blocked = n(written, "blocked")
-    remaining = (total if total is not None else n(manifest, "read")) - finished - blocked
+    remaining = (total if total is not None else manifest.read) - finished - blocked
     status = RunStatus(
-        run=run, state=state, total=total, read=n(manifest, "read"),
+        run=run, state=state, total=total, read=manifest.read,
         queued=queued, in_flight=max(sent - finished - queued, 0), done=done, failed=failed,
         rejected=rejected, truncated=outcome("truncated"), retries=n(stats, "retries"),
         prompt_tokens=outcome("prompt_tokens"), completion_tokens=outcome("completion_tokens"),
@@ -171,7 +171,7 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     )
     status.failed_attempts = n(stats, "failed")
     status.empty, status.unfinished = outcome("empty"), outcome("reasoning_unfinished")
-    status.stop_reason = manifest.get("stop_reason")
+    status.stop_reason = manifest.stop_reason
     status.blocked = blocked
     status.workers = _workers(client, stats, elapsed, now)
     _lost_leases(client, status, now)

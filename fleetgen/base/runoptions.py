@@ -1,0 +1,296 @@
+"""Every run option, once: its setting, type, default, flags and help, whether the manifest pins
+it and whether summary.json keeps it.
+
+`fleetgen produce`'s flags (and those `fleetgen run` and `fleetgen demo` share with it) are
+made from `TABLE` (fleetgen/cli/produce.py `add_producer_options`), `ProducerSettings` takes
+its defaults from it (producer/settings.py), the resume check pins `PINNED`
+(producer/manifest.py), the drainer copies `SUMMARY_SETTINGS` into summary.json
+(fleetgen/drainer/bookkeeping.py), and docs/options.md is generated from it by
+tools/options_table.py (tests/base/test_runoptions.py fails when the two differ). A new
+option is one entry here, one field of `ProducerSettings`, and the code that uses it.
+
+`run` and `demo` declare a few flags of their own where theirs mean more than produce's: the
+servers to start a worker for (`--engine-url`), the output directory (`--out`), the simulated
+servers' context (the demo's `--context-length`), their own Redis (`run --redis`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from fleetgen.base import envvars
+from fleetgen.base.envvars import EnvVar
+
+PRODUCE: Final = "produce"
+RUN: Final = "run"
+DEMO: Final = "demo"
+COMMANDS: Final = (PRODUCE, RUN, DEMO)
+EVERY: Final = frozenset(COMMANDS)
+PRODUCE_ONLY: Final = frozenset({PRODUCE})
+
+# The tokenizer a run uses unless told otherwise (built offline: producer/qwen_build.py).
+DEFAULT_TOKENIZER: Final = "qwen3.6"
+MAX_LOGPROBS: Final = 20  # OpenAI's top_logprobs limit; vLLM's default max_logprobs is 20
+SAMPLING: Final = "sampling"  # the setting the sampling flags fill, one key each
+
+
+@dataclass(frozen=True)
+class RunOption:
+    name: str  # the setting: its ProducerSettings field, its key in the manifest's settings
+    kind: str  # its type as the docs name it
+    help: str  # --help's text (`%(default)s` is the default) and the docs' line
+    default: Any = None  # the setting's default; None: unset
+    flags: tuple[str, ...] = ()  # none: not a flag (the input, what fleetgen finds itself)
+    commands: frozenset[str] = EVERY  # the commands whose parser takes the flags from here
+    # A resumed run may not change it: kept in the manifest and checked at every resume.
+    pinned: bool = False
+    # Copied into summary.json's settings: how the files' rows were made, for an export long
+    # after `fleetgen purge`. Never a URL or anything that may hold a secret.
+    summary: bool = False
+    stored: bool = False  # kept in the manifest's settings though not pinned (pinned ones are)
+    secret: bool = False  # stored redacted
+    key: str | None = None  # its key in the manifest's settings, where it is not `name`
+    into: str | None = None  # one key of another setting (a sampling option)
+    setting: bool = True  # a ProducerSettings field (else an argument of the command alone)
+    # argparse: how the flag is read
+    dest: str | None = None
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    action: str | None = None
+    required: bool = False
+    env: EnvVar[Any] | None = None  # the flag's default is this variable's value
+    default_text: str | None = None  # the docs' default where `default` does not say it
+    # Per command, what differs from the entry in its flag (the demo's own --batch-size).
+    per_command: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def stored_as(self) -> str:
+        return self.key or self.name
+
+    @property
+    def attr(self) -> str:
+        """The flag's attribute in the parsed arguments."""
+        return self.dest or self.name
+
+    def shown_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, bool):
+            return "on" if self.default else "off"
+        if isinstance(self.default, (tuple, list)) and not self.default:
+            return "none"
+        if isinstance(self.default, dict):
+            return "{}" if not self.default else str(self.default)
+        return str(self.default)
+
+    def doc(self) -> str:
+        """The help as the docs show it: the default written out, `%%` as `%`."""
+        given = self.shown_default() if self.default is None else self.default
+        return self.help % {"default": given}
+
+    def argparse_kwargs(self, command: str) -> dict[str, Any]:
+        """What `add_argument` takes for this flag in `command`'s parser."""
+        kwargs: dict[str, Any] = {"help": self.help}
+        if self.action is not None:
+            kwargs["action"] = self.action
+        if self.dest is not None:
+            kwargs["dest"] = self.dest
+        for name in ("type", "metavar", "choices"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        if self.required:
+            kwargs["required"] = True
+        if self.action not in ("store_true", "store_false") and not self.required:
+            kwargs["default"] = self.flag_default()
+        kwargs.update(self.per_command.get(command, {}))
+        return kwargs
+
+    def flag_default(self) -> Any:
+        """The default as the flag gives it: what the setting is made from."""
+        if self.env is not None:
+            return self.env.value()
+        if self.action == "append":
+            return None if self.default is None else list(self.default)
+        if self.kind == "JSON":
+            return _json(self.default)
+        return self.default
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def _sampling(name: str, kind: str, type_: Callable[[str], Any] | None, metavar: str,
+              help: str = "", **more: Any) -> RunOption:
+    flag = "--" + name.replace("_", "-")
+    return RunOption(name, kind, help or f"sampling {name} (the server's default)",
+                     flags=(flag,), into=SAMPLING, setting=False, type=type_, metavar=metavar,
+                     **more)
+
+
+TABLE: tuple[RunOption, ...] = (
+    # -- what the run is: its name, its input, its Redis ------------------------------------
+    RunOption("input", "path", "the prompts (the positional INPUT): a file, a directory or a "
+              "quoted glob (the demo's is --prompts)", pinned=True,
+              commands=frozenset({PRODUCE, RUN}), default_text="required"),
+    RunOption("files", "list", "the input's files as the producer resolved them (fleetgen "
+              "writes it: a resume must read the same)", pinned=True, setting=False,
+              commands=frozenset(), default_text="found"),
+    RunOption("run", "text", "run name (resume with the same name)", flags=("--run",),
+              commands=PRODUCE_ONLY, required=True, default_text="required"),
+    RunOption("redis_url", "URL", "Redis URL (default: $FLEETGEN_REDIS_URL)", flags=("--redis",),
+              dest="redis", metavar="URL", commands=PRODUCE_ONLY, stored=True, secret=True,
+              key="redis", default_text="$FLEETGEN_REDIS_URL"),
+    # -- the servers' limits: where the budget comes from -----------------------------------
+    RunOption("context_length", "integer", "the servers' context length in tokens",
+              flags=("--context-length",), type=int, metavar="N", commands=PRODUCE_ONLY,
+              pinned=True, summary=True, default_text="read from --engine-url"),
+    RunOption("engine_url", "URL, repeatable", "read the limits from this server "
+              "(/v1/models, /server_info): context, input limit, speculative reserve. Repeat "
+              "it for every server of the fleet: the smallest limits win",
+              default=(), flags=("--engine-url",), metavar="URL", action="append",
+              commands=PRODUCE_ONLY, stored=True),
+    RunOption("engine_protocol", "sglang|openai", "sglang (native /generate) or openai "
+              "(/v1/completions: vLLM, llama.cpp); picks the length rule. Default: "
+              "$FLEETGEN_ENGINE_PROTOCOL, else detected from the --engine-url server, else "
+              "sglang", flags=("--engine-protocol",), choices=("sglang", "openai"),
+              metavar="NAME", env=envvars.ENGINE_PROTOCOL, commands=PRODUCE_ONLY, stored=True,
+              default_text="$FLEETGEN_ENGINE_PROTOCOL, else detected"),
+    RunOption("reserved_tokens", "integer", "tokens the servers count with every input, for "
+              "--context-length without --engine-url: SGLang's speculative reserve, "
+              "max(eagle_topk x num_steps, num_draft_tokens) with EAGLE (%(default)s)",
+              default=0, flags=("--reserved-tokens",), type=int, metavar="N",
+              commands=PRODUCE_ONLY, pinned=True),
+    RunOption("max_req_input_len", "integer", "the servers' own input limit (/server_info "
+              "max_req_input_len), for --context-length without --engine-url (default: "
+              "derived from the context)", flags=("--max-req-input-len",), type=int,
+              metavar="N", commands=PRODUCE_ONLY, pinned=True,
+              default_text="derived from the context"),
+    # -- how `fleetgen produce` runs --------------------------------------------------------
+    RunOption("no_wait", "flag", "exit once every row is enqueued, instead of waiting until "
+              "every row has an outcome and re-enqueueing rows lost to a Redis crash",
+              default=False, flags=("--no-wait",), action="store_true", setting=False,
+              commands=PRODUCE_ONLY),
+    RunOption("reconcile_interval", "seconds", "seconds between checks for lost rows while "
+              "waiting (30)", default=30.0, flags=("--reconcile-interval",), type=float,
+              metavar="S", setting=False, commands=PRODUCE_ONLY, default_text="30"),
+    RunOption("out", "path", "with --turns all: the drainer's output directory (`fleetgen "
+              "drain --out DIR`), where each next turn's history is read from",
+              flags=("--out",), type=Path, metavar="DIR", commands=PRODUCE_ONLY),
+    # -- what a row becomes -----------------------------------------------------------------
+    RunOption("turns", "last|all", "last: regenerate each conversation's last assistant turn "
+              "(default); all: every assistant turn in order, each from the answers this run "
+              "wrote before it (the input's own answers are discarded); one result per turn",
+              default="last", flags=("--turns",), choices=("last", "all"), pinned=True,
+              summary=True),
+    RunOption("affinity", "flag", "with --turns all: send each next turn to any server, not "
+              "preferably to the one that answered the turn before and holds its history in "
+              "cache", default=True, flags=("--no-affinity",), dest="affinity",
+              action="store_false"),
+    RunOption("tokenizer", "PATH|qwen3.6", "a local Hugging Face tokenizer directory, or "
+              f"{DEFAULT_TOKENIZER} (built offline; default)", default=DEFAULT_TOKENIZER,
+              flags=("--tokenizer",), metavar=f"PATH|{DEFAULT_TOKENIZER}", pinned=True,
+              summary=True),
+    RunOption("max_output_tokens", "integer", "cap on max_tokens (default: whatever the "
+              "context leaves)", flags=("--max-output-tokens",), type=int, metavar="N",
+              pinned=True, summary=True, default_text="whatever the context leaves"),
+    RunOption("min_output_tokens", "integer", "reject a prompt that leaves fewer output tokens "
+              "than this (%(default)s)", default=16, flags=("--min-output-tokens",), type=int,
+              metavar="N", pinned=True),
+    RunOption("margin", "integer", "tokens kept free below the context, for a server "
+              "tokenizer that counts more (%(default)s)", default=0, flags=("--margin",),
+              type=int, metavar="N", pinned=True),
+    RunOption(SAMPLING, "options", "the sampling flags below, one key each (a row's own "
+              "`sampling` goes over them)", default={}, setting=True, commands=frozenset(),
+              pinned=True, summary=True, default_text="the server's"),
+    _sampling("temperature", "number", float, "T"),
+    _sampling("top_p", "number", float, "P"),
+    _sampling("top_k", "integer", int, "K"),
+    _sampling("min_p", "number", float, "P"),
+    _sampling("repetition_penalty", "number", float, "R"),
+    _sampling("seed", "integer", int, "N", "sampling seed (SGLang's sampling_seed); honoured "
+              "only by servers started with --enable-deterministic-inference"),
+    _sampling("stop", "text, repeatable", None, "TEXT", "a stop string (repeatable)",
+              action="append"),
+    RunOption("n", "integer", "samples per prompt, each its own request with its own seed; one "
+              "output row per (id, sample) (%(default)s)", default=1, flags=("--n",), type=int,
+              metavar="N", pinned=True, summary=True),
+    RunOption("logprobs", "integer", "store the top-K log-probabilities of every output token "
+              f"(0..{MAX_LOGPROBS}; %(default)s)", default=0, flags=("--logprobs",), type=int,
+              metavar="K", pinned=True, summary=True),
+    RunOption("token_ids", "flag", "keep every answer's generated token ids in its result line "
+              "(`output_ids`, about 7 bytes per token), for `fleetgen export --format "
+              "tokens` (drafter trainers); a server that cannot return them is refused at "
+              "start", default=False, flags=("--token-ids",), action="store_true",
+              pinned=True, summary=True),
+    RunOption("json_schema", "file", "a JSON Schema every answer must follow (structured "
+              "output); the drainer counts answers that do not validate",
+              flags=("--json-schema",), type=Path, metavar="FILE", pinned=True),
+    RunOption("chat_template_kwargs", "JSON", "options for the chat template, e.g. "
+              "'{\"enable_thinking\": false}' (the budget counts the template as rendered)",
+              default={}, flags=("--chat-template-kwargs",), metavar="JSON", pinned=True,
+              summary=True),
+    RunOption("reasoning", "auto|split|off", "split each answer on </think> into `reasoning` "
+              "and `completion`: auto (when </think> is one token of the tokenizer), split, "
+              "off", default="auto", flags=("--reasoning",), choices=("auto", "split", "off"),
+              pinned=True, summary=True),
+    # -- early stop -------------------------------------------------------------------------
+    RunOption("stop_if", "rule, repeatable", "stop feeding the queue once the first --after "
+              "answers break RULE, e.g. 'truncated>0.2', 'empty>=5%%', 'unfinished>0.1' "
+              "(reasoning that ran out of budget), 'failed>0.05'; what is queued finishes, "
+              "then exit 1 with the reason (repeatable)", default=(), flags=("--stop-if",),
+              action="append", metavar="RULE"),
+    RunOption("stop_after", "integer", "answers to wait for before judging --stop-if "
+              "(%(default)s)", default=500, flags=("--after",), dest="stop_after", type=int,
+              metavar="N"),
+    RunOption("ignore_stop", "flag", "go on with a run that --stop-if stopped", default=False,
+              flags=("--ignore-stop",), action="store_true"),
+    # -- the queue ---------------------------------------------------------------------------
+    RunOption("high_water", "integer", "most queued prompts (default: 2x the fleet's "
+              "concurrency, at least 512)", flags=("--high-water",), type=int, metavar="N",
+              default_text="2x the fleet's concurrency, at least 512"),
+    # None in run and demo: they pick their own unless given (the demo 16 with --stop-if, so
+    # that a rule is judged while most of its small set is unsent: fleetgen/cli/demo.py).
+    RunOption("batch_size", "integer", "rows tokenized and enqueued together (%(default)s)",
+              default=512, flags=("--batch-size",), type=int, metavar="N",
+              default_text="512 (the demo: 16 with --stop-if)",
+              per_command={RUN: {"default": None, "help": "rows tokenized and enqueued "
+                                 "together (512)"},
+                           DEMO: {"default": None, "help": "rows tokenized and enqueued "
+                                  "together (512, 16 with --stop-if)"}}),
+)
+
+BY_NAME: Final = {option.name: option for option in TABLE}
+# The settings a resumed run must keep (what changes what a row becomes), in the manifest.
+PINNED: Final = tuple(option.stored_as for option in TABLE if option.pinned)
+# The manifest's settings: the pinned ones, and what is kept to be shown (never a secret).
+STORED: Final = tuple(option for option in TABLE if option.pinned or option.stored)
+# The manifest's settings copied into summary.json.
+SUMMARY_SETTINGS: Final = tuple(option.stored_as for option in TABLE if option.summary)
+SAMPLING_OPTIONS: Final = tuple(option for option in TABLE if option.into == SAMPLING)
+
+
+def option(name: str) -> RunOption:
+    """The entry of setting `name`; KeyError for a name the table does not have."""
+    return BY_NAME[name]
+
+
+def flags_of(command: str) -> tuple[RunOption, ...]:
+    """The options whose flags `command`'s parser takes from the table, in --help's order."""
+    return tuple(o for o in TABLE if o.flags and command in o.commands)
+
+
+def flag_name(stored_as: str) -> str:
+    """A stored setting as the user gives it: its flag where it has one."""
+    found = next((o for o in TABLE if o.stored_as == stored_as), None)
+    if found is None or not found.flags:
+        return {SAMPLING: "sampling options"}.get(stored_as, stored_as)
+    return found.flags[0]
