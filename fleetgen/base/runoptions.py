@@ -16,6 +16,7 @@ servers' context (the demo's `--context-length`), their own Redis (`run --redis`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,14 +119,8 @@ class RunOption:
         if self.action == "append":
             return None if self.default is None else list(self.default)
         if self.kind == "JSON":
-            return _json(self.default)
+            return json.dumps(self.default)
         return self.default
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
 
 
 def _sampling(name: str, kind: str, type_: Callable[[str], Any] | None, metavar: str,
@@ -209,7 +204,7 @@ TABLE: tuple[RunOption, ...] = (
               "tokenizer that counts more (%(default)s)", default=0, flags=("--margin",),
               type=int, metavar="N", pinned=True),
     RunOption(SAMPLING, "options", "the sampling flags below, one key each (a row's own "
-              "`sampling` goes over them)", default={}, setting=True, commands=frozenset(),
+              "`sampling` goes over them)", default={}, commands=frozenset(),
               pinned=True, summary=True, default_text="the server's"),
     _sampling("temperature", "number", float, "T"),
     _sampling("top_p", "number", float, "P"),

@@ -1,5 +1,6 @@
-"""Each producer default is written once, in ProducerSettings: the flags of `fleetgen produce`
-and `fleetgen demo` take theirs from it. Fails if a flag's default drifts from its field's."""
+"""Each producer default is written once, in fleetgen/base/runoptions.py, which ProducerSettings
+and the flags of `fleetgen produce` and `fleetgen demo` take theirs from. Fails if a flag's
+default drifts from its field's."""
 
 from __future__ import annotations
 
