@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
         "table for datasets or pandas (SpecForge and speculators read JSONL only). Exit 0; 1 "
         "when the run is not complete (what is written so far is exported); 3 when DIR is "
         "not a drained output directory or the run cannot be exported in that format. "
-        "README 'Training a drafter' has the trainers' commands.")
+        "docs/training.md has the trainers' commands.")
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--format", required=True, choices=FORMATS)
