@@ -19,7 +19,7 @@ import redis
 
 from bench.common import save, table
 from fleetgen.base.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
-from fleetgen.base.outdir import OutDir
+from fleetgen.base.outdir import DrainDir
 from fleetgen.local.valkey import EmbeddedValkey
 
 
@@ -55,7 +55,7 @@ def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
     drainer.run_until_complete()
     seconds = time.perf_counter() - started
     drainer.close()
-    written = sum(1 for _ in OutDir(out / run).file(KIND_RESULT).open("rb"))
+    written = sum(1 for _ in DrainDir(out / run).file(KIND_RESULT).open("rb"))
     if written != rows:
         raise RuntimeError(f"drainer wrote {written} lines, not {rows}")
     return {"rows": rows, "batch": batch, "seconds": seconds, "lines_per_s": rows / seconds,

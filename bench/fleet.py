@@ -28,7 +28,7 @@ import orjson
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import RUN_ENV, save, table, write_varied_prompts
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
-from fleetgen.base.outdir import OutDir
+from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import probe_url
 from fleetgen.local.fleet import FleetSpec, LocalFleet
@@ -168,7 +168,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         end = drain_alongside(drainer, producer.run)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
-        written = OutDir(work / f"fg-{fleet.name}-out")
+        written = DrainDir(work / f"fg-{fleet.name}-out")
         service = _service_s(model, written.file(KIND_RESULT))
         replay = replays(model, fleet, _jobs(model, written.file(KIND_RESULT)),
                          _rel_int(died, t0))

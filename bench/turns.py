@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import orjson
 from bench.common import save, table
 from bench.fleet import CONTEXT, Fleet, Model, Poller, drain_alongside, spec
 from fleetgen.base.contract import KIND_RESULT
-from fleetgen.base.outdir import OutDir
+from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import LocalFleet
 
@@ -100,12 +101,13 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
     return {"makespan_s": end - t0, "busy_slot_s": busy, "series": series,
             "summary": {k: summary[k] for k in ("total", "done", "failed", "rejected",
                                                 "truncated", "completion_tokens")},
-            "chains": chains_of(model, OutDir(out).file(KIND_RESULT))}
+            "chains": chains_of(model, DrainDir(out).file(KIND_RESULT))}
 
 
-def run_all_turns(settings: Any, tokenizer: Any) -> tuple[float, float, dict[str, Any]]:
-    """A `--turns all` run to its end, the producer beside the drainer (the job's path):
-    (start, end) on perf_counter and the summary."""
+def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | None = None,
+                  ) -> tuple[float, float, dict[str, Any]]:
+    """A run to its end (`--turns all` or not), the producer beside the drainer (the job's
+    path): (start, end) on perf_counter and the summary. `watch` sees the producer first."""
     from fleetgen.drainer import Drainer
     from producer.build import build_producer
 
@@ -113,6 +115,8 @@ def run_all_turns(settings: Any, tokenizer: Any) -> tuple[float, float, dict[str
     drainer = Drainer(connect(settings.redis_url), settings.run, settings.out, block_ms=50)
     drainer.recover()
     producer = build_producer(settings, tokenizer=tokenizer)
+    if watch is not None:
+        watch(producer)
     t0 = time.perf_counter()
 
     def produce() -> None:

@@ -80,9 +80,9 @@ class Affinity:
 
     def first_routes(self, payloads: list[TaskPayload]) -> dict[str, list[TaskPayload]]:
         """Queue -> the first turns to send there: each one with a prefix key (prefix_key) to
-        its key's worker while that worker's queue holds less than half a pool (the other half
-        is for next turns, whose whole history is cached there), a key's payloads of one
-        batch all to the same queue; the rest to the shared queue."""
+        its key's worker while that worker's queue holds less than a pool (next turns, whose
+        whole history is cached there, may fill it to two: they go first), a key's payloads of
+        one batch all to the same queue; the rest to the shared queue."""
         if not self.enabled:
             return {QUEUE: payloads} if payloads else {}
         workers = self._workers()
@@ -99,7 +99,7 @@ class Affinity:
                     if worker not in waiting:
                         waiting[worker] = int(self.redis.llen(worker_queue(worker)))
                     queue = QUEUE
-                    if waiting[worker] < max(1, workers[worker] // 2):
+                    if waiting[worker] < workers[worker]:
                         queue = worker_queue(worker)
                     chosen[key] = queue
                 if queue != QUEUE:
@@ -122,12 +122,14 @@ class Affinity:
         return self._workers_at[1]
 
     def _room(self, worker: str) -> int:
-        """How many more next turns the worker's queue may hold: its pool size, less what
-        waits there; 0 for a worker that is not alive and taking prompts."""
+        """How many more next turns the worker's queue may hold: two pools, less what waits
+        there (first turns fill it to one pool at most, so a next turn always finds room
+        while its worker keeps up); 0 for a worker that is not alive and taking prompts."""
         beat = read_hash(self.redis, worker_key(worker))
         if not taking(beat):
             return 0
-        return int(beat.get("concurrency") or 0) - int(self.redis.llen(worker_queue(worker)))
+        return 2 * int(beat.get("concurrency") or 0) - int(
+            self.redis.llen(worker_queue(worker)))
 
     def sweep(self) -> int:
         """At most every `wait_s`: move the queue of each worker that is lost, gone or not

@@ -69,13 +69,19 @@ def test_prompts_sharing_a_long_prefix_meet_one_worker_and_others_spread(
     assert spread == {worker_queue(w) for w in workers}
 
 
-def test_a_workers_queue_takes_first_turns_up_to_half_its_pool(rclient: redis.Redis) -> None:
+def test_a_workers_queue_takes_first_turns_up_to_a_pool_and_next_turns_up_to_two(
+        rclient: redis.Redis) -> None:
     _beat(rclient, "a", concurrency=8)
     rclient.rpush(worker_queue("a"), "x")  # one waits already
-    routes = Affinity(rclient).first_routes(
-        [_payload(n, [*_system(n), n]) for n in range(1, 11)])
-    assert len(routes[worker_queue("a")]) == 3  # 8 // 2, less the one waiting
-    assert len(routes[QUEUE]) == 7
+    affinity = Affinity(rclient)
+    routes = affinity.first_routes([_payload(n, [*_system(n), n]) for n in range(1, 21)])
+    assert len(routes[worker_queue("a")]) == 7  # a pool of 8, less the one waiting
+    assert len(routes[QUEUE]) == 13
+    rclient.rpush(worker_queue("a"), *[f"first{k}" for k in range(7)])
+    turns = [_payload(n, [n], sample=None) for n in range(1, 21)]
+    nexts = affinity.routes(turns, {n: "a" for n in range(1, 21)})
+    assert len(nexts[worker_queue("a")]) == 8  # two pools, less the 8 waiting
+    assert len(nexts[QUEUE]) == 12
 
 
 def test_no_routing_without_live_workers_or_when_off(rclient: redis.Redis) -> None:
