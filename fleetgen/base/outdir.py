@@ -200,6 +200,3 @@ class DrainDir:
             f.close()
         self._appends.clear()
 
-
-# The name before issue 33 (6a), kept while bench/ still imports it.
-OutDir = DrainDir

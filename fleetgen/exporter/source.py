@@ -246,6 +246,3 @@ def _run_info(directory: DrainDir) -> RunInfo:
         int(directory.file(KIND_RESULT).stat().st_mtime)
     return RunInfo(run, summary, created)
 
-
-# The name before issue 33 (6a), kept while fleetgen/monitor/report.py still imports it.
-OutputDir = DrainedRun

@@ -21,7 +21,7 @@ from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, slo
 from fleetgen.base.outcomes import quality_counts
 from fleetgen.base.outdir import atomic_file
 from fleetgen.exporter.export import refuse_drainer_files
-from fleetgen.exporter.source import OutputDir
+from fleetgen.exporter.source import DrainedRun
 
 EXAMPLES = 3  # examples kept per failure or rejection kind
 EXAMPLE_CHARS = 300  # of a message or reason
@@ -188,7 +188,7 @@ def read_dir(path: Path, progress: Callable[[int], None] = lambda n: None) -> Re
     total = 0
     adders = {KIND_RESULT: scan.add_result, KIND_FAILURE: scan.add_failure,
               KIND_REJECTED: scan.add_rejected}
-    with OutputDir(path, progress) as source:
+    with DrainedRun(path, progress) as source:
         for kind in (KIND_RESULT, KIND_FAILURE, KIND_REJECTED):
             for record, size in source.records(kind):
                 adders[kind](record)
