@@ -64,7 +64,7 @@ OWN_COLUMNS = frozenset({"id", COLUMN, "sample", "turn", "finish_reason", "statu
 
 def template_options(record: dict[str, Any], run_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The chat template options the row's prompt was rendered with: the run's, the row's own
-    `chat_template_kwargs` over them (producer/pipeline.py `render_row`)."""
+    `chat_template_kwargs` over them (producer/prompts.py `render_row`)."""
     own = record.get("chat_template_kwargs")
     return {**run_kwargs, **(own if isinstance(own, dict) else {})}
 
