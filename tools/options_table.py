@@ -1,16 +1,12 @@
-"""Fill docs/options.md's table of run options from fleetgen/base/runoptions.py.
-
-The table sits between `<!-- options -->` and `<!-- /options -->`; what is between the markers
-is replaced, everything else is left as written. `--check` changes nothing and exits 1 when
-the file differs from the table (run `python tools/options_table.py` to update it).
+"""Fill docs/options.md's table of run options (`<!-- options -->`) from
+fleetgen/base/runoptions.py, as tools/doc_table.py fills a block; `--check` exits 1 if it is
+stale.
 
     python tools/options_table.py [--check] [FILE]
 """
 
 from __future__ import annotations
 
-import argparse
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,15 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from fleetgen.base.runoptions import COMMANDS, TABLE, RunOption  # noqa: E402
+from tools.doc_table import EXIT_DIFFERS, EXIT_ERROR, EXIT_OK, DocTable  # noqa: E402
+from tools.doc_table import cell as _cell  # noqa: E402
 
 DOC = ROOT / "docs" / "options.md"
-BLOCK = re.compile(r"(<!-- options -->\n)(?P<body>.*?)(<!-- /options -->)", re.DOTALL)
-EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
-
-
-def _cell(text: str) -> str:
-    # `<` as an entity: a Markdown viewer takes `</think>` for a tag and shows nothing.
-    return text.replace("|", "\\|").replace("<", "&lt;")
+__all__ = ["EXIT_DIFFERS", "EXIT_ERROR", "EXIT_OK", "fill", "main", "render"]
 
 
 def _flags(option: RunOption) -> str:
@@ -61,34 +53,13 @@ def render(table: Sequence[RunOption] = TABLE) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fill(text: str) -> str | None:
-    """`text` with its table replaced; None when it has no marked block."""
-    if not BLOCK.search(text):
-        return None
-    return BLOCK.sub(lambda m: m.group(1) + render() + m.group(3), text)
+DOC_TABLE = DocTable("options", render, DOC, "fleetgen/base/runoptions.py",
+                     "tools/options_table.py")
+fill = DOC_TABLE.fill
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tools/options_table.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if the file differs from the table")
-    parser.add_argument("file", nargs="?", type=Path, default=DOC)
-    args = parser.parse_args(argv)
-    text = args.file.read_text()
-    new = fill(text)
-    if new is None:
-        print(f"{args.file}: no <!-- options --> block", file=sys.stderr)
-        return EXIT_ERROR
-    if new == text:
-        return EXIT_OK
-    if args.check:
-        print(f"{args.file}: differs from fleetgen/base/runoptions.py "
-              "(run python tools/options_table.py)", file=sys.stderr)
-        return EXIT_DIFFERS
-    args.file.write_text(new)
-    print(f"{args.file}: updated")
-    return EXIT_OK
+    return DOC_TABLE.main(argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -40,18 +40,10 @@ def test_the_reference_table_is_generated_from_the_table() -> None:
     assert envvars.REDIS_URL.name in envvars_table.REFERENCE.read_text()
 
 
-def test_the_tool_rewrites_only_its_block(tmp_path: Path) -> None:
-    doc = tmp_path / "doc.md"
-    doc.write_text("before\n<!-- envvars -->\n| stale |\n<!-- /envvars -->\nafter\n")
-    assert envvars_table.main(["--check", str(doc)]) == envvars_table.EXIT_DIFFERS
-    assert envvars_table.main([str(doc)]) == envvars_table.EXIT_OK
-    text = doc.read_text()
-    assert "stale" not in text and text.startswith("before\n<!-- envvars -->\n| variable |")
+def test_the_table_names_each_variable_its_readers_and_type() -> None:
+    text = envvars_table.fill("<!-- envvars -->\n<!-- /envvars -->\n")
+    assert text is not None
     assert "| `FLEETGEN_ENGINE_PROTOCOL` | workers, `produce`, `doctor` | sglang\\|openai |" in text
-    assert text.endswith("<!-- /envvars -->\nafter\n")
-    assert envvars_table.main(["--check", str(doc)]) == envvars_table.EXIT_OK
-    doc.write_text("no block\n")
-    assert envvars_table.main([str(doc)]) == envvars_table.EXIT_ERROR
 
 
 def test_every_variable_named_in_the_tree_is_in_the_table() -> None:
