@@ -117,13 +117,16 @@ class AllTurns:
             try:
                 reassert()
                 self.affinity.sweep()  # a lost worker's next turns, to the shared queue
+                # Read before the files: a turn `fleetgen retry` sent back is settled in them
+                # (its failure) but not done, and once its answer is recorded it is settled
+                # there still until the drainer writes the answer, which un-blocks the turns
+                # after it: the run is over only when the files have nothing more to gain.
+                unwritten = self.reconciler.unwritten()
                 self.follow()
                 settled = self.written.settled()
                 if on_tick:
                     on_tick(settled, total)
-                # A turn `fleetgen retry` sent back is settled in the files (its failure) but
-                # not done: its conversation may go on.
-                if settled >= total and not self.reconciler.retrying():
+                if settled >= total and not unwritten:
                     break
                 if time.monotonic() >= next_check:
                     lost = self._lost(total)

@@ -54,6 +54,17 @@ class Reconciler:
         """Slots `fleetgen retry` sent back: failed in the files, but not done."""
         return int(self.redis.scard(self.keys.retrying))
 
+    def unwritten(self) -> int:
+        """Outcomes the files will still gain: slots `fleetgen retry` sent back, and stream
+        entries the drainer has not written yet (it deletes an entry once its line is in the
+        file). A worker's outcome moves a retried slot from the one to the other in one
+        script (workers/sink.py), so the sum never passes through 0 on the way to the file."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.scard(self.keys.retrying)
+        pipe.xlen(self.keys.stream)
+        retrying, unread = pipe.execute()
+        return int(retrying) + int(unread)
+
     def lost_lines(self, total: int) -> set[int]:
         """Lines with no outcome that are neither queued nor held by a worker. `total` is
         the producer's own count: the manifest's may have been lost with the rest."""
