@@ -146,20 +146,21 @@ def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float
 
 
 def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
-                 tokenizer: Any) -> dict[str, Any]:
+                 tokenizer: Any, affinity: bool = True) -> dict[str, Any]:
     from fleetgen.drainer import Drainer
     from producer.build import build_producer
     from producer.settings import ProducerSettings
 
-    local = LocalFleet(work / f"fg-{fleet.name}", spec(model, fleet))
+    tag = fleet.name if affinity else f"{fleet.name}-no-affinity"
+    local = LocalFleet(work / f"fg-{tag}", spec(model, fleet))
     local.start()
     try:
-        run = f"bench-{fleet.name}"
+        run = f"bench-{tag}"
         settings = ProducerSettings(input=prompts, run=run, redis_url=local.redis_url,
-                                    context_length=CONTEXT)
+                                    context_length=CONTEXT, affinity=affinity)
         producer = build_producer(settings, tokenizer=tokenizer)
         poller = Poller([local.engine_url(g) for g in range(model.gpus)]).start()
-        drainer = Drainer(connect(local.redis_url), run, work / f"fg-{fleet.name}-out",
+        drainer = Drainer(connect(local.redis_url), run, work / f"fg-{tag}-out",
                           block_ms=50)
         drainer.recover()
         died: dict[int, float] = {}
@@ -168,14 +169,15 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         end = drain_alongside(drainer, producer.run)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
-        written = DrainDir(work / f"fg-{fleet.name}-out")
+        written = DrainDir(work / f"fg-{tag}-out")
         service = _service_s(model, written.file(KIND_RESULT))
         replay = replays(model, fleet, _jobs(model, written.file(KIND_RESULT)),
                          _rel_int(died, t0))
         failures = _lines(written.file(KIND_FAILURE))
     finally:
         local.stop()
-    return {"system": "fleetgen", "fleet": fleet.name, "makespan_s": end - t0,
+    return {"system": "fleetgen" if affinity else "fleetgen --no-affinity",
+            "fleet": fleet.name, "makespan_s": end - t0,
             "in_flight_per_server": model.slots + model.extra_concurrency,
             "busy_slot_s": busy, "service_s": service, "died_at_s": _rel(died, t0),
             "running_series": _series(poller, t0), "replay": replay,
@@ -387,6 +389,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpus", type=int, default=Model.gpus)
     # seed: K requests in flight per server, as the seed script sends; seed+1: K + 1, what
     # fleetgen's workers hold (-c = K + extra), so the comparison is like for like.
+    # fleetgen-off: fleetgen with --no-affinity (first turns that share a prefix all to the
+    # shared queue), to weigh prefix affinity on the same fleet in the same run.
     parser.add_argument("--systems", default="fleetgen,seed,seed+1")
     parser.add_argument("--extra-concurrency", type=int, default=Model.extra_concurrency)
     parser.add_argument("--figure", default="fleet",
@@ -417,9 +421,10 @@ def main(argv: list[str]) -> int:
         for name in args.fleets.split(","):
             fleet = fleets[name]
             for system in args.systems.split(","):
-                runs = ([run_fleetgen(model, fleet, prompts, work, tokenizer)]
-                        if system == "fleetgen" else run_seed(model, fleet, rows, work,
-                                                              seed_in_flight(model, system)))
+                runs = ([run_fleetgen(model, fleet, prompts, work, tokenizer,
+                                      affinity=system == "fleetgen")]
+                        if system.startswith("fleetgen") else
+                        run_seed(model, fleet, rows, work, seed_in_flight(model, system)))
                 for r in runs:
                     results.append(score(model, fleet, r))
                     print(f"  {name:<10} {r['system']:<26} makespan {r['makespan_s']:.1f} s",

@@ -37,6 +37,11 @@ WAIT_S = 2.0
 # prompts sharing it share at least a system prompt's worth. Shorter prompts with one sample
 # go to the shared queue: their prefill is cheap, and balancing is worth more.
 PREFIX_BLOCK = 256
+# What a worker's queue may hold, in pools (its concurrency): first turns up to FIRST_POOLS
+# (all workers' together, the producer's high-water mark of twice the fleet's concurrency),
+# next turns up to NEXT_POOLS, so they always find room above the first turns.
+FIRST_POOLS = 2
+NEXT_POOLS = 3
 
 # Move one exact message from a worker's queue to the next-taken end of the shared queue, only
 # if it is still there (a worker may have taken it meanwhile): atomic, so it is in one list.
@@ -80,9 +85,12 @@ class Affinity:
 
     def first_routes(self, payloads: list[TaskPayload]) -> dict[str, list[TaskPayload]]:
         """Queue -> the first turns to send there: each one with a prefix key (prefix_key) to
-        its key's worker while that worker's queue holds less than a pool (next turns, whose
-        whole history is cached there, may fill it to two: they go first), a key's payloads of
-        one batch all to the same queue; the rest to the shared queue."""
+        the first worker in its key's rendezvous order whose queue holds less than two pools
+        (bounded-load consistent hashing; two pools each are the producer's whole high-water
+        mark, so keyed work waits in the shared queue only when every worker has its share;
+        next turns, whose whole history is cached there, may fill a queue to three, and go
+        first), a key's payloads of one batch all to the same queue; to the shared queue
+        when no worker has room, or without a key."""
         if not self.enabled:
             return {QUEUE: payloads} if payloads else {}
         workers = self._workers()
@@ -93,19 +101,26 @@ class Affinity:
             key = prefix_key(payload)
             queue = QUEUE
             if key is not None and workers:
-                queue = chosen.get(key) or ""
-                if not queue:
-                    worker = rendezvous(key, workers)
-                    if worker not in waiting:
-                        waiting[worker] = int(self.redis.llen(worker_queue(worker)))
-                    queue = QUEUE
-                    if waiting[worker] < workers[worker]:
-                        queue = worker_queue(worker)
-                    chosen[key] = queue
+                if key not in chosen:
+                    chosen[key] = self._first_with_room(key, workers, waiting)
+                queue = chosen[key]
                 if queue != QUEUE:
-                    waiting[queue[len(worker_queue("")):]] += 1
+                    waiting[queue] += 1
             routes.setdefault(queue, []).append(payload)
         return routes
+
+    def _first_with_room(self, key: str, workers: Mapping[str, int],
+                         waiting: dict[str, int]) -> str:
+        """The queue of the first worker in the key's rendezvous order that holds less than
+        FIRST_POOLS pools (`waiting`: what each queue holds, read once a batch); else the
+        shared one."""
+        for worker in rendezvous_order(key, workers):
+            queue = worker_queue(worker)
+            if queue not in waiting:
+                waiting[queue] = int(self.redis.llen(queue))
+            if waiting[queue] < FIRST_POOLS * workers[worker]:
+                return queue
+        return QUEUE
 
     def _workers(self) -> dict[str, int]:
         """Worker -> its pool size, of the workers taking prompts now; looked up at most once
@@ -122,13 +137,14 @@ class Affinity:
         return self._workers_at[1]
 
     def _room(self, worker: str) -> int:
-        """How many more next turns the worker's queue may hold: two pools, less what waits
-        there (first turns fill it to one pool at most, so a next turn always finds room
-        while its worker keeps up); 0 for a worker that is not alive and taking prompts."""
+        """How many more next turns the worker's queue may hold: NEXT_POOLS pools, less what
+        waits there (first turns fill it to FIRST_POOLS at most, so a next turn always finds
+        room while its worker keeps up); 0 for a worker that is not alive and taking
+        prompts."""
         beat = read_hash(self.redis, worker_key(worker))
         if not taking(beat):
             return 0
-        return 2 * int(beat.get("concurrency") or 0) - int(
+        return NEXT_POOLS * int(beat.get("concurrency") or 0) - int(
             self.redis.llen(worker_queue(worker)))
 
     def sweep(self) -> int:
@@ -180,10 +196,11 @@ def prefix_key(payload: TaskPayload) -> str | None:
     return None
 
 
-def rendezvous(key: str, workers: Mapping[str, int]) -> str:
-    """The worker a key goes to: highest random weight (rendezvous) hashing, so a key keeps
-    its worker while the fleet does, and a worker that leaves moves only its own keys."""
+def rendezvous_order(key: str, workers: Mapping[str, int]) -> list[str]:
+    """The workers in the order a key tries them: highest random weight (rendezvous) hashing,
+    so a key keeps its first worker while the fleet does, and a worker that leaves moves only
+    the keys it was first for."""
     def weight(worker: str) -> bytes:
         return hashlib.blake2b(f"{key}\0{worker}".encode(), digest_size=8).digest()
 
-    return max(sorted(workers), key=weight)
+    return sorted(workers, key=weight, reverse=True)

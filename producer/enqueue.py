@@ -18,7 +18,7 @@ from fleetgen.base.contract import (
     worker_key,
 )
 from fleetgen.base.outcomes import stream_entry
-from fleetgen.base.wire import task_message
+from fleetgen.base.wire import queued, task_message
 
 log = logging.getLogger("fleetgen.producer")
 
@@ -77,7 +77,9 @@ class Enqueuer:
 
     # -- backpressure ---------------------------------------------------------------------
     def queue_depth(self) -> int:
-        return int(self.redis.llen(QUEUE))
+        """What waits to be taken: the shared queue and every worker's own (prefix affinity
+        sends first turns there too, so the mark holds over all of them)."""
+        return queued(self.redis)
 
     def high_water(self) -> int:
         """Twice the live fleet's total concurrency: enough that no worker waits on the

@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from fleetgen.base.contract import QUEUE, TaskPayload, worker_key, worker_queue
-from producer.affinity import PREFIX_BLOCK, Affinity, prefix_key, rendezvous
+from producer.affinity import PREFIX_BLOCK, Affinity, prefix_key, rendezvous_order
 
 
 def _beat(client: redis.Redis, worker: str, concurrency: int = 8, consuming: bool = True,
@@ -69,18 +69,18 @@ def test_prompts_sharing_a_long_prefix_meet_one_worker_and_others_spread(
     assert spread == {worker_queue(w) for w in workers}
 
 
-def test_a_workers_queue_takes_first_turns_up_to_a_pool_and_next_turns_up_to_two(
+def test_a_workers_queue_takes_first_turns_up_to_two_pools_and_next_turns_up_to_three(
         rclient: redis.Redis) -> None:
     _beat(rclient, "a", concurrency=8)
     rclient.rpush(worker_queue("a"), "x")  # one waits already
     affinity = Affinity(rclient)
     routes = affinity.first_routes([_payload(n, [*_system(n), n]) for n in range(1, 21)])
-    assert len(routes[worker_queue("a")]) == 7  # a pool of 8, less the one waiting
-    assert len(routes[QUEUE]) == 13
-    rclient.rpush(worker_queue("a"), *[f"first{k}" for k in range(7)])
+    assert len(routes[worker_queue("a")]) == 15  # two pools of 8, less the one waiting
+    assert len(routes[QUEUE]) == 5  # no other worker has room
+    rclient.rpush(worker_queue("a"), *[f"first{k}" for k in range(15)])
     turns = [_payload(n, [n], sample=None) for n in range(1, 21)]
     nexts = affinity.routes(turns, {n: "a" for n in range(1, 21)})
-    assert len(nexts[worker_queue("a")]) == 8  # two pools, less the 8 waiting
+    assert len(nexts[worker_queue("a")]) == 8  # three pools, less the 16 waiting
     assert len(nexts[QUEUE]) == 12
 
 
@@ -96,10 +96,10 @@ def test_no_routing_without_live_workers_or_when_off(rclient: redis.Redis) -> No
 def test_rendezvous_moves_only_a_leaving_workers_keys() -> None:
     workers = {w: 8 for w in "abcdefgh"}
     keys = [f"k{n}" for n in range(400)]
-    before = {k: rendezvous(k, workers) for k in keys}
+    before = {k: rendezvous_order(k, workers)[0] for k in keys}
     assert len(set(before.values())) == 8
     del workers["c"]
-    after = {k: rendezvous(k, workers) for k in keys}
+    after = {k: rendezvous_order(k, workers)[0] for k in keys}
     assert {k for k in keys if before[k] != after[k]} == {k for k in keys if before[k] == "c"}
 
 
@@ -122,3 +122,15 @@ def test_a_lost_workers_queue_goes_back_to_the_shared_one(rclient: redis.Redis) 
     rclient.rpush(QUEUE, "first")
     assert Affinity(rclient, wait_s=0.0).sweep() == 2
     assert rclient.llen(QUEUE) == 3 and not rclient.exists(worker_queue("a"))
+
+
+def test_a_key_whose_worker_is_full_goes_whole_to_its_next_worker(rclient: redis.Redis) -> None:
+    """Bounded load: a group (here a short prompt's 4 samples) stays together on the next
+    worker of its key's order rather than scattering over the shared queue."""
+    for w in ("a", "b", "c"):
+        _beat(rclient, w, concurrency=3)
+    samples = [_payload(7, [1, 2, 3], sample=k) for k in range(4)]
+    first, second = rendezvous_order("line 7", {"a": 3, "b": 3, "c": 3})[:2]
+    rclient.rpush(worker_queue(first), *"uvwxyz")  # two pools' worth wait there
+    routes = Affinity(rclient).first_routes(samples)
+    assert routes == {worker_queue(second): samples}
