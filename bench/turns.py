@@ -115,6 +115,7 @@ def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | 
     drainer = Drainer(connect(settings.redis_url), settings.run, settings.out, block_ms=50)
     drainer.recover()
     producer = build_producer(settings, tokenizer=tokenizer)
+    producer.affinity.route_first = True  # it waits for the run below, as `fleetgen produce`
     if watch is not None:
         watch(producer)
     t0 = time.perf_counter()

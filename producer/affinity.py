@@ -59,6 +59,11 @@ class Affinity:
                  wait_s: float = WAIT_S) -> None:
         self.redis = client
         self.enabled = enabled
+        # First turns go to workers' own queues only when this producer stays to sweep them
+        # (it waits for the run): a queue of a stopped, frozen or saturated worker is moved
+        # to the shared queue by the waiting producer alone (`sweep`), and a producer that
+        # has left would strand what waits there. producer/runner.py sets it with `wait`.
+        self.route_first = False
         self.wait_s = wait_s
         self._swept_at = 0.0
         self._seen: dict[str, set[Any]] = {}  # per worker queue, what the last sweep saw
@@ -91,7 +96,7 @@ class Affinity:
         next turns, whose whole history is cached there, may fill a queue to three, and go
         first), a key's payloads of one batch all to the same queue; to the shared queue
         when no worker has room, or without a key."""
-        if not self.enabled:
+        if not (self.enabled and self.route_first):
             return {QUEUE: payloads} if payloads else {}
         workers = self._workers()
         routes: dict[str, list[TaskPayload]] = {}

@@ -104,6 +104,7 @@ def produce(settings: ProducerSettings, *, wait: bool = False,
     # Rows appended to a finished run's file are rows to generate, not "nothing to do": the
     # pass below skips every row already done and sends the rest.
     producer = build_producer(settings)
+    producer.affinity.route_first = wait
     total = count_rows(settings.input)
     # SIGTERM (the CLI's flag): stop between batches, or between two looks at the run while
     # waiting.

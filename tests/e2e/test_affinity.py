@@ -28,7 +28,9 @@ def _runs(fleet: LocalFleet, prompts: Path, tmp_path: Path, name: str,
     results = {}
     for side in ("on", "off"):
         out = tmp_path / f"{name}-{side}"
-        run_pipeline(fleet, prompts, f"{name}-{side}", out, affinity=side == "on", **options)
+        # wait: as `fleetgen produce` runs by default (it stays, and sweeps workers' queues).
+        run_pipeline(fleet, prompts, f"{name}-{side}", out, affinity=side == "on", wait=True,
+                     **options)
         ids = {r["id"] for r in _rows(prompts)}
         n = options.get("n", 1)
         expected = ids if n == 1 else {f"{i}#{k}" for i in ids for k in range(n)}

@@ -15,6 +15,12 @@ from fleetgen.base.contract import QUEUE, TaskPayload, worker_key, worker_queue
 from producer.affinity import PREFIX_BLOCK, Affinity, prefix_key, rendezvous_order
 
 
+def _routing(client: redis.Redis) -> Affinity:
+    affinity = Affinity(client)
+    affinity.route_first = True  # a producer that waits for the run, as `fleetgen produce`
+    return affinity
+
+
 def _beat(client: redis.Redis, worker: str, concurrency: int = 8, consuming: bool = True,
           age_s: float = 0.0) -> None:
     client.hset(worker_key(worker), mapping={
@@ -43,7 +49,7 @@ def test_a_short_prompts_samples_go_together_and_a_lone_one_to_the_shared_queue(
         rclient: redis.Redis) -> None:
     for w in ("a", "b", "c", "d"):
         _beat(rclient, w)
-    affinity = Affinity(rclient)
+    affinity = _routing(rclient)
     samples = [_payload(7, [1, 2, 3], sample=k) for k in range(4)]
     lone = _payload(8, [1, 2, 3])
     routes = affinity.first_routes([*samples, lone])
@@ -59,7 +65,7 @@ def test_prompts_sharing_a_long_prefix_meet_one_worker_and_others_spread(
     workers = ("a", "b", "c", "d")
     for w in workers:
         _beat(rclient, w, concurrency=1000)
-    affinity = Affinity(rclient)
+    affinity = _routing(rclient)
     shared = [_payload(n, [*_system(0), n]) for n in range(1, 11)]
     others = [_payload(100 + k, [*_system(k), k]) for k in range(1, 41)]
     routes = affinity.first_routes(shared + others)
@@ -73,7 +79,7 @@ def test_a_workers_queue_takes_first_turns_up_to_two_pools_and_next_turns_up_to_
         rclient: redis.Redis) -> None:
     _beat(rclient, "a", concurrency=8)
     rclient.rpush(worker_queue("a"), "x")  # one waits already
-    affinity = Affinity(rclient)
+    affinity = _routing(rclient)
     routes = affinity.first_routes([_payload(n, [*_system(n), n]) for n in range(1, 21)])
     assert len(routes[worker_queue("a")]) == 15  # two pools of 8, less the one waiting
     assert len(routes[QUEUE]) == 5  # no other worker has room
@@ -88,7 +94,7 @@ def test_no_routing_without_live_workers_or_when_off(rclient: redis.Redis) -> No
     _beat(rclient, "lost", age_s=60)
     _beat(rclient, "closed", consuming=False)
     payloads = [_payload(n, _system(0)) for n in range(1, 5)]
-    assert Affinity(rclient).first_routes(payloads) == {QUEUE: payloads}
+    assert _routing(rclient).first_routes(payloads) == {QUEUE: payloads}
     _beat(rclient, "a")
     assert Affinity(rclient, enabled=False).first_routes(payloads) == {QUEUE: payloads}
 
@@ -132,5 +138,5 @@ def test_a_key_whose_worker_is_full_goes_whole_to_its_next_worker(rclient: redis
     samples = [_payload(7, [1, 2, 3], sample=k) for k in range(4)]
     first, second = rendezvous_order("line 7", {"a": 3, "b": 3, "c": 3})[:2]
     rclient.rpush(worker_queue(first), *"uvwxyz")  # two pools' worth wait there
-    routes = Affinity(rclient).first_routes(samples)
+    routes = _routing(rclient).first_routes(samples)
     assert routes == {worker_queue(second): samples}
