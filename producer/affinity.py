@@ -4,11 +4,13 @@ finished request's prompt and output, `cache_finished_req`); its in-server longe
 scheduling turns itself off past 128 waiting requests (`schedule_policy.py`
 `_determine_active_policy`), so at a fleet's queue depths the client has to send it there.
 
-A worker consumes its own queue beside the shared one (workers/gate.py), and kombu's
-round-robin BRPOP takes from each in turn, so a next turn waits for at most about one free
-slot of its worker. No GPU idles for it: a next turn goes to the shared queue when its worker
-is not alive and taking prompts, or already has a pool's worth waiting in its queue; and a
-worker's queue is moved to the shared one once that worker is lost or stops taking prompts.
+A worker consumes its own queue beside the shared one (workers/gate.py) and takes it first
+(fleetgen/base/broker.py `OwnQueueFirst`), so a next turn waits for one free slot of its
+worker. No GPU idles for it: a next turn goes to the shared queue when its worker is not
+alive and taking prompts, or already has NEXT_POOLS pools waiting in its queue; a worker's
+queue is moved to the shared one once that worker is lost or stops taking prompts, and what
+waits there goes to the shared queue while that is empty (`sweep`, run by the producer at
+every batch, every look while the queues are full, and every look while it waits).
 
 First turns that share a prefix with others (the samples of a prompt, prompts that open with
 the same long system prompt or document) go to one worker too: the one a rendezvous hash of

@@ -66,7 +66,7 @@ class Producer:
 
     def _turn_mode(self) -> TurnMode:
         if self.s.turns != "all":
-            return LastTurn(self.reconciler)
+            return LastTurn(self.reconciler, self.affinity)
         # The drainer's files, followed for the answers each next turn is built from.
         assert self.s.out is not None
         written = WrittenTurns(self.s.out, self.s.run)

@@ -76,14 +76,17 @@ class Reconciler:
                              reassert: Callable[[], bool] = lambda: False,
                              interval_s: float = 30.0,
                              should_stop: Callable[[], bool] = lambda: False,
-                             on_tick: Callable[[int, int], None] | None = None) -> int:
+                             on_tick: Callable[[int, int], None] | None = None,
+                             each_look: Callable[[], object] = lambda: None) -> int:
         """Wait until every line has an outcome. At every tick `reassert` writes the run's
-        total and state again if Redis forgot them; a line seen lost at two checks in a row
-        (so not merely between a worker's BRPOP and its bookkeeping) is handed to `requeue`.
-        Returns how many lines were re-enqueued."""
+        total and state again if Redis forgot them, and `each_look` runs (the affinity's
+        sweep); a line seen lost at two checks in a row (so not merely between a worker's
+        BRPOP and its bookkeeping) is handed to `requeue`. Returns how many lines were
+        re-enqueued."""
         waiter = _Waiter(self, requeue, total, interval_s)
         while not should_stop():
             try:
+                each_look()
                 if waiter.tick(reassert, on_tick):
                     break
             except (redis.ConnectionError, redis.TimeoutError) as exc:

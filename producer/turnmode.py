@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from producer.affinity import Affinity
 from producer.options import Request
 from producer.reconcile import Reconciler
 from producer.rows import BadRow, Row
@@ -41,8 +42,9 @@ def samples(item: Row | BadRow, default_n: int) -> int:
 class LastTurn:
     """`--turns last`: a row's samples are its requests, every one sent by the pass."""
 
-    def __init__(self, reconciler: Reconciler) -> None:
+    def __init__(self, reconciler: Reconciler, affinity: Affinity) -> None:
         self.reconciler = reconciler
+        self.affinity = affinity
 
     def requests(self, item: Row | BadRow, first_slot: int,
                  default_n: int) -> tuple[Row | BadRow, list[Request]]:
@@ -57,5 +59,6 @@ class LastTurn:
              reassert: Callable[[], bool], interval_s: float,
              should_stop: Callable[[], bool],
              on_tick: Callable[[int, int], None] | None) -> int:
+        # The sweep: a lost or saturated worker's queue of first turns back to the shared one.
         return self.reconciler.wait_until_generated(requeue, total, reassert, interval_s,
-                                                    should_stop, on_tick)
+                                                    should_stop, on_tick, self.affinity.sweep)

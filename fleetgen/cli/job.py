@@ -200,14 +200,16 @@ class Beside:
 
 def producing(settings: ProducerSettings, opened: threading.Event) -> Callable[[], object]:
     """The producer as the job runs it: quiet (the drainer's bar is the progress), `opened`
-    set at its first batch; --turns all stays to build each next turn from the answers."""
+    set at its first batch; it stays until every row has an outcome, as `fleetgen produce`
+    does: it builds each next turn of --turns all, re-enqueues what Redis lost, and sweeps
+    the workers' own queues (prefix affinity sends first turns there only while it stays)."""
     from producer.runner import Quiet, produce
 
     class Opened(Quiet):
         def read(self, rows: int, total: int) -> None:
             opened.set()
 
-    return lambda: produce(settings, wait=settings.turns == "all", hooks=Opened())
+    return lambda: produce(settings, wait=True, hooks=Opened())
 
 
 def drain_beside(drainer: Drainer, producer: Beside, *,
