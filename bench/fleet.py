@@ -166,7 +166,13 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         died: dict[int, float] = {}
         t0 = time.perf_counter()
         kill_later(fleet, local, t0, died)
-        end = drain_alongside(drainer, producer.run)
+        producer.affinity.route_first = True  # it waits for the run, as `fleetgen run` does
+
+        def produce() -> None:
+            producer.run()
+            producer.wait_until_generated(2.0)
+
+        end = drain_alongside(drainer, produce)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
         written = DrainDir(work / f"fg-{tag}-out")

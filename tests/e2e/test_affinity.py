@@ -78,7 +78,9 @@ def test_a_long_prompts_samples_meet_one_server(fleet4: LocalFleet, tmp_path: Pa
         for i in range(16)])
     runs = _runs(fleet4, prompts, tmp_path, "samples", n=4, sampling=SAMPLING,
                  max_output_tokens=60)
-    _assert_together(runs, lambda r: r["id"], "16 prompts x 4 samples on 4 servers", 0.2)
+    # Without affinity a worker with free slots often takes a row's consecutive samples
+    # itself: 0.59-0.83 of later samples came from cache over five runs, on 1.00.
+    _assert_together(runs, lambda r: r["id"], "16 prompts x 4 samples on 4 servers", 0.1)
 
 
 def test_prompts_sharing_a_long_system_prompt_meet_one_server(fleet4: LocalFleet,
