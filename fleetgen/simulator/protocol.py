@@ -38,11 +38,13 @@ RUNNING_ABORT_REASON: dict[str, Any] = {
 class ApiError(Exception):
     """A request answered with an error status; the endpoint decides the body shape."""
 
-    def __init__(self, status: int, message: str, *, contract: bool = False) -> None:
+    def __init__(self, status: int, message: str, *, contract: bool = False,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.contract = contract  # the contract gate answers {"error": "<string>"}
+        self.param = param  # vLLM's `ErrorInfo.param`: the parameter it refused
 
 
 def bad_request(message: str) -> ApiError:
@@ -195,30 +197,43 @@ def schedule_limit(prompt_tokens: int, max_new_tokens: int | None, config: SimCo
     return limit
 
 
+def vllm_refusal(message: str, param: str, value: object) -> ApiError:
+    """vLLM 0.32.0's `VLLMValidationError`: its text names the parameter and the value
+    (`(parameter=max_tokens, value=0)`), and the error body's `param` the parameter."""
+    return ApiError(400, f"{message} (parameter={param}, value={value})", param=param)
+
+
 def vllm_limit(prompt_tokens: int, max_tokens: int | None, config: SimConfig) -> int:
-    """vLLM 0.33.0's rule: `renderers/params.py` `_token_len_check` refuses a prompt longer than
-    max_model_len, `v1/engine/input_processor.py` `_validate_prompt_len` one equal to it, and
-    `entrypoints/serve/utils/api_utils.py` `get_max_tokens` clamps max_tokens to what is left."""
+    """vLLM 0.32.0's rule, as the real server answered it (tests/real_engines/test_vllm.py):
+    `renderers/params.py` `TokenizeParams.__post_init__` refuses max_tokens over
+    max_model_len, `_token_len_check` a prompt longer than max_model_len ("at least" when it
+    is one over: a text prompt is tokenized to at most that), then
+    `entrypoints/serve/utils/api_utils.py` `get_max_tokens` clamps max_tokens to what is left
+    (a 200 cut to fit) and `SamplingParams._verify_args` refuses a budget below 1, which is
+    also how a prompt of exactly max_model_len is refused."""
     context = config.context_length
+    if max_tokens is not None and max_tokens > context:
+        raise vllm_refusal(f"max_tokens={max_tokens} cannot be greater than max_model_len="
+                           f"{context}. Please request fewer output tokens.", "max_tokens",
+                           max_tokens)
     if prompt_tokens > context:
-        raise bad_request(
+        qualifier = "at least " if prompt_tokens == context + 1 else ""
+        raise vllm_refusal(
             f"This model's maximum context length is {context} tokens. However, your prompt "
-            f"contains {prompt_tokens} input tokens, which exceeds this limit even without any "
-            "output tokens. Please reduce the length of the input prompt.")
-    if prompt_tokens == context:
-        raise bad_request(
-            f"The decoder prompt (length {prompt_tokens}) plus the number of requested output "
-            f"tokens (at least 1) is longer than the maximum model length of {context}. Make "
-            "sure that `max_model_len` is no smaller than the number of text tokens (prompt + "
-            "requested output tokens).")
+            f"contains {qualifier}{prompt_tokens} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens", prompt_tokens)
     wanted = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    return max(0, min(wanted, context - prompt_tokens))
+    limit = min(wanted, context - prompt_tokens)
+    if limit < 1:
+        raise vllm_refusal(f"max_tokens must be at least 1, got {limit}.", "max_tokens", limit)
+    return limit
 
 
 def vllm_error_body(error: ApiError) -> dict[str, Any]:
     """vLLM's `ErrorResponse` (entrypoints/serve/engine/protocol.py): {"error": ErrorInfo}."""
     kind = "BadRequestError" if error.status < 500 else "InternalServerError"
-    return {"error": {"message": error.message, "type": kind, "param": None,
+    return {"error": {"message": error.message, "type": kind, "param": error.param,
                       "code": error.status}}
 
 

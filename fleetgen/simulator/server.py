@@ -8,6 +8,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -45,6 +46,11 @@ from fleetgen.simulator.protocol import (
 from fleetgen.simulator.protocol import (
     InFlight as RidInFlight,
 )
+from fleetgen.simulator.vllm_api import (
+    parse_chat_vllm,
+    render_chat_vllm,
+    render_completions_vllm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +81,8 @@ class Api:
 NATIVE = Api(parse_generate, render_native, native_error_body)
 CHAT = Api(parse_chat, render_chat, openai_error_body)
 OPENAI = Api(parse_completions, render_completions, openai_error_body)
-VLLM_OPENAI = Api(parse_completions, render_completions, vllm_error_body)
+VLLM_OPENAI = Api(parse_completions, render_completions_vllm, vllm_error_body)
+VLLM_CHAT = Api(parse_chat_vllm, render_chat_vllm, vllm_error_body)
 
 
 class SimServer:
@@ -214,6 +221,7 @@ class SimServer:
         if self.config.flavor == "vllm":
             # vLLM's /health is instant and it has no /ready (entrypoints/serve/...).
             app.router.add_get("/health", self._ready)
+            app.router.add_post("/v1/chat/completions", self._chat_vllm)
         else:
             self._add_sglang_routes(app)
         app.router.add_get("/metrics", self._metrics)
@@ -269,11 +277,17 @@ class SimServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, CHAT)
 
+    async def _chat_vllm(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, VLLM_CHAT)
+
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
         """No slot and no fault: the tokenizer manager answers it without the scheduler."""
         error_body = vllm_error_body if self.config.flavor == "vllm" else openai_error_body
         try:
-            return _json(tokenize(await _read_json(request), self.config))
+            answer = tokenize(await _read_json(request), self.config)
+            if self.config.flavor == "vllm":
+                answer["token_strs"] = None  # vLLM's `TokenizeResponse`: with return_token_strs
+            return _json(answer)
         except ApiError as error:
             return _json(error_body(error), error.status)
 
@@ -476,7 +490,17 @@ class SimServer:
             "id": name, "object": "model", "created": self._created,
             "owned_by": "vllm" if self.config.flavor == "vllm" else "sglang",
             "root": name, "max_model_len": self.config.context_length,
+            **(self._vllm_model_fields() if self.config.flavor == "vllm" else {}),
         }]})
+
+    def _vllm_model_fields(self) -> dict[str, Any]:
+        """vLLM's `ModelCard` beyond SGLang's: `parent` and one `ModelPermission`."""
+        return {"parent": None, "permission": [{
+            "id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+            "created": self._created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}]}
 
     async def _server_info(self, request: web.Request) -> web.StreamResponse:
         """http_server `server_info`: resolved args at top level, live state per DP rank."""

@@ -1,5 +1,6 @@
-"""`--flavor vllm`: the simulator's /v1/completions answers as vLLM 0.33.0 does (its length rule
-and error body), and the SGLang-only endpoints are not there."""
+"""`--flavor vllm`: the simulator's /v1/completions answers as vLLM 0.32.0 does (its length rule
+and error body, as the real server answered them: tests/real_engines/test_vllm.py), and the
+SGLang-only endpoints are not there."""
 
 from __future__ import annotations
 
@@ -26,35 +27,47 @@ def complete(client: httpx.Client, prompt_tokens: int, max_tokens: int) -> httpx
         "ignore_eos": True})
 
 
-def test_max_tokens_past_the_context_is_clamped_not_refused(client: httpx.Client) -> None:
+def test_max_tokens_past_the_room_is_clamped_not_refused(client: httpx.Client) -> None:
     # api_utils.py `get_max_tokens`: min(max_tokens, max_model_len - input)
-    response = complete(client, 50, 1000)
+    response = complete(client, 50, CONTEXT - 4)
     assert response.status_code == 200
     body = response.json()
-    assert body["usage"] == {"prompt_tokens": 50, "completion_tokens": CONTEXT - 50,
-                             "total_tokens": CONTEXT}
+    assert body["usage"]["completion_tokens"] == CONTEXT - 50
+    assert body["usage"]["prompt_tokens"] == 50
     assert body["choices"][0]["finish_reason"] == "length"
 
 
-def test_a_prompt_of_the_whole_context_is_refused(client: httpx.Client) -> None:
-    # input_processor.py `_validate_prompt_len`, prompt_len == max_prompt_len
-    response = complete(client, CONTEXT, 1)
+def refusal(response: httpx.Response) -> tuple[str, str]:
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "BadRequestError" and error["code"] == 400
-    assert error["message"].startswith(
-        f"The decoder prompt (length {CONTEXT}) plus the number of requested output tokens "
-        f"(at least 1) is longer than the maximum model length of {CONTEXT}.")
+    return error["param"], error["message"]
+
+
+def test_max_tokens_over_the_context_is_refused(client: httpx.Client) -> None:
+    # renderers/params.py `TokenizeParams.__post_init__`, whatever the prompt
+    assert refusal(complete(client, 5, CONTEXT + 1)) == ("max_tokens", (
+        f"max_tokens={CONTEXT + 1} cannot be greater than max_model_len={CONTEXT}. Please "
+        f"request fewer output tokens. (parameter=max_tokens, value={CONTEXT + 1})"))
+
+
+def test_a_prompt_of_the_whole_context_leaves_a_budget_of_0(client: httpx.Client) -> None:
+    # `get_max_tokens` clamps to 0, then `SamplingParams._verify_args` refuses it: vLLM 0.32
+    # answers so before its own prompt-length check (seen on the real server)
+    expected = ("max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, "
+                "value=0)")
+    assert refusal(complete(client, CONTEXT, 1)) == expected
+    assert refusal(complete(client, 5, 0)) == expected
 
 
 def test_a_longer_prompt_is_refused_with_its_count(client: httpx.Client) -> None:
-    # renderers/params.py `_token_len_check`
-    response = complete(client, CONTEXT + 5, 1)
-    assert response.status_code == 400
-    assert response.json()["error"]["message"] == (
-        f"This model's maximum context length is {CONTEXT} tokens. However, your prompt "
-        f"contains {CONTEXT + 5} input tokens, which exceeds this limit even without any "
-        "output tokens. Please reduce the length of the input prompt.")
+    # renderers/params.py `_token_len_check`: "at least" when one over
+    for over, qualifier in ((5, ""), (1, "at least ")):
+        assert refusal(complete(client, CONTEXT + over, 1)) == ("input_tokens", (
+            f"This model's maximum context length is {CONTEXT} tokens. However, your prompt "
+            f"contains {qualifier}{CONTEXT + over} input tokens, which exceeds this limit "
+            "even without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={CONTEXT + over})"))
 
 
 def test_only_the_openai_endpoints_and_an_instant_health(client: httpx.Client) -> None:
