@@ -56,13 +56,17 @@ class ContextRule:
     """vLLM's and llama.cpp's rule: a prompt of `context` tokens or more is refused, and the
     rest of the context is the largest budget.
 
-    vLLM 0.33.0: `v1/engine/input_processor.py` `_validate_prompt_len` refuses a prompt longer
-    than max_model_len ("The decoder prompt (length N) is longer than the maximum model length
-    of M") or equal to it ("... plus the number of requested output tokens (at least 1) is
-    longer than ..."); `entrypoints/serve/utils/api_utils.py` `get_max_tokens` then clamps
-    max_tokens to max_model_len - input. Older releases refused input + max_tokens >
-    max_model_len instead ("However, you requested N tokens (P in the messages, C in the
-    completion)"): context - prompt is accepted by both.
+    vLLM 0.32.0, as a real server answered (tests/real_engines/test_vllm.py, docs/engines.md):
+    `renderers/params.py` `TokenizeParams.__post_init__` refuses max_tokens > max_model_len
+    whatever the prompt; `_token_len_check` a prompt longer than max_model_len ("your prompt
+    contains [at least] N input tokens"); `entrypoints/serve/utils/api_utils.py`
+    `get_max_tokens` then clamps max_tokens to max_model_len - input, so a prompt + max_tokens
+    over the limit is a 200 cut to fit, and a prompt of exactly max_model_len a budget of 0,
+    which `SamplingParams._verify_args` refuses ("max_tokens must be at least 1, got 0").
+    0.33's `_validate_prompt_len` words that last one "The decoder prompt (length N) plus the
+    number of requested output tokens (at least 1) is longer than ..."; older releases refused
+    input + max_tokens > max_model_len ("However, you requested N tokens (P in the messages, C
+    in the completion)"). context - prompt is accepted by all, and never cut.
     llama.cpp (tools/server/server-context.cpp): a prompt of n_ctx (per slot) tokens or more is
     a 400 `exceed_context_size_error`; generation stops when `prompt.n_tokens() + 1 >= n_ctx`
     in `process_token`, i.e. after n_ctx - prompt tokens, so a larger max_tokens is cut, never

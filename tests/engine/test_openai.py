@@ -199,3 +199,25 @@ def test_latency_is_the_requests_wall_time(start_sim: StartSim) -> None:
         client.close()
     assert gen.completion_tokens == 8
     assert 0.075 <= gen.latency_s < 5, gen.latency_s
+
+
+VLLM_NO_ROOM = "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+VLLM_OVER = ("max_tokens=5000 cannot be greater than max_model_len=4096. Please request fewer "
+             "output tokens. (parameter=max_tokens, value=5000)")
+
+
+def test_vllm_032s_budget_refusals_are_context_errors_with_the_prompt_sent() -> None:
+    # As the real vLLM 0.32.0 answered (tests/real_engines/test_vllm.py): a prompt of the
+    # whole context is clamped to a budget of 0 and refused; a budget over the context is
+    # refused whatever the prompt. Both name no prompt count: it is the ids sent.
+    rule = openai.RULES[openai.VLLM]
+    body = {"error": {"message": VLLM_NO_ROOM, "type": "BadRequestError",
+                      "param": "max_tokens", "code": 400}}
+    full = openai.from_response(httpx.Response(400, json=body), 4096)
+    assert isinstance(full, errors.ContextLengthError)
+    assert (full.server_prompt_tokens, full.context_length) == (4096, None)
+    assert rule.correction(full, 1) is None
+    over = openai.from_response(httpx.Response(400, json={"error": {"message": VLLM_OVER}}), 100)
+    assert isinstance(over, errors.ContextLengthError)
+    assert (over.server_prompt_tokens, over.context_length) == (100, 4096)
+    assert rule.correction(over, 5000) == 3996
