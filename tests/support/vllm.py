@@ -162,14 +162,14 @@ class VllmServer:
                 "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
                 "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"]
 
-    def start(self, timeout_s: float = 240.0) -> VllmServer:
+    def start(self, timeout_s: float = 600.0) -> VllmServer:
         def start_on(lease: PortLease) -> None:
             self._start_on(lease.port, timeout_s)
 
         self.lease, _ = on_leased_port(start_on, lease=lease_port)
         return self
 
-    def restart(self, timeout_s: float = 240.0) -> None:
+    def restart(self, timeout_s: float = 600.0) -> None:
         """Start again on the port it had (after `signal` ended it)."""
         self._start_on(self.port, timeout_s)
 
