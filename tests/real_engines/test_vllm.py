@@ -331,9 +331,10 @@ def test_simulator_vllm_flavour_answers_as_the_real_server(vllm: VllmServer,
 
 
 def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: Path) -> None:
-    """`fleetgen run` while its server is SIGTERMed (vLLM's own shutdown), started again,
-    then SIGKILLed (the whole process group: a crash) and started again: the run completes
-    with every row once; the answers cut by each end were asked again."""
+    """`fleetgen run` while its server is SIGTERMed (vLLM's own shutdown, then SIGKILL after a
+    30 s grace, as a supervisor ends it), started again, then SIGKILLed (the whole process
+    group: a crash) and started again: the run completes with every row once; the answers cut
+    by each end were asked again."""
     if os.environ.get(URL_ENV):
         pytest.skip(f"{URL_ENV} names a server this session did not start")
     prompts = tmp_path / "p.jsonl"
@@ -342,11 +343,12 @@ def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: 
     run = subprocess.Popen(fleetgen_cli("run", prompts.name, "--engine-url", vllm.url,
                                         "--out", "out/k"), cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ended: dict[str, bool] = {}
     try:
         for signum, after in ((signal.SIGTERM, 2), (signal.SIGKILL, 6)):
             wait_for(lambda n=after: written(out) >= n, 600, f"{after} rows written")
             at_signal = written(out)
-            vllm.signal(signum)
+            ended[signum.name] = vllm.signal(signum)
             vllm.restart()
             assert at_signal < len(expected)
         output, _ = run.communicate(timeout=900)
@@ -359,3 +361,7 @@ def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: 
     assert not data["failures"] and not data["rejected"]
     assert all(ended_at_stop_or_budget(r) for r in data["results"])
     assert any(r["attempts"] > 1 for r in data["results"]), "no request was cut by the ends"
+    # Seen: SIGTERMed mid-run, vLLM 0.32 does not end by itself within 30 s (its HTTP server
+    # waits for the worker's open connections, whose requests its dead engine never answers);
+    # the supervisor's SIGKILL ends it, as a pod's grace period would.
+    print(f"\nended by itself within 30 s: {ended}")

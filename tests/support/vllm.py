@@ -216,9 +216,13 @@ class VllmServer:
             except AssertionError as exc:
                 raise AssertionError(f"{exc}:\n{self.log_text(offset)[-3000:]}") from None
 
-    def signal(self, signum: int) -> None:
+    def signal(self, signum: int, grace_s: float = 30.0) -> bool:
         """`signum` to the API process (SIGTERM: vLLM's own shutdown), or to the whole group
-        (SIGKILL: a crash, the engine core with it); returns once every process is gone."""
+        (SIGKILL: a crash, the engine core with it); then, as a supervisor does after its
+        grace period, SIGKILL to the group if it still runs after `grace_s`. vLLM 0.32.0 on
+        SIGTERM kills its engine at once but its HTTP server waits for open connections to
+        close ("Waiting for connections to close"), and the requests on them are never
+        answered. Returns whether it ended by itself."""
         proc = self.proc
         assert proc is not None
         if signum == signal.SIGKILL:
@@ -226,9 +230,17 @@ class VllmServer:
                 os.killpg(proc.pid, signal.SIGKILL)
         else:
             proc.send_signal(signum)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=grace_s)
+            by_itself = True
+        except subprocess.TimeoutExpired:
+            by_itself = False
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         self._reap_group(proc.pid)
         self.proc = None
+        return by_itself
 
     @staticmethod
     def _reap_group(pgid: int) -> None:
