@@ -4,6 +4,7 @@ are fleetgen/base/runoptions.py's `PINNED`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -11,9 +12,11 @@ import redis
 
 from fleetgen.base import manifest
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outdir import DrainDir
 from fleetgen.base.runoptions import PINNED, flag_name
 
-__all__ = ["NEW_RUN", "PINNED", "RunManifest", "check_same_settings", "files_difference"]
+__all__ = ["NEW_RUN", "PINNED", "RunManifest", "check_same_settings", "files_difference",
+           "recorded_settings"]
 
 # How a command of fleetgen starts another run instead of resuming this one, as the messages
 # say it: `produce` names its run, the demo keeps its run in its --out.
@@ -25,10 +28,14 @@ class RunManifest:
     (`record`), and a start or resume that checks the pinned settings first. `read()` is the
     hash as stored, for `Producer.manifest()` (producer/pipeline.py) and its tests."""
 
-    def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN) -> None:
+    def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN,
+                 recorded: dict[str, Any] | None = None) -> None:
         self.run = run
         self.new_run = new_run
         self.record = manifest.RunManifest(client, run)
+        # The settings the output files' rows were made with (their summary.json's): a
+        # finished run's Redis state is gone, and these are then what a rerun is held to.
+        self.recorded = recorded
 
     def read(self) -> dict[str, str]:
         return self.record.raw()
@@ -44,6 +51,8 @@ class RunManifest:
             check_same_settings(self.run, old.pinned, settings, self.new_run)
             self.record.resume()
             return
+        if self.recorded is not None:  # the files' rows were made with these
+            check_same_settings(self.run, self.recorded, settings, self.new_run)
         self.record.start(settings, expected_rows)
 
     def stop_reason(self) -> str | None:
@@ -75,7 +84,8 @@ class RunManifest:
         """ConfigError if the run was started with other pinned settings: the check a resume
         makes when it opens the run, made before anything is started for it. A setting read
         from the servers (the context length the limits give) is left to then."""
-        old = self.record.read().pinned
+        stored = self.record.read()
+        old = stored.pinned if stored.exists else (self.recorded or {})
         known = {k: v for k, v in settings.items() if k != "context_length"}
         check_same_settings(self.run, {k: v for k, v in old.items() if k in known}, known,
                             self.new_run)
@@ -85,6 +95,21 @@ class RunManifest:
         also for a run produced before sizes were recorded)."""
         then = self.record.read().input_bytes
         return then if then is not None and then != input_bytes else None
+
+
+def recorded_settings(out: Path | None, run: str) -> dict[str, Any] | None:
+    """The pinned settings `out`'s summary.json says its rows of `run` were made with (None:
+    no output there yet, another run's, or a summary from before settings were kept)."""
+    if out is None:
+        return None
+    try:
+        summary = DrainDir(out).read_summary() or {}
+    except orjson.JSONDecodeError:  # damaged: the drainer rewrites it from the files
+        return None
+    settings = summary.get("settings")
+    if summary.get("run") != run or not isinstance(settings, dict):
+        return None
+    return {k: v for k, v in settings.items() if k in PINNED}
 
 
 def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any],

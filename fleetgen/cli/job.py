@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import exitcodes
+import redis
+
+from fleetgen.base import diskfull, exitcodes
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import Stopped, sigterm_flag
@@ -71,6 +73,13 @@ def execute(job: Job) -> int:
             _say_how_it_ended(job, summary, should_stop())
         if job.linger is not None and not should_stop():
             job.linger(should_stop)
+    except redis.ResponseError as exc:
+        # MISCONF: the run's Redis cannot write its data (a full disk, most often): one line
+        # naming where, as for the output files (fleetgen/base/diskfull.py).
+        full = diskfull.from_redis_error(exc, None if fleet.spec.redis_url else job.state_dir)
+        if full is None:
+            raise
+        raise full from None
     finally:
         shield_from_signals()
         fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
