@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 import secrets
+import shlex
 import socket
 import tempfile
 import time
@@ -61,6 +62,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    p.add_argument("--retry-failures", action="store_true",
+                   help="send the rows in DIR/failures.jsonl again (also once the run is "
+                   "complete): a success moves the row to results.jsonl")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
 
@@ -142,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     if listen and external:
         raise ConfigError("--listen is for the embedded Valkey; with --redis (or "
                           "$FLEETGEN_REDIS_URL) the workers join that Redis")
+    if args.retry_failures and args.turns == "all":
+        raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
+                          "--turns all run's failed turns go on with `fleetgen retry` while "
+                          "the run is not complete")
     usable_dir(args.out)
     name, resumed = run_name(args.out, args.run)
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
@@ -157,7 +165,14 @@ def run(args: argparse.Namespace) -> int:
                            valkey_port=listen[1] if listen else None)
         return job.execute(job.Job(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None))
+            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            retry_failures=args.retry_failures, retry_command=retry_command(args.argv)))
+
+
+def retry_command(argv: list[str]) -> str:
+    """The command the user ran, with --retry-failures: what sends its failed rows again."""
+    again = argv if "--retry-failures" in argv else [*argv, "--retry-failures"]
+    return shlex.join(["fleetgen", *again])
 
 
 def _protocol_env(protocol: str | None) -> dict[str, str]:

@@ -80,6 +80,11 @@ class Tally:
             for name, n in quality_counts(record).items():
                 self.quality[name] += n
 
+    def lines_of(self, kind: str) -> list[int]:
+        """The lines (slots) whose outcome in the files is `kind`."""
+        code = CODES[kind]
+        return [line for line, held in enumerate(self.kinds) if held == code]
+
     def missing_from(self, done: bytes) -> list[int]:
         """Lines held here whose bit is clear in `done` (a Redis bitmap, bit 0 the most
         significant of byte 0): one big-integer operation, then only the non-zero bytes."""
