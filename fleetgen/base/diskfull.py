@@ -14,7 +14,7 @@ import redis
 from fleetgen.base.errors import DiskFull
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-RESUME = "nothing unwritten was acknowledged; run the same command to resume"
+RESUME = "then run the same command to resume (nothing unwritten was acknowledged)"
 
 
 def from_os_error(error: OSError, path: Path | str | None = None) -> DiskFull | None:
@@ -22,10 +22,10 @@ def from_os_error(error: OSError, path: Path | str | None = None) -> DiskFull | 
     where = Path(path or error.filename or ".")
     if error.errno in FULL_ERRNOS:
         return DiskFull(f"no space left on the disk of {where} ({free_of(where)}); free "
-                        f"space there and {RESUME}")
+                        f"space there, {RESUME}")
     if error.errno == errno.EFBIG:
         return DiskFull(f"{where} reached the file-size limit ({size_limit()}); raise it "
-                        f"(`ulimit -f`) or free space, and {RESUME}")
+                        f"(`ulimit -f`), {RESUME}")
     return None
 
 
@@ -39,9 +39,11 @@ def from_redis_error(error: redis.ResponseError, data_dir: Path | None) -> DiskF
     cause = text.removeprefix("MISCONF").strip().split(". ")[0]
     if data_dir is None:
         return DiskFull(f"Redis cannot write to its disk ({cause}); free space on the Redis "
-                        f"host (its `dir`) and {RESUME}")
-    return DiskFull(f"the run's Valkey cannot write its data in {data_dir} ({cause}; "
-                    f"{free_of(data_dir)}); free space there and {RESUME}")
+                        f"host (its `dir`), {RESUME}")
+    # No free space in the line: Valkey cuts its failed write back, so the disk shows room
+    # that the write it needed did not find.
+    return DiskFull(f"the run's Valkey cannot write its data in {data_dir} ({cause}); free "
+                    f"space on that disk, {RESUME}")
 
 
 def free_of(path: Path) -> str:

@@ -9,9 +9,9 @@ import bz2
 import gzip
 import lzma
 import os
-import zipfile
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import orjson
