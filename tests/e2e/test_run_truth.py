@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.local.ports import lease_port
@@ -127,6 +128,7 @@ def test_failures_exit_1_and_the_command_it_prints_sends_them_again(tmp_path: Pa
         command = shlex.split(last.split("send them again with: ", 1)[1])
         assert command[0] == "fleetgen" and command[-1] == "--retry-failures", command
         assert not (out / ".fleetgen-state").exists()  # complete: the run's Redis is gone
+        before = orjson.loads((out / "summary.json").read_bytes())
 
         with sim_process(tmp_path / "sim2.log", port=lease.port):
             again = subprocess.run(fleetgen_cli(*command[1:]), cwd=tmp_path,
@@ -140,5 +142,8 @@ def test_failures_exit_1_and_the_command_it_prints_sends_them_again(tmp_path: Pa
     assert len(data["results"]) == 40 and not data["failures"]
     summary = orjson.loads((out / "summary.json").read_bytes())
     assert (summary["total"], summary["done"], summary["failed"]) == (40, 40, 0)
+    # Its clock is the run's, not the retry's alone: 40 rows were not made in the retry's time.
+    assert summary["started_at"] == pytest.approx(before["started_at"])
+    assert summary["wall_s"] > before["wall_s"]
     print(f"\nfleetgen run: {failed} of 40 rows failed, exit 1, last line: {last}; the "
           f"command as printed wrote them all, each once")
