@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -48,7 +49,7 @@ def sim(tmp_path: Path, name: str, extra: list[str]) -> Iterator[str]:
 def write_prompts(path: Path) -> None:
     lines = []
     for i in range(ROWS):
-        row = {"id": f"q{i}", "source": SOURCES[i % 3],
+        row: dict[str, Any] = {"id": f"q{i}", "source": SOURCES[i % 3],
                "messages": [{"role": "user", "content": f"question {i} " + "word " * (i % 40)}]}
         if i % 4 == 0:
             row["chat_template_kwargs"] = {"enable_thinking": False}
@@ -56,7 +57,7 @@ def write_prompts(path: Path) -> None:
     path.write_bytes(b"\n".join(lines) + b"\n")
 
 
-def pooled(records: list[dict]) -> float:
+def pooled(records: list[dict[str, Any]]) -> float:
     return sum(r["completion_tokens"] for r in records) / sum(
         r["spec"]["verify_ct"] for r in records)
 
@@ -91,7 +92,7 @@ def test_measure_acceptance_on_three_drafters(servers: list[str], tmp_path: Path
     mean = sum(r["spec"]["accept_length"] for r in results) / ROWS
     assert spec["accept_length_mean"] == round(mean, 4) and "pooled" in spec["note"]
 
-    by_worker: dict[str, list[dict]] = defaultdict(list)
+    by_worker: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         by_worker[r["worker"].split("@")[0]].append(r)
     assert {w: f["accept_length"] for w, f in spec["by_worker"].items()} == {

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -71,6 +71,7 @@ def test_the_result_carries_spec_as_fleetgens_field() -> None:
     gen = parse_generation(answer(spec_verify_ct=10, spec_num_correct_drafts=25))
     payload: Any = {"id": "r1", "row": {"spec": "the row's own", "source": "a"}, "line": 0,
                     "input_ids": [1, 2, 3]}
-    record = result_record(TaskPayload(**payload), gen, max_tokens=50, attempts=1, worker="w")
+    record = result_record(cast(TaskPayload, payload), gen, max_tokens=50, attempts=1,
+                           worker="w")
     assert record["spec"] == {"verify_ct": 10, "accept_length": 4.0, "correct_drafts": 25}
     assert split_result(record).row == {"spec": "the row's own", "source": "a"}
