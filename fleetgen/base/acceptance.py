@@ -104,12 +104,57 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def pooled_summary(pool: Pool, by_worker: Mapping[str, Pool], done: int) -> dict[str, Any]:
+@dataclass
+class CounterSessions:
+    """vLLM's acceptance, from the `spec_counters` results carry (fleetgen/engine/speculation.py
+    CounterDeltas): each worker session's counters only grow, so its latest reading (the one
+    with the most drafts) is its whole; the run is the sum of its sessions."""
+
+    latest: dict[tuple[str, float], tuple[int, int, int]] = field(default_factory=dict)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        counters = record.get("spec_counters")
+        if not isinstance(counters, dict):
+            return
+        values = [counters.get(k) for k in ("drafts", "draft_tokens", "accepted")]
+        since = counters.get("since")
+        if not all(isinstance(v, int) for v in values) or not isinstance(since, int | float):
+            return
+        key = (str(record.get("worker") or "?"), float(since))
+        drafts, draft_tokens, accepted = (int(v) for v in values)  # type: ignore[arg-type]
+        if drafts >= self.latest.get(key, (-1, 0, 0))[0]:
+            self.latest[key] = (drafts, draft_tokens, accepted)
+
+    def figures(self) -> dict[str, Any] | None:
+        if not self.latest:
+            return None
+        by_worker: dict[str, list[int]] = {}
+        for (worker, _), values in self.latest.items():
+            sums = by_worker.setdefault(worker, [0, 0, 0])
+            for i, value in enumerate(values):
+                sums[i] += value
+        total = [sum(v[i] for v in by_worker.values()) for i in range(3)]
+        return {**_counter_figures(total), "sessions": len(self.latest),
+                "by_worker": {w: _counter_figures(by_worker[w]) for w in sorted(by_worker)}}
+
+
+def _counter_figures(sums: list[int]) -> dict[str, Any]:
+    drafts, draft_tokens, accepted = sums
+    # vLLM's own mean acceptance length (SpecDecodingProm): 1 + accepted / drafts.
+    return {"accept_length": _round(1 + accepted / drafts if drafts else None),
+            "accept_rate": _round(accepted / draft_tokens if draft_tokens else None),
+            "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted}
+
+
+def pooled_summary(pool: Pool, by_worker: Mapping[str, Pool], done: int,
+                   counters: CounterSessions | None = None) -> dict[str, Any]:
     """summary.json's `spec`: the pooled figure, the mean beside it, the answers without one,
-    and each worker's (one per server under `fleetgen run`)."""
+    and each worker's (one per server under `fleetgen run`); `vllm`, from the counters of
+    servers that report acceptance only as counters."""
+    vllm = counters.figures() if counters is not None else None
     return {**pool.figures(), "without_spec": done - pool.requests,
             "by_worker": {name: by_worker[name].figures() for name in sorted(by_worker)},
-            "note": NOTE}
+            **({"vllm": vllm} if vllm else {}), "note": NOTE}
 
 
 # -- the breakdowns ---------------------------------------------------------------------------
@@ -167,9 +212,11 @@ class AcceptanceScan:
     group_by: str | None = None
     pool: Pool = field(default_factory=Pool)
     groups: dict[str, dict[str, Pool]] = field(default_factory=dict)
+    counters: CounterSessions = field(default_factory=CounterSessions)
     _lowest: list[_Low] = field(default_factory=list)
 
     def add(self, record: dict[str, Any], slot: int) -> None:
+        self.counters.add(record)
         if not self.pool.add(record):
             return
         for name, key in self._dimensions().items():
@@ -192,8 +239,11 @@ class AcceptanceScan:
         return [low.record for low in sorted(self._lowest, reverse=True)]
 
     def figures(self) -> dict[str, Any] | None:
+        vllm = self.counters.figures()
         if not self.pool.requests:
-            return None
+            return None if vllm is None else {**self.pool.figures(), "vllm": vllm,
+                                              "breakdowns": {}, "lowest_groups": [],
+                                              "lowest_rows": [], "note": NOTE}
         breakdowns = {name: sorted(({"group": key, **pool.figures()}
                                     for key, pool in by_key.items()),
                                    key=lambda g: (g["accept_length"], g["group"]))
@@ -207,6 +257,7 @@ class AcceptanceScan:
             "breakdowns": breakdowns,
             "lowest_groups": sorted(candidates, key=lambda g: g["accept_length"])[:LOWEST_GROUPS],
             "lowest_rows": [_row_line(r) for r in self.lowest_rows()],
+            **({"vllm": vllm} if vllm else {}),
         }
 
 

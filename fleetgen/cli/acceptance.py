@@ -1,18 +1,18 @@
 """`fleetgen run --measure-acceptance`: refuse servers that do not speculate, and once the run
 is written print the drafter's acceptance on these prompts (pooled, the per-request mean, by
 server and the other breakdowns, the lowest groups, weak.jsonl), as the report computed it
-from the files; vLLM servers, which report acceptance only as counters, by their /metrics
-deltas over the command."""
+from the files; vLLM servers, which report acceptance only as counters, by the counters' growth
+the workers wrote into the results."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
-from fleetgen.engine.speculation import VllmCounters, read_vllm_counters, speculative_algorithm
+from fleetgen.engine.speculation import speculative_algorithm
 
 if TYPE_CHECKING:
     from fleetgen.monitor.report import Built
@@ -22,11 +22,9 @@ SHOWN_GROUPS = 8  # groups printed per breakdown (the report has them all)
 
 @dataclass
 class Measure:
-    """The servers' algorithms, read before the run, and the vLLM counters at its start."""
+    """The servers' algorithms, read before the run."""
 
     algorithms: dict[str, str | None]
-    say: Any = print
-    vllm_start: dict[str, VllmCounters] = field(default_factory=dict)
 
     @classmethod
     def check(cls, urls: list[str]) -> Measure:
@@ -44,40 +42,21 @@ class Measure:
         if plain:
             print(f"fleetgen run: --measure-acceptance: {', '.join(plain)} run no speculative "
                   "algorithm: their answers carry no acceptance", file=sys.stderr)
-        measure = cls(algorithms)
-        measure.vllm_start = measure._vllm_now()
-        return measure
-
-    def _vllm_now(self) -> dict[str, VllmCounters]:
-        api_key = envvars.ENGINE_API_KEY.value()
-        read = {url: read_vllm_counters(url, api_key=api_key)
-                for url, algorithm in self.algorithms.items() if algorithm == "vllm"}
-        return {url: counters for url, counters in read.items() if counters is not None}
+        return cls(algorithms)
 
     def print_report(self, built: Built) -> None:
         """The acceptance lines at the end of the run."""
         for line in acceptance_lines(built.data.get("spec"), built.weak):
             print(f"fleetgen run: {line}", flush=True)
-        if self.vllm_start:
-            for line in self._vllm_lines():
-                print(f"fleetgen run: {line}", flush=True)
-
-    def _vllm_lines(self) -> list[str]:
-        now = self._vllm_now()
-        deltas = {url: now[url] - start for url, start in self.vllm_start.items() if url in now}
-        pooled = sum(deltas.values(), VllmCounters())
-        lines = [f"vLLM /metrics over this command: accept length {_fig(pooled.accept_length)} "
-                 f"pooled (1 + {pooled.accepted:.0f} accepted / {pooled.drafts:.0f} drafts; "
-                 "other clients of these servers count too)"]
-        lines += [f"  {url}: {_fig(delta.accept_length)}" for url, delta in deltas.items()]
-        return lines
 
 
 def acceptance_lines(spec: dict[str, Any] | None, weak: Any) -> list[str]:
     if not spec:
-        return ["no answer carried speculative figures (SGLang gives them per answer; "
-                "vLLM's are below)"]
-    lines = [f"acceptance: {_fig(spec['accept_length'])} tokens per verify step pooled "
+        return ["no answer carried speculative figures"]
+    lines = _vllm_lines(spec.get("vllm"))
+    if not spec["requests"]:
+        return lines
+    lines += [f"acceptance: {_fig(spec['accept_length'])} tokens per verify step pooled "
              f"(sum of completion tokens / sum of verify steps over {spec['requests']} answers); "
              f"per-request mean {_fig(spec['accept_length_mean'])}; accept rate "
              f"{_fig(spec['accept_rate'])}",
@@ -98,6 +77,15 @@ def acceptance_lines(spec: dict[str, Any] | None, weak: Any) -> list[str]:
         lines.append(f"  the {len(spec['lowest_rows'])} lowest answers' rows: {weak} (`fleetgen "
                      f"run {weak} ...` generates more of them)")
     return lines
+
+
+def _vllm_lines(vllm: dict[str, Any] | None) -> list[str]:
+    if not vllm:
+        return []
+    workers = ", ".join(f"{w} {_fig(f['accept_length'])}" for w, f in vllm["by_worker"].items())
+    return [f"vLLM acceptance (its /metrics counters, as the workers read them): "
+            f"{_fig(vllm['accept_length'])} tokens per step (1 + {vllm['accepted']} accepted / "
+            f"{vllm['drafts']} drafts); by worker: {workers}"]
 
 
 def _fig(value: float | None) -> str:

@@ -163,7 +163,8 @@ class RunBook:
             "settings": summary_settings(m),
             # Only where some answer carried its speculative figures (fleetgen/base/acceptance.py).
             **({"spec": pooled_summary(self.tally.spec, self.tally.spec_by_worker,
-                                       counts["done"])} if self.tally.spec.requests else {}),
+                                       counts["done"], self.tally.spec_counters)}
+               if self.tally.spec.requests or self.tally.spec_counters.latest else {}),
         }
 
     def _finished_at(self, m: Manifest, ended: bool) -> float:

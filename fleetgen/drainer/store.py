@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.acceptance import Pool
+from fleetgen.base.acceptance import CounterSessions, Pool
 from fleetgen.base.contract import (
     KIND_FAILURE,
     KIND_REJECTED,
@@ -48,6 +48,7 @@ class Tally:
     # Speculative acceptance of the results that carry `spec`, overall and by worker.
     spec: Pool = field(default_factory=Pool)
     spec_by_worker: dict[str, Pool] = field(default_factory=dict)
+    spec_counters: CounterSessions = field(default_factory=CounterSessions)  # vLLM's
 
     @property
     def written(self) -> int:
@@ -83,6 +84,7 @@ class Tally:
             self.completion_tokens += int(record.get("completion_tokens", 0))
             for name, n in quality_counts(record).items():
                 self.quality[name] += n
+            self.spec_counters.add(record)
             if self.spec.add(record):
                 worker = str(record.get("worker") or "?")
                 self.spec_by_worker.setdefault(worker, Pool()).add(record)

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import math
 import re
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -29,10 +34,6 @@ class VllmCounters:
     def __sub__(self, other: VllmCounters) -> VllmCounters:
         return VllmCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
                             self.accepted - other.accepted)
-
-    def __add__(self, other: VllmCounters) -> VllmCounters:
-        return VllmCounters(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
-                            self.accepted + other.accepted)
 
     @property
     def accept_length(self) -> float | None:
@@ -83,3 +84,54 @@ def speculative_algorithm(url: str, *, api_key: str | None = None,
         algorithm = body.get("speculative_algorithm")
         return str(algorithm) if algorithm else None
     return "vllm" if read_vllm_counters(base, api_key=api_key, timeout_s=timeout_s) else None
+
+
+class CounterDeltas:
+    """One worker's reading of its vLLM server's spec_decode counters: what they grew by since
+    the worker first read them (before its first generation), read again at most every
+    EVERY_S seconds, after a generation; the pool threads share it. Each result carries the
+    latest reading (`spec_counters`), so the drainer pools the run's figure from the files:
+    a worker's last reading covers its work up to EVERY_S before its last answer."""
+
+    EVERY_S = 1.0
+
+    def __init__(self, read: Callable[[], VllmCounters | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start: VllmCounters | None = None
+        self._since = 0.0  # wall time of the baseline: one reading session
+        self._off = False  # the server keeps no such counters: never read again
+        self._last_at = -math.inf
+        self._latest: dict[str, Any] | None = None
+
+    def prime(self) -> None:
+        """The baseline, once, before the first generation is sent."""
+        if self._start is not None or self._off:
+            return
+        with self._lock:
+            if self._start is None and not self._off:
+                self._baseline(self._read())
+
+    def _baseline(self, counters: VllmCounters | None) -> None:
+        self._off = counters is None
+        self._start, self._since = counters, time.time()
+        self._last_at = self._clock()
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The deltas since the baseline, re-read if the last reading is EVERY_S old."""
+        if self._off or self._start is None:
+            return None
+        with self._lock:
+            if self._clock() - self._last_at >= self.EVERY_S:
+                self._last_at = self._clock()
+                now = self._read()
+                if now is not None and now.drafts < self._start.drafts:
+                    self._baseline(now)  # the server restarted: a new session from here
+                elif now is not None:
+                    delta = now - self._start
+                    self._latest = {"since": round(self._since, 3), "drafts": int(delta.drafts),
+                                    "draft_tokens": int(delta.draft_tokens),
+                                    "accepted": int(delta.accepted)}
+            return self._latest

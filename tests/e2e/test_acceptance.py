@@ -135,3 +135,42 @@ def test_servers_that_do_not_speculate_are_refused(tmp_path: Path) -> None:
     assert done.returncode == exitcodes.CONFIG, done.stdout + done.stderr
     assert "no --engine-url runs a speculative algorithm" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_vllm_servers_acceptance_from_their_counters(tmp_path: Path) -> None:
+    """vLLM keeps acceptance only on /metrics: each worker writes the counters' growth into
+    its results, and summary.json pools it per worker, in the servers' rate order."""
+    write_prompts(tmp_path / "holdout.jsonl")
+    rates = (0.8, 0.3)
+    with sim(tmp_path, "v0", ["--flavor", "vllm", *spec_args(rates[0])]) as a, \
+            sim(tmp_path, "v1", ["--flavor", "vllm", *spec_args(rates[1])]) as b:
+        done = subprocess.run(fleetgen_cli("run", "holdout.jsonl", "--engine-url", a,
+                                           "--engine-url", b, "--out", "out/vllm",
+                                           "--measure-acceptance"),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        served = [counters(url) for url in (a, b)]
+    out = tmp_path / "out" / "vllm"
+    results = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert not any("spec" in r for r in results)  # no per-request figures from vLLM
+    assert any("spec_counters" in r for r in results)
+    vllm = orjson.loads((out / "summary.json").read_bytes())["spec"]["vllm"]
+    figures = [vllm["by_worker"][w]["accept_length"] for w in sorted(vllm["by_worker"])]
+    assert figures[0] > figures[1]  # gpu0 is the first --engine-url, the better drafter
+    for written, (drafts, accepted) in zip(sorted(vllm["by_worker"]), served, strict=True):
+        got = vllm["by_worker"][written]
+        # A worker's last reading is at most a second older than its last answer.
+        assert 0 < got["drafts"] <= drafts and got["accepted"] <= accepted
+        assert abs(got["accept_length"] - (1 + accepted / drafts)) < 0.15
+    assert "vLLM acceptance" in done.stdout
+    print(f"\nvLLM by worker {figures}; the servers' own "
+          f"{[round(1 + acc / d, 4) for d, acc in served]}")
+
+
+def counters(url: str) -> tuple[float, float]:
+    """(drafts, accepted) on a vLLM server's /metrics."""
+    from fleetgen.engine.speculation import read_vllm_counters
+
+    read = read_vllm_counters(url)
+    assert read is not None
+    return read.drafts, read.accepted

@@ -75,3 +75,44 @@ def test_the_result_carries_spec_as_fleetgens_field() -> None:
                            worker="w")
     assert record["spec"] == {"verify_ct": 10, "accept_length": 4.0, "correct_drafts": 25}
     assert split_result(record).row == {"spec": "the row's own", "source": "a"}
+
+
+def test_counter_deltas_baseline_throttle_and_restart() -> None:
+    from fleetgen.engine.speculation import CounterDeltas, VllmCounters
+
+    now = [0.0]
+    pages = iter([VllmCounters(100, 300, 50), VllmCounters(110, 330, 60),
+                  VllmCounters(4, 12, 2), VllmCounters(10, 30, 8)])
+    reads: list[int] = []
+
+    def read() -> VllmCounters | None:
+        reads.append(1)
+        return next(pages)
+
+    deltas = CounterDeltas(read, clock=lambda: now[0])
+    assert deltas.snapshot() is None  # not primed: no reading yet
+    deltas.prime()
+    deltas.prime()  # once only
+    assert len(reads) == 1 and deltas.snapshot() is None  # within a second of the baseline
+    now[0] = 1.5
+    first = deltas.snapshot()
+    assert first is not None and (first["drafts"], first["draft_tokens"],
+                                  first["accepted"]) == (10, 30, 10)
+    now[0] = 2.0
+    assert deltas.snapshot() == first and len(reads) == 2  # throttled
+    now[0] = 3.0
+    deltas.snapshot()  # counters went back: the server restarted, a new baseline
+    now[0] = 4.5
+    again = deltas.snapshot()
+    assert again is not None and again["since"] >= first["since"]
+    assert (again["drafts"], again["accepted"]) == (6, 6)
+
+
+def test_a_server_without_counters_is_never_read_again() -> None:
+    from fleetgen.engine.speculation import CounterDeltas
+
+    reads: list[int] = []
+    deltas = CounterDeltas(lambda: reads.append(1) or None, clock=lambda: 99.0)
+    deltas.prime()
+    deltas.prime()
+    assert deltas.snapshot() is None and len(reads) == 1
