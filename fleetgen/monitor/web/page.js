@@ -247,7 +247,17 @@ function acceptance(root, sp) {
   const heads = ["requests", "accept length (pooled)", "per-request mean", "accept rate"];
   const cells = g => [el("td", {class: "n"}, num(g.requests)), fig(g.accept_length),
                       fig(g.accept_length_mean), fig(g.accept_rate)];
-  table(s, heads, [cells(sp)], {id: "spec"});
+  if (sp.requests) table(s, heads, [cells(sp)], {id: "spec"});
+  if (sp.vllm) {
+    s.append(el("h3", {}, "vLLM servers (their /metrics counters, as the workers read them)"));
+    const v = (name, f) => [name, el("td", {class: "n"}, num(f.drafts)),
+                            el("td", {class: "n"}, num(f.accepted)), fig(f.accept_length),
+                            fig(f.accept_rate)];
+    table(s, ["worker", "drafts", "accepted tokens", "accept length (1 + accepted / drafts)",
+              "accept rate"],
+          [v("all", sp.vllm), ...Object.entries(sp.vllm.by_worker).map(([w, f]) => v(w, f))],
+          {id: "spec-vllm"});
+  }
   for (const [by, groups] of Object.entries(sp.breakdowns)) {
     if (groups.length < 2 && !by.startsWith("field:")) continue;
     s.append(el("h3", {}, "by " + by.replace("field:", "row field ")));
@@ -259,6 +269,7 @@ function acceptance(root, sp) {
     table(s, ["by", "group", ...heads], sp.lowest_groups.map(g => [g.by, g.group, ...cells(g)]),
           {id: "spec-lowest-groups"});
   }
+  if (!sp.lowest_rows.length) return;
   s.append(el("h3", {}, "lowest answers (weak.jsonl beside this page holds their rows)"));
   table(s, ["id", "line", "worker", "turn", "completion tokens", "verify steps", "accept length"],
         sp.lowest_rows.map(r => [r.id, el("td", {class: "n"}, num(r.line)), r.worker,
