@@ -23,7 +23,8 @@ def add_parser(sub: Any) -> None:
                        f"short table of the figures ({SUMMARY} beside the files has them all). "
                        "Shows rows written, rate and ETA (a bar on a terminal, else a line a "
                        "minute). Safe to kill and restart.")
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", required=True, metavar="NAME",
+                   help="the run to write (its name, as given to `fleetgen produce --run`)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--follow", action="store_true", help="keep running after the run completes")

@@ -9,7 +9,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetgen.base import exitcodes
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
+from fleetgen.cli.runview import FleetView, LogLine
 from fleetgen.cli.signals import Stopped, sigterm_flag
 from fleetgen.local.fleet import LocalFleet
 
@@ -158,14 +158,22 @@ def run_pipeline(job: Job, settings: ProducerSettings,
     job.say(f"run {settings.run}; watch it from another shell with\n"
             f"  FLEETGEN_REDIS_URL=$(cat {url_file(job)}) fleetgen status --run "
             f"{settings.run} --watch")
-    bar = Bar("rows written", show=sys.stderr.isatty())
-    ticker = MinuteLine(job.say)
+    bar = Bar("requests written", show=sys.stderr.isatty())
+    # An engine's fall and return are said where the run was started (above the bar).
+    view = FleetView(connect(job.fleet.redis_url), settings.run,
+                     [job.fleet.engine_url(gpu) for gpu in range(job.fleet.spec.gpus)],
+                     lambda text: bar.note(f"fleetgen {job.command}: {text}"))
+    ticker = LogLine(job.say)
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
         total = d.manifest().rows
+        view.look()
+        up, engines = view.engines_up
         bar.advance_to(d.tally.written, total)
-        ticker.tick(d.tally.written, total)
+        bar.postfix(f"engines {up}/{engines}")
+        ticker.tick(d.tally.written, total, in_flight=view.in_flight,
+                    engines=view.engines_up)
 
     try:
         drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)
@@ -229,32 +237,11 @@ def drain_beside(drainer: Drainer, producer: Beside, *,
     producer.raise_error()
 
 
-class MinuteLine:
-    """Where no bar is drawn (a log file, a CI job): a line a minute with rows, rate and ETA."""
-
-    EVERY_S = 60.0
-
-    def __init__(self, say: Callable[[str], None], *, show: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._say = say
-        self._show = not sys.stderr.isatty() if show is None else show
-        self._clock = clock
-        self._start = self._last = clock()
-
-    def tick(self, written: int, total: int | None) -> None:
-        now = self._clock()
-        if not self._show or now - self._last < self.EVERY_S:
-            return
-        self._last = now
-        rate = written / max(now - self._start, 1e-9)
-        left = None if total is None or rate <= 0 else (total - written) / rate
-        eta = "-" if left is None else f"{left / 60:.0f} min"
-        self._say(f"{written}/{total if total is not None else '?'} rows written, "
-                      f"{rate:.1f} rows/s, ETA {eta}")
-
-
 def summary_table(s: dict[str, Any], out: Path) -> str:
-    rows = [("run", s["run"]), ("rows", s["total"]), ("done", s["done"]),
+    rows = [("run", s["run"]), ("requests", s["total"])]
+    if s.get("input_rows") is not None:
+        rows.append(("input lines", s["input_rows"]))
+    rows += [("done", s["done"]),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
             ("truncated (finish=length)", s["truncated"]),
             ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),

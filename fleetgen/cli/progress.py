@@ -51,6 +51,19 @@ class Bar:
         elif self._line is not None:
             self._line.total = total
 
+    def postfix(self, text: str) -> None:
+        """A figure after the bar's own (the engines up)."""
+        if self._tqdm is not None:
+            self._tqdm.set_postfix_str(text, refresh=False)
+
+    def note(self, text: str) -> None:
+        """A line on stdout above the bar (tqdm's own way: the bar is redrawn below it)."""
+        if self._tqdm is not None:
+            self._tqdm.write(text, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(text, flush=True)
+
     def close(self) -> None:
         if self._tqdm is not None:  # (a tqdm without a total refuses bool())
             self._tqdm.close()

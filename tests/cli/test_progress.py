@@ -55,7 +55,7 @@ def test_drain_ends_with_a_short_table(rclient: redis.Redis, redis_url: str,
     assert "{" not in done.stdout and len(lines) < 20
     table = {line.split("  ")[1].strip(): line.rsplit("  ", 1)[1].strip() for line in lines}
     summary = orjson.loads((tmp_path / "out" / "summary.json").read_bytes())
-    assert table["rows"] == "5" == str(summary["total"]) and table["done"] == "5"
+    assert table["requests"] == "5" == str(summary["total"]) and table["done"] == "5"
     assert table["complete"] == "yes"
 
 
