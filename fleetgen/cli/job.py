@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -69,6 +70,8 @@ def execute(job: Job) -> int:
             summary = run_pipeline(job, settings, should_stop)
             print(summary_table(summary, job.out))
             _say_how_it_ended(job, summary, should_stop())
+            if summary["complete"] and fleet.spec.redis_url is None and not should_stop():
+                _close_redis(job, should_stop)
         if job.linger is not None and not should_stop():
             job.linger(should_stop)
     finally:
@@ -129,6 +132,20 @@ def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> N
         job.say(f"stopped early: {summary['stopped']}; the requests sent before the stop are "
                 f"all written. Fix the settings and run it with another --out, or the same "
                 f"command plus --ignore-stop to go on")
+
+
+def _close_redis(job: Job, should_stop: Callable[[], bool]) -> None:
+    """The run's own Valkey stops next: the workers that joined from other hosts exit, the
+    live pages read the end, before it does (fleetgen/base/closing.py)."""
+    from fleetgen.base import closing
+
+    client = connect(job.fleet.redis_url)
+    own = [f"{name}@{socket.gethostname()}" for name in job.fleet.worker_names()]
+    at = closing.announce(client, job.settings.run)
+    left = closing.wait_for_leavers(client, own, at, should_stop=should_stop)
+    if left.workers:
+        job.say(f"worker(s) {', '.join(left.workers)} did not leave; stop them by hand "
+                "(the run is complete, they only retry its Redis)")
 
 
 def _write_report(job: Job) -> None:
