@@ -110,7 +110,7 @@ def excerpt(raw: bytes, pos: int, width: int = EXCERPT_CHARS) -> str:
     """Up to `width` characters of the line around character `pos` (where the JSON parser
     stopped), "…" where cut, control characters as "?": enough to find the line's fault
     without copying a whole long row into rejected.jsonl."""
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
     start = max(min(pos - width // 2, len(text) - width), 0)
     shown = "".join(c if c.isprintable() else "?" for c in text[start:start + width])
     return ("…" if start else "") + shown + ("…" if start + width < len(text) else "")

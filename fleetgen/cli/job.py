@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetgen.base import exitcodes
+from fleetgen.base.contract import closing_key
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.runview import FleetView, LogLine
@@ -70,10 +71,10 @@ def execute(job: Job) -> int:
             summary = run_pipeline(job, settings, should_stop)
             print(summary_table(summary, job.out))
             _say_how_it_ended(job, summary, should_stop())
-            if summary["complete"] and fleet.spec.redis_url is None and not should_stop():
-                _close_redis(job, should_stop)
         if job.linger is not None and not should_stop():
             job.linger(should_stop)
+        if summary["complete"] and fleet.spec.redis_url is None and not should_stop():
+            _close_redis(job, should_stop)
     finally:
         shield_from_signals()
         fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
@@ -115,6 +116,9 @@ def _before_workers(job: Job, redis_url: str) -> None:
     path.touch(mode=0o600)
     path.write_text(redis_url + "\n")
 
+    # A Valkey that an earlier, finished run announced closed (kept by a failed cleanup)
+    # must not send this run's workers away at their first beat.
+    connect(redis_url).delete(closing_key())
     requeued = requeue_unacked(connect(redis_url))
     if requeued:
         job.say(f"{requeued} prompt(s) the stopped workers held are queued again")

@@ -14,9 +14,8 @@ import pytest
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
 from fleetgen.engine import engine_urls, one_engine_url
-from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
 from fleetgen.local.ports import lease_port
-from tests.support.waiting import wait_until
+from fleetgen.simulator import SimConfig, run_in_thread
 
 
 def test_a_range_a_comma_list_and_repeated_flags_name_the_same_servers() -> None:
@@ -69,26 +68,22 @@ def test_a_bad_url_is_one_line_in_every_command(tmp_path: Path, command: str) ->
 
 
 @pytest.fixture()
-def three_servers(tmp_path: Path) -> Iterator[list[int]]:
-    """`fleetgen sim --count 3` on a leased block of ports, in a process of its own."""
-    fleet = LocalFleet(tmp_path / "spec", FleetSpec(gpus=3, context_length=4096))
+def three_servers() -> Iterator[list[int]]:
+    """Three simulated servers on a leased block of consecutive ports, over real HTTP."""
     with lease_port(count=3) as lease:
         ports = lease.ports
-    log = tmp_path / "sim.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(fleet.sim_argv(3, ["--port", str(ports[0])]), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    sims = run_in_thread(SimConfig(port=ports[0], count=3, ttft_ms=0.0, tpot_ms=0.0,
+                                   health_delay_s=0.0, context_length=4096))
     try:
-        wait_until(lambda: sim_ports_reported(log.read_text()) == ports
-                   or proc.poll() is not None, 60, "the simulators' ready line")
+        assert sims.urls == [f"http://127.0.0.1:{p}" for p in ports]
         yield ports
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        sims.stop()
 
 
 def test_doctor_takes_the_range_the_readme_shows_for_run(tmp_path: Path,
                                                          three_servers: list[int]) -> None:
+    # The servers were started before (as a user's are); doctor is a command of its own.
     first, last = three_servers[0], three_servers[-1]
     ranged = fleetgen(tmp_path, "doctor", "--engine-url", f"http://127.0.0.1:{first}-{last}")
     assert ranged.returncode == exitcodes.OK, ranged.stdout + ranged.stderr

@@ -56,7 +56,11 @@ class Servers:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait(timeout=10)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # a loaded machine: do not leave it behind
+                    proc.kill()
+                    proc.wait(timeout=10)
 
 
 @pytest.fixture()
