@@ -181,7 +181,7 @@ class Terminal:
 
     def _bar(self, desc: str) -> Bar:
         if desc not in self._bars:
-            # Without a terminal, a line a minute: a long run is never silent.
+            # Without a terminal, a line every 10 s: a long run is never silent.
             self._bars[desc] = Bar(desc, show=self.show_progress,
                                    lines=f"fleetgen produce: run {self.run!r}: {desc}")
         return self._bars[desc]

@@ -1,5 +1,5 @@
 """The commands' one progress display: a tqdm bar on stderr on a terminal (count, rate, ETA),
-and where no bar is drawn (a log file, a CI job, `2> log`), a line a minute if asked."""
+and where no bar is drawn (a log file, a CI job, `2> log`), a line every 10 s if asked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 import time
 from typing import Any
 
-LINE_EVERY_S = 60.0  # the line a minute of a command that runs long without a terminal
+# Where no bar is drawn, a line this often: a minute left a stalled run looking alive too long.
+LINE_EVERY_S = 10.0
 
 
 class Bar:

@@ -13,15 +13,12 @@ from dataclasses import dataclass
 
 import redis
 
-from fleetgen.cli.progress import duration
+from fleetgen.cli.progress import LINE_EVERY_S, duration
 from fleetgen.monitor import status
 
 # How often the run reads its workers' heartbeats: they beat every FLEETGEN_HEALTH_INTERVAL_S
 # (2 s by default), so reading faster shows nothing new.
 LOOK_EVERY_S = 2.0
-# Without a terminal (a log, a CI job) a progress line this often: a minute left a run that
-# had stalled looking alive for too long.
-LINE_EVERY_S = 10.0
 
 
 @dataclass

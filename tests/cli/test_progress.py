@@ -89,9 +89,10 @@ def test_drain_on_a_terminal_shows_a_bar_with_rate(rclient: redis.Redis, redis_u
     assert "rows written" in text and "5/5" in text and "rows/s" in text
 
 
-def test_without_a_terminal_a_line_a_minute(monkeypatch: pytest.MonkeyPatch,
+def test_without_a_terminal_a_line_every_ten_seconds(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # every figure, instead of a minute
+    assert progress.LINE_EVERY_S == 10.0
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # every figure, instead of 10 s
     terminal = Terminal("r", show_progress=False)
     terminal.read(0, 1000)
     terminal.read(400, 1000)
