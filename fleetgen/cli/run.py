@@ -57,6 +57,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    p.add_argument("--measure-acceptance", action="store_true",
+                   help="measure the servers' drafter on these prompts (e.g. holdout.jsonl): "
+                   "refuse unless a server speculates, and print at the end the pooled "
+                   "acceptance length, the per-request mean and the breakdowns; the report "
+                   "and weak.jsonl (the lowest rows) beside it (docs/acceptance.md)")
+    p.add_argument("--group-by", metavar="FIELD",
+                   help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
 
@@ -129,6 +136,7 @@ def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] |
               "batch_size": args.batch_size or setting_default("batch_size")}
     settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
     preflight(urls, args)
+    measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
                      worker_env=_protocol_env(args.engine_protocol))
@@ -138,7 +146,15 @@ def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] |
                            valkey_port=listen[1] if listen else None)
         return job.execute(job.Job(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None))
+            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            group_by=args.group_by,
+            on_report=measure.print_report if measure is not None else None))
+
+
+def _measure(urls: list[str]) -> Any:
+    from fleetgen.cli.acceptance import Measure
+
+    return Measure.check(urls)
 
 
 def _protocol_env(protocol: str | None) -> dict[str, str]:
