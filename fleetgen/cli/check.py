@@ -12,7 +12,7 @@ import redis
 from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import read_hash, redact, redis_url
-from fleetgen.engine import check_url
+from fleetgen.engine import one_engine_url
 from fleetgen.engine.preflight import Check, readiness
 
 
@@ -84,7 +84,8 @@ def run_checks(args: argparse.Namespace, url: str, client: redis.Redis) -> list[
     checks = [check_redis(client, url)]
     engine = args.engine_url or envvars.ENGINE_URL.given()
     if engine:
-        check_url(engine, "--engine-url" if args.engine_url else envvars.ENGINE_URL.name)
+        engine = one_engine_url(engine, "--engine-url" if args.engine_url
+                                else envvars.ENGINE_URL.name)
         checks.append(check_engine(engine, args.timeout_s))
     if args.worker and checks[0].ok:
         checks.append(check_worker(client, worker_name(args.worker), args.max_age_s))
