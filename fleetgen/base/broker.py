@@ -27,10 +27,12 @@ import orjson
 from kombu import serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.transport.redis import Mutex, MutexHeld
 from kombu.utils import json as kombu_json
 from kombu.utils.scheduling import priority_cycle
 
 from fleetgen.base.contract import AFFINITY_PREFIX
+from fleetgen.base.serverclock import LUA_NOW, server_time
 
 # What Celery's `broker_transport` names (fleetgen/base/celeryconf.py).
 TRANSPORT = f"{__name__}:Transport"
@@ -59,37 +61,91 @@ def use_orjson_decoder() -> None:
     serialization.registry.register("json", None, json_loads, content_type=JSON)
 
 
+# The unacked copy and its lease, written together with the lease's time on Valkey's clock.
+_APPEND = LUA_NOW + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return t
+"""
+# A renewal of every tag named that is still in the index (XX: an acked tag, or one a sweep
+# already gave to another worker, stays out), to Valkey's now.
+_RENEW = LUA_NOW + """
+for i = 1, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now, ARGV[i]) end
+return t
+"""
+
+
+def _seconds(reply: Any) -> float:
+    """A script's `t` (TIME's [seconds, microseconds]) as epoch seconds."""
+    return int(reply[0]) + int(reply[1]) / 1e6
+
+
 class QoS(kombu_redis.QoS):
+    """kombu's QoS with every lease on Valkey's clock. kombu scores the unacked index with the
+    worker's `time()` and every worker's sweep compares it with its own `time()`
+    (transport/redis.py `QoS.append`, `QoS.restore_visible`): a worker whose clock is 120 s
+    ahead swept every live worker's prompts at a 60 s lease (385 requests for 238 prompts,
+    issue 42), and one 120 s behind wrote leases that had lapsed when written. Here the lease
+    is written by a script that reads TIME, and the sweep's cut-off is Valkey's TIME less the
+    timeout: every host's clock is out of it."""
+
+    renewed_at: float | None = None  # Valkey's time of the last renewal (the beat's `at`)
+    clock_skew_s: float = 0.0  # this host's clock less Valkey's, as of the last renewal
+
+    def _script(self, client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
+        scripts: dict[str, Any] = self.__dict__.setdefault("_scripts", {})
+        if source not in scripts:
+            scripts[source] = client.register_script(source)
+        return scripts[source](keys=keys, args=args, client=client)
+
     def append(self, message: Any, delivery_tag: str) -> None:
-        """kombu's `QoS.append` (transport/redis.py: ZADD of the tag's time to the unacked
-        index, HSET of `[message, exchange, routing key]` in the unacked hash, in one
-        pipeline; then the in-memory entry), with the copy encoded by orjson."""
+        """kombu's `QoS.append` (ZADD of the tag's delivery time to the unacked index, HSET of
+        `[message, exchange, routing key]` in the unacked hash, atomically; then the
+        in-memory entry), with the time Valkey's and the copy encoded by orjson."""
         delivery = message.delivery_info
         copy = [message._raw, delivery["exchange"], delivery["routing_key"]]
         try:
             encoded: bytes | str = orjson.dumps(copy)
         except TypeError:  # a value orjson cannot write: kombu's encoder can
             encoded = kombu_json.dumps(copy)
-        with self.pipe_or_acquire() as pipe:
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
-                .hset(self.unacked_key, delivery_tag, encoded) \
-                .execute()
+        with self.channel.conn_or_acquire() as client:
+            self._script(client, _APPEND, [self.unacked_index_key, self.unacked_key],
+                         [delivery_tag, encoded])
         virtual.QoS.append(self, message, delivery_tag)
 
     def renew(self) -> int:
         """Renew the lease on every message this channel holds (delivered, not acked): its
-        score in the unacked index, the delivery time kombu's sweep (`QoS.restore_visible`)
-        compares with the visibility timeout, becomes now. ZADD XX touches only tags still in
-        the index, so one acked, or already handed to another worker by a sweep, stays as it
-        is. Returns how many it holds. Called from the worker's heartbeat (workers/gate.py):
-        while the worker lives, nothing it holds is redelivered, however long a generation
-        takes; once it is dead the leases lapse after the visibility timeout."""
+        score in the unacked index, the delivery time the sweep (`restore_visible`) compares
+        with the visibility timeout, becomes Valkey's now. Returns how many it holds, and
+        keeps Valkey's time of the renewal in `renewed_at` (one round trip even when it holds
+        nothing: the heartbeat's time is Valkey's too). Called from the worker's heartbeat
+        (workers/gate.py): while the worker lives, nothing it holds is redelivered, however
+        long a generation takes; once it is dead the leases lapse after the visibility
+        timeout."""
         held = self._held()
-        if held:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zadd(self.unacked_index_key, dict.fromkeys(held, time.time()),
-                          xx=True).execute()
+        with self.channel.conn_or_acquire() as client:
+            before = time.time()
+            server = _seconds(self._script(client, _RENEW, [self.unacked_index_key], held))
+            self.clock_skew_s = (before + time.time()) / 2 - server
+        self.renewed_at = server
         return len(held)
+
+    def restore_visible(self, start: int = 0, num: int | None = 10, interval: int = 10) -> None:
+        """kombu's sweep of lapsed leases (the same throttle, lock, page and `restore_by_tag`
+        transaction), with the cut-off on Valkey's clock instead of this host's."""
+        self._vrestore_count += 1
+        if (self._vrestore_count - 1) % (interval or 1):
+            return
+        with self.channel.conn_or_acquire() as client:
+            cutoff = server_time(client) - self.visibility_timeout
+            try:
+                with Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
+                    lapsed = client.zrange(self.unacked_index_key, cutoff, 0, desc=True,
+                                           byscore=True, offset=num and start, num=num)
+                    for tag in lapsed or []:
+                        self.restore_by_tag(tag, client)
+            except MutexHeld:
+                pass
 
     def _held(self) -> list[str]:
         """The tags delivered and not acked. The consumer thread adds and removes tags while

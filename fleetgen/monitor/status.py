@@ -24,6 +24,7 @@ from fleetgen.base.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heartb
 from fleetgen.base.manifest import RunManifest
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.base.runstate import run_complete
+from fleetgen.base.serverclock import server_time
 from fleetgen.base.wire import unrenewed_leases
 
 
@@ -122,6 +123,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         return None
     stats = read_hash(client, keys.stats)
     written = read_hash(client, keys.written)
+    # Heartbeats and leases are on Valkey's clock; a test passes its own `now` for both.
+    clock = now or server_time(client)
     now = now or time.time()
     state = manifest.state or "?"
     if state == STATE_PRODUCED and run_complete(client, run, manifest=manifest):
@@ -173,8 +176,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.empty, status.unfinished = outcome("empty"), outcome("reasoning_unfinished")
     status.stop_reason = manifest.stop_reason
     status.blocked = blocked
-    status.workers = _workers(client, stats, elapsed, now)
-    _lost_leases(client, status, now)
+    status.workers = _workers(client, stats, elapsed, clock)
+    _lost_leases(client, status, clock)
     status.idle = idle_line(status)
     return status
 
