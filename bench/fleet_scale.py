@@ -46,6 +46,7 @@ SLOTS = 129  # K + 1 of a 128-slot server
 HEALTH_S = 2.0  # FLEETGEN_HEALTH_INTERVAL_S's default
 LEASE_S = 60.0  # FLEETGEN_VISIBILITY_TIMEOUT_S's default
 PROMPT_TOKENS = 300
+HAND_BACK = 4  # workers of each process that hand back what they hold at the end
 
 
 def payload(line: int) -> TaskPayload:
@@ -132,14 +133,17 @@ def host(url: str, first: int, count: int) -> None:
     engine = InstantEngine(20)
     workers = [Worker(url, f"w{first + i}@scale") for i in range(count)]
     client = connect(url)
-    events: list[tuple[float, int, str, Any]] = []
+    events: list[tuple[float, int, str, Any]] = []  # the rows' answers
+    ticks: list[tuple[float, int, str, Any]] = []  # beats and sweeps
     now = time.monotonic()
     mean_s = SLOTS / ROWS_PER_S_A_GPU
+    beaten = [now] * count
     for i, w in enumerate(workers):
-        heapq.heappush(events, (now + rng.uniform(0, HEALTH_S), i, "beat", None))
-        heapq.heappush(events, (now + rng.uniform(0, sweep_interval_s(LEASE_S)), i, "sweep",
-                                None))
+        heapq.heappush(ticks, (now + rng.uniform(0, HEALTH_S), i, "beat", None))
+        heapq.heappush(ticks, (now + rng.uniform(0, sweep_interval_s(LEASE_S)), i, "sweep",
+                               None))
         while w.held < SLOTS:
+            _keep_beating(workers[:i], beaten)
             taken = w.fill(SLOTS - w.held)
             if not taken:
                 time.sleep(0.05)  # the producer refills the queue
@@ -148,41 +152,52 @@ def host(url: str, first: int, count: int) -> None:
                 heapq.heappush(events, (time.monotonic() + rng.uniform(0, mean_s), i, "done",
                                         message))
     client.incr(READY_KEY, count)
-    _loop(workers, events, engine, client, rng, mean_s)
-    for w in workers:  # the SIGTERM hand-back of what each still holds
+    _loop(workers, events, ticks, engine, client, rng, mean_s)
+    # The SIGTERM hand-back of what they hold, by a few of them: every one's would be minutes
+    # of restores after the measured window (the path is the same for each).
+    for w in workers[:HAND_BACK]:
         w.channel.qos.restore_unacked()
 
 
-def _loop(workers: list[Worker], events: list[tuple[float, int, str, Any]],
-          engine: InstantEngine, client: Any, rng: random.Random, mean_s: float) -> None:
+def _keep_beating(filled: list[Worker], beaten: list[float]) -> None:
+    """The filled workers beat while the others fill: a fill of minutes on a loaded machine
+    must not let their leases lapse (the others' sweeps would take their prompts back)."""
+    for j, w in enumerate(filled):
+        if time.monotonic() - beaten[j] >= HEALTH_S:
+            w.beat()
+            beaten[j] = time.monotonic()
+
+
+def _loop(workers: list[Worker], rows: list[tuple[float, int, str, Any]],
+          ticks: list[tuple[float, int, str, Any]], engine: InstantEngine, client: Any,
+          rng: random.Random, mean_s: float) -> None:
+    """Beats and sweeps (`ticks`) before any row that is due: on a machine too loaded to make
+    every row in time, the rows fall behind (rows/s says by how much) and the per-worker
+    traffic stays on time, as a real worker's timer thread keeps it."""
     from fleetgen.base.celeryconf import sweep_interval_s
 
     next_look = 0.0
     period = {"beat": HEALTH_S, "sweep": float(sweep_interval_s(LEASE_S))}
     while True:
-        at, i, kind, message = heapq.heappop(events)
         now = time.monotonic()
         if now >= next_look:
             if client.exists(STOP_KEY):
                 return
             next_look = now + 1.0
+        heap = ticks if ticks[0][0] <= max(now, rows[0][0] if rows else now) else rows
+        at, i, kind, message = heapq.heappop(heap)
         if at > now:
             time.sleep(at - now)
         w = workers[i]
+        if kind in period:
+            w.beat() if kind == "beat" else w.sweep()
+            heapq.heappush(ticks, (at + period[kind], i, kind, None))
+            continue
         if kind == "done":
             w.finish(message, engine)
-            message = w.fetch()
-            if message is None:  # the queue ran dry: try again shortly
-                heapq.heappush(events, (time.monotonic() + 0.2, i, "refill", None))
-                continue
-            heapq.heappush(events, (at + rng.expovariate(1 / mean_s), i, "done", message))
-        elif kind == "refill":
-            message = w.fetch()
-            again = at + (rng.expovariate(1 / mean_s) if message else 0.2)
-            heapq.heappush(events, (again, i, "done" if message else "refill", message))
-        else:
-            w.beat() if kind == "beat" else w.sweep()
-            heapq.heappush(events, (at + period[kind], i, kind, None))
+        message = w.fetch()
+        again = time.monotonic() + (rng.expovariate(1 / mean_s) if message else 0.2)
+        heapq.heappush(rows, (again, i, "done" if message else "refill", message))
 
 
 def pinger(url: str, out: Path) -> None:

@@ -57,9 +57,11 @@ def test_fleet_scale_holds_every_workers_pool_and_measures_valkey(figures_dir: P
     rows are written, and the figures say what Valkey did meanwhile."""
     assert fleet_scale.main(["--workers", "8", "--window-s", "6", "--processes", "2"]) == 0
     (r,) = figures(figures_dir, "fleet-scale")["results"]
-    assert r["workers"] == 8 and r["in_flight"] == 8 * fleet_scale.SLOTS
+    # Each holds its pool, less at most one it is refilling at the end of the window.
+    pools = 8 * fleet_scale.SLOTS
+    assert r["workers"] == 8 and pools - 8 <= r["in_flight"] <= pools
     assert r["rows_per_s"] > 0 and 0 < r["valkey_main_thread_busy"] < 1
-    assert r["ping_ms"]["count"] >= 30 and 0 < r["ping_ms"]["p50"] <= r["ping_ms"]["max"]
+    assert r["ping_ms"]["count"] >= 10 and 0 < r["ping_ms"]["p50"] <= r["ping_ms"]["max"]
     # Every worker beat (HSET of its heartbeat) and answered (the outcome's XADD).
     assert r["commands_per_s"]["hset"] > 0 and r["commands_per_s"]["xadd"] > 0
     assert r["valkey_memory_bytes"]["unacked_hash"] > 8 * fleet_scale.SLOTS * 1000
