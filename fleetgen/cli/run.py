@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 import secrets
+import shlex
 import socket
 import tempfile
 import time
@@ -61,6 +62,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    p.add_argument("--retry-failures", action="store_true",
+                   help="send the rows in DIR/failures.jsonl again (also once the run is "
+                   "complete): a success moves the row to results.jsonl")
+    p.add_argument("--measure-acceptance", action="store_true",
+                   help="measure the servers' drafter on these prompts (e.g. holdout.jsonl): "
+                   "refuse unless a server speculates, and print at the end the pooled "
+                   "acceptance length, the per-request mean and the breakdowns; the report "
+                   "and weak.jsonl (the lowest rows) beside it (docs/acceptance.md)")
+    p.add_argument("--group-by", metavar="FIELD",
+                   help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
 
@@ -142,12 +153,17 @@ def run(args: argparse.Namespace) -> int:
     if listen and external:
         raise ConfigError("--listen is for the embedded Valkey; with --redis (or "
                           "$FLEETGEN_REDIS_URL) the workers join that Redis")
+    if args.retry_failures and args.turns == "all":
+        raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
+                          "--turns all run's failed turns go on with `fleetgen retry` while "
+                          "the run is not complete")
     usable_dir(args.out)
     name, resumed = run_name(args.out, args.run)
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or setting_default("batch_size")}
     settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
     preflight(urls, args)
+    measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
                      worker_env=_protocol_env(args.engine_protocol))
@@ -157,7 +173,22 @@ def run(args: argparse.Namespace) -> int:
                            valkey_port=listen[1] if listen else None)
         return job.execute(job.Job(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None))
+            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
+            group_by=args.group_by,
+            on_report=measure.print_report if measure is not None else None))
+
+
+def retry_command(argv: list[str]) -> str:
+    """The command the user ran, with --retry-failures: what sends its failed rows again."""
+    again = argv if "--retry-failures" in argv else [*argv, "--retry-failures"]
+    return shlex.join(["fleetgen", *again])
+
+
+def _measure(urls: list[str]) -> Any:
+    from fleetgen.cli.acceptance import Measure
+
+    return Measure.check(urls)
 
 
 def _protocol_env(protocol: str | None) -> dict[str, str]:
