@@ -370,7 +370,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench fleet_scale", description=__doc__)
     parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "host", "ping"])
     parser.add_argument("--workers", default="100,300,1000", help="the Ns, comma-separated")
-    parser.add_argument("--window-s", type=float, default=60.0, help="measured seconds per N")
+    parser.add_argument("--window-s", type=float, default=20.0, help="measured seconds per N")
     parser.add_argument("--processes", type=int, default=4, help="emulated workers' processes")
     parser.add_argument("--redis", help="host/ping mode: the Valkey URL")
     parser.add_argument("--first", type=int, default=0, help="host mode: first worker number")
