@@ -83,9 +83,13 @@ class HealthGate(bootsteps.StartStopStep):
         sweep_s = sweep_interval_s(s.visibility_timeout_s)
         key = worker_key(rt.worker)
         try:
-            held = c.task_consumer.channel.qos.renew()
+            qos = c.task_consumer.channel.qos
+            held = qos.renew()
+            # The beat's time is the renewal's, on Valkey's clock (what `status` compares it
+            # with); the skew is shown, never used.
             beat = heartbeat.fields(interval_s=s.health_interval_s,
-                                    lease_s=s.visibility_timeout_s, sweep_s=sweep_s, held=held)
+                                    lease_s=s.visibility_timeout_s, sweep_s=sweep_s, held=held,
+                                    now=qos.renewed_at, skew_s=qos.clock_skew_s)
             fields: dict[Any, Any] = {
                 "engine": rt.engine.base_url, "healthy": int(watch.up()),
                 "engine_state": watch.last.state.value, "consuming": int(self._consuming),

@@ -12,6 +12,7 @@ import redis
 from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import read_hash, redact, redis_url
+from fleetgen.base.serverclock import server_time
 from fleetgen.engine import one_engine_url
 from fleetgen.engine.preflight import Check, readiness
 
@@ -69,7 +70,7 @@ def check_worker(client: redis.Redis, name: str, max_age_s: float,
     if not beat:
         return Check(f"worker {name}", False, "no heartbeat (not started, or dead long "
                      "enough for its prompts to be back in the queue)")
-    age = (now or time.time()) - float(beat.get("at", 0))
+    age = (now or server_time(client)) - float(beat.get("at", 0))  # the beat's clock
     if age > max_age_s:
         return Check(f"worker {name}", False, f"heartbeat {age:.0f} s old")
     if beat.get("healthy") != "1":
