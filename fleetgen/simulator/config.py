@@ -76,6 +76,14 @@ class SimConfig:
     prefill_tokens_per_s: float = math.inf
     # Tokens per prefill forward pass, as SGLang's flag (8192 on an 80 GB GPU); -1: no chunks.
     chunked_prefill_size: int = 8192
+    # Which prefix of a prompt the server can reuse (fleetgen/simulator/prefix_cache.py):
+    # "hybrid", Qwen3.6's linear-attention layers (SGLang's Mamba radix cache, vLLM's "align"
+    # blocks), or "full", a full-attention model (SGLang's token radix, vLLM's whole blocks).
+    prefix_cache: str = "hybrid"
+    # SGLang's `--mamba-track-interval`: a decoding hybrid request keeps a state this often.
+    mamba_track_interval: int = 256
+    # vLLM's `--block-size`; None: its CPU default (128), or 640 for a hybrid model.
+    cache_block_size: int | None = None
     slowdown: float = 0.0
     speed: float = 1.0
     output_tokens_mean: int = 256
@@ -107,6 +115,14 @@ class SimConfig:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]", self.port)
         _require(1 <= self.count <= 1024, "count", "must be in [1, 1024]", self.count)
         _require(self.flavor in ("sglang", "vllm"), "flavor", "must be sglang or vllm", self.flavor)
+        _require(self.prefix_cache in ("hybrid", "full"), "prefix_cache",
+                 "must be hybrid or full", self.prefix_cache)
+        _require(self.mamba_track_interval >= 1 and self.mamba_track_interval % self.page_size
+                 == 0, "mamba_track_interval", "must be a positive multiple of page_size",
+                 self.mamba_track_interval)
+        if self.cache_block_size is not None:
+            _require(self.cache_block_size >= 1, "cache_block_size", "must be >= 1",
+                     self.cache_block_size)
         if self.port:
             last = self.port + self.count - 1
             _require(last <= 65535, "count", f"puts the last port at {last}", self.count)

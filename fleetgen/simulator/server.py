@@ -24,7 +24,12 @@ from fleetgen.simulator.info import server_info
 from fleetgen.simulator.metrics import ServerMetrics, render_prometheus
 from fleetgen.simulator.model import Completion, per_token_s, tokens_done, ttft_s
 from fleetgen.simulator.prefill import Prefill, PrefillLane
-from fleetgen.simulator.prefix_cache import PrefixCache, finished_hashes, prefix_hashes
+from fleetgen.simulator.prefix_cache import (
+    PrefixCache,
+    finished_hashes,
+    prefix_hashes,
+    reuse_for,
+)
 from fleetgen.simulator.protocol import (
     QUEUE_FULL_MESSAGE,
     RUNNING_ABORT_REASON,
@@ -93,7 +98,7 @@ class SimServer:
         )
         self.tickets = Tickets()
         self.kv_pool = KvPool(config.max_total_num_tokens)
-        self.prefix_cache = PrefixCache(config.max_total_num_tokens)
+        self.prefix_cache = PrefixCache(config.max_total_num_tokens, reuse_for(config))
         # One GPU's forward passes (a DP server's ranks share it: first order).
         self.prefill_lane = PrefillLane(
             config.prefill_tokens_per_s * config.speed, config.chunked_prefill_size)
@@ -366,8 +371,8 @@ class SimServer:
         """Prefill the uncached tokens on the lane, then decode; the ticket records both."""
         config = self.config
         hashes = prefix_hashes(item.prompt)
-        ticket.cached_tokens = self.prefix_cache.match(hashes)
-        self.prefix_cache.insert(hashes)
+        hit = self.prefix_cache.lookup(hashes)
+        ticket.cached_tokens = hit.cached
         with self.kv_pool.hold(item.prompt_tokens + item.max_new_tokens) as over:
             ticket.num_retractions = 1 if over else 0
             # A retracted request is prefilled a second time when it is re-admitted.
@@ -377,9 +382,15 @@ class SimServer:
             first_token_s = ttft_s(config) * (1 + ticket.num_retractions)
             ticket.start_service(first_token_s, per_token_s(config, self.slots.running),
                                  self.prefill_lane, prefill)
+            # The tree takes the prompt once its prefill ran (`checkpoint_kv_cache`), not on
+            # admission: a request arriving meanwhile computes it again.
+            if (delay_s := prefill.end_s - time.monotonic()) > 0:
+                await asyncio.sleep(delay_s)
+            self.prefix_cache.after_prefill(hashes, hit)
             await self._decode_until(
                 prefill, first_token_s + ticket.per_token_s * completion.completion_tokens)
-        self.prefix_cache.insert(finished_hashes(hashes, item.prompt, completion))
+        self.prefix_cache.after_decode(finished_hashes(hashes, item.prompt, completion),
+                                       len(hashes))
 
     async def _decode_until(self, prefill: Prefill, decode_s: float) -> None:
         """Sleep until `decode_s` of decoding after the prefill; a chunk scheduled meanwhile
