@@ -101,9 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(/server_info reasoning_parser null): a JSON schema's grammar "
                             "applies from the first token, require_reasoning or not, and "
                             "meta_info reasoning_tokens is 0")
-    modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
+    modes.add_argument("--flavor", choices=("sglang", "vllm", "llama"), default=d.flavor,
                        help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
-                            "(/v1/completions with vLLM's length rule, no native endpoints)")
+                            "(/v1/completions with vLLM's length rule, no native endpoints); "
+                            "llama: llama.cpp's server as fleetgen reads it (/props, "
+                            "/v1/completions with __verbose, /apply-template)")
+    modes.add_argument("--llama-no-verbose", dest="llama_verbose", action="store_false",
+                       help="--flavor llama: play a build before b9754, which answers "
+                            "\"verbose\": true without __verbose (no token ids, no stop word)")
     modes.add_argument("--chat-template", metavar="FILE", default=None,
                        help="the Jinja chat template /v1/chat/completions and /tokenize render "
                             "messages with (default: Qwen3.6's official template, "
@@ -201,6 +206,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         allow_auto_truncate=args.allow_auto_truncate,
         chat_template=args.chat_template,
         flavor=args.flavor,
+        llama_verbose=args.llama_verbose,
         health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,
         ttft_ms=args.ttft_ms,

@@ -60,9 +60,13 @@ class SimConfig:
     # The chat template file the chat endpoints render with (fleetgen/simulator/chat.py);
     # None: Qwen3.6's official one as fleetgen ships it (producer/templates/, read as a file).
     chat_template: str | None = None
-    # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
-    # "vllm" (only /v1/* and /health, vLLM's length rule and error body).
+    # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules),
+    # "vllm" (only /v1/* and /health, vLLM's length rule and error body) or "llama"
+    # (llama.cpp's server as fleetgen reads it: fleetgen/simulator/llama.py).
     flavor: str = "sglang"
+    # --flavor llama: the server adds `__verbose` when a request says `verbose` (llama.cpp
+    # b9754 on); False plays an older build (fleetgen/simulator/llama.py).
+    llama_verbose: bool = True
     # /health submits a probe and polls it once a second, so it never answers faster.
     health_delay_s: float = 1.0
     max_queued_requests: int | None = None
@@ -114,7 +118,8 @@ class SimConfig:
     def _validate_sizes(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]", self.port)
         _require(1 <= self.count <= 1024, "count", "must be in [1, 1024]", self.count)
-        _require(self.flavor in ("sglang", "vllm"), "flavor", "must be sglang or vllm", self.flavor)
+        _require(self.flavor in ("sglang", "vllm", "llama"), "flavor",
+                 "must be sglang, vllm or llama", self.flavor)
         _require(self.prefix_cache in ("hybrid", "full"), "prefix_cache",
                  "must be hybrid or full", self.prefix_cache)
         _require(self.mamba_track_interval >= 1 and self.mamba_track_interval % self.page_size

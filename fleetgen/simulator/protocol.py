@@ -84,6 +84,7 @@ class Extras:
     token_ids: bool = False  # OpenAI `return_token_ids`: the choice's `token_ids`
     tokens_as_ids: bool = False  # vLLM `return_tokens_as_token_ids`: `token_id:N` tokens
     require_reasoning: bool = False  # SGLang: the grammar waits for `</think>`
+    verbose: bool = False  # llama.cpp `verbose`: the native result as `__verbose`
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
+from fleetgen.simulator import llama
 from fleetgen.simulator.answers import compose
 from fleetgen.simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
 from fleetgen.simulator.chat import parse_chat, render_chat, tokenize
@@ -81,6 +82,7 @@ NATIVE = Api(parse_generate, render_native, native_error_body)
 CHAT = Api(parse_chat, render_chat, openai_error_body)
 OPENAI = Api(parse_completions, render_completions, openai_error_body)
 VLLM_OPENAI = Api(parse_completions, render_completions, vllm_error_body)
+LLAMA = Api(llama.parse, llama.render, llama.error_body)
 
 
 class SimServer:
@@ -212,6 +214,9 @@ class SimServer:
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        if self.config.flavor == "llama":
+            self._add_llama_routes(app)
+            return app
         # SGLang 0.5.23 and vLLM both render messages on /tokenize (http_server
         # `openai_v1_tokenize`, also /v1/tokenize; vLLM's `tokenize`).
         for path in ("/tokenize", "/v1/tokenize"):
@@ -227,6 +232,14 @@ class SimServer:
         app.router.add_post("/_sim/up", self._sim_up)
         app.router.add_get("/_sim/stats", self._sim_stats)
         return app
+
+    def _add_llama_routes(self, app: web.Application) -> None:
+        app.router.add_get("/health", self._llama_health)
+        app.router.add_get("/props", self._llama_props)
+        app.router.add_post("/apply-template", self._llama_apply_template)
+        app.router.add_post("/tokenize", self._llama_tokenize)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/_sim/stats", self._sim_stats)
 
     def _add_sglang_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self._generate)
@@ -269,7 +282,29 @@ class SimServer:
         return await self._serve(request, NATIVE)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, VLLM_OPENAI if self.config.flavor == "vllm" else OPENAI)
+        api = {"vllm": VLLM_OPENAI, "llama": LLAMA}.get(self.config.flavor, OPENAI)
+        return await self._serve(request, api)
+
+    async def _llama_health(self, request: web.Request) -> web.StreamResponse:
+        return _json({"status": "ok"} if self.availability.ready() else
+                     {"error": {"code": 503, "message": "Loading model",
+                                "type": "unavailable_error"}},
+                     200 if self.availability.ready() else 503)
+
+    async def _llama_props(self, request: web.Request) -> web.StreamResponse:
+        return _json(llama.props(self.config))
+
+    async def _llama_apply_template(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return _json(llama.apply_template(await _read_json(request), self.config))
+        except ApiError as error:
+            return _json(llama.error_body(error), error.status)
+
+    async def _llama_tokenize(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return _json(llama.tokenize(await _read_json(request)))
+        except ApiError as error:
+            return _json(llama.error_body(error), error.status)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, CHAT)
@@ -485,7 +520,7 @@ class SimServer:
         name = self.config.model_name
         return _json({"object": "list", "data": [{
             "id": name, "object": "model", "created": self._created,
-            "owned_by": "vllm" if self.config.flavor == "vllm" else "sglang",
+            "owned_by": {"vllm": "vllm", "llama": "llamacpp"}.get(self.config.flavor, "sglang"),
             "root": name, "max_model_len": self.config.context_length,
         }]})
 
