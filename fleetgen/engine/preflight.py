@@ -139,7 +139,8 @@ def keeps_verbose(engine: Engine, needs: Sequence[str] = ()) -> Check:
                f"stop words are; llama.cpp {LLAMA_VERBOSE_BUILD} or later adds it when asked "
                "(older builds only when started with --verbose)")
     if needs:
-        return Check(name, False, f"{' and '.join(needs)} need it: {missing}; upgrade "
+        verb = "need" if len(needs) > 1 else "needs"
+        return Check(name, False, f"{' and '.join(needs)} {verb} it: {missing}; upgrade "
                      "llama-server or restart it with --verbose")
     return Check(name, True, f"{missing}: a run can use neither --token-ids nor --stop")
 
