@@ -24,6 +24,7 @@ from typing import Any
 
 from fleetgen.simulator import chat
 from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.model import count_text_tokens
 from fleetgen.simulator.protocol import (
     ApiError,
     InFlight,
@@ -66,7 +67,7 @@ def parse(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     prompt = body.get("prompt")
-    length = len(prompt.split()) if isinstance(prompt, str) else \
+    length = count_text_tokens(prompt) if isinstance(prompt, str) else \
         len(prompt) if isinstance(prompt, list) else 0
     if length >= config.context_length:
         raise ContextExceeded(length, config.context_length)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -95,8 +95,6 @@ class Insert:
 class Reuse:
     """Where a prefix can be reused: the match's rule and what a request leaves behind."""
 
-    name = "full"
-
     def cached(self, common: int, deepest_checkpoint: int) -> int:
         return common
 
@@ -129,7 +127,6 @@ class Blocks(Reuse):
 
     block_size: int = 128
     align: bool = False
-    name: str = field(default="blocks", init=False)
 
     def cached(self, common: int, deepest_checkpoint: int) -> int:
         if self.align:
@@ -188,7 +185,6 @@ class MambaRadix(Reuse):
     page_size: int = 1
     chunked_prefill_size: int = 8192
     track_interval: int = MAMBA_TRACK_INTERVAL
-    name: str = field(default="hybrid", init=False)
 
     @property
     def grid(self) -> int:
