@@ -22,7 +22,7 @@ from producer.earlystop import EarlyStop, parse_rule
 from producer.enqueue import Enqueuer
 from producer.inputpass import InputPass
 from producer.inputs import resolve_input
-from producer.manifest import RunManifest
+from producer.manifest import RunManifest, recorded_in
 from producer.options import RequestOptions
 from producer.outbox import Outbox
 from producer.progress import Progress
@@ -46,7 +46,8 @@ class Producer:
         self.enqueuer = enqueuer
         self.limits = limits
         self.keys = RunKeys(settings.run)
-        self.run_manifest = RunManifest(client, settings.run, settings.new_run)
+        self.run_manifest = RunManifest(client, settings.run, settings.new_run,
+                                        recorded_in(settings.out, settings.run))
         self.reconciler = Reconciler(client, settings.run)
         self.affinity = Affinity(client, enabled=settings.affinity,
                                  wait_s=settings.affinity_wait_s)
@@ -102,7 +103,7 @@ class Producer:
             self._stop_early(self.early.verdict.reason(), should_stop)
         elif not should_stop():
             self.total = self.input_pass.slots_read  # requests: rows x samples
-            self.run_manifest.close(self.total, input_bytes)
+            self.run_manifest.close(self.total, input_bytes, input_rows=progress.read)
         return progress
 
     def _stop_early(self, reason: str, should_stop: Callable[[], bool]) -> None:

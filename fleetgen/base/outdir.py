@@ -1,7 +1,8 @@
 """A drained output directory and its one owner: the names of its files, and every way they are
 written (claimed for a run, a torn tail cut, whole lines appended with fsync, a file replaced
-atomically, the summary written durably). The drainer writes through it; the exporter, the
-report, the producer and the demo read its names and the summary through it."""
+atomically, the summary written durably; a full disk is a DiskFull that leaves each file as it
+was). The drainer writes through it; the exporter, the report, the producer and the demo read
+its names and the summary through it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, BinaryIO, Final
 
 import orjson
 
+from fleetgen.base import diskfull
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 
@@ -64,6 +66,11 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as error:
+        full = diskfull.from_os_error(error, path)
+        if full is None:
+            raise
+        raise full from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -76,10 +83,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def usable_dir(path: Path) -> None:
+def usable_dir(path: Path) -> list[Path]:
     """Create `path` if need be and prove a file can be written in it: ConfigError, one line
     naming it and the cause (a file in the way, no permission, a read-only disk), before any
-    process is started or any row sent."""
+    process is started or any row sent. Returns the directories it created, innermost first
+    (for `remove_if_empty` when the command stops before writing anything there)."""
+    made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".fleetgen-probe-"):
@@ -87,6 +96,17 @@ def usable_dir(path: Path) -> None:
     except OSError as error:
         cause = error.strerror or type(error).__name__
         raise ConfigError(f"cannot write in {path}: {cause}; pick another --out") from None
+    return made
+
+
+def remove_if_empty(made: list[Path]) -> None:
+    """The directories `usable_dir` created, removed where nothing was written in them: a
+    command refused before its start leaves no empty --out behind."""
+    for directory in made:  # innermost first: a parent is empty once its child is gone
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (or gone): it stays, and so do its parents
+            return
 
 
 class DrainDir:
@@ -97,6 +117,8 @@ class DrainDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Unbuffered: a write the disk refuses leaves no bytes in a buffer that closing the
+        # file would try to write again behind the drainer's back.
         self._appends: dict[str, BinaryIO] = {}
 
     # -- names ---------------------------------------------------------------------------
@@ -167,16 +189,25 @@ class DrainDir:
         """Open every outcome file for appending (creating it): `append` writes to these."""
         for kind in FILES:
             if kind not in self._appends:
-                self._appends[kind] = self.file(kind).open("ab")
+                self._appends[kind] = self.file(kind).open("ab", buffering=0)
 
     def append(self, kind: str, lines: Iterable[bytes]) -> None:
-        """Append whole lines (each without its newline) to `kind`'s file, then flush and
-        fsync: when this returns they survive a crash, so the caller may ack them."""
+        """Append whole lines (each without its newline) to `kind`'s file, then fsync: when
+        this returns they survive a crash, so the caller may ack them. A full disk (or the
+        file-size limit) is a DiskFull, with the file cut back to its whole lines before."""
         f = self._appends[kind]
-        for line in lines:
-            f.write(line + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+        data = memoryview(b"".join(line + b"\n" for line in lines))
+        before = os.fstat(f.fileno()).st_size
+        try:
+            while data:
+                data = data[os.write(f.fileno(), data):]
+            os.fsync(f.fileno())
+        except OSError as error:
+            full = diskfull.from_os_error(error, self.file(kind))
+            if full is None:
+                raise
+            os.ftruncate(f.fileno(), before)  # frees what the disk took: never a torn line
+            raise full from None
 
     def replace(self, kind: str, lines: Iterable[bytes]) -> None:
         """Rewrite `kind`'s file to hold exactly `lines` (each with its newline), atomically:
@@ -188,7 +219,7 @@ class DrainDir:
         with atomic_file(self.file(kind)) as f:
             f.writelines(lines)
         if appending is not None:
-            self._appends[kind] = self.file(kind).open("ab")
+            self._appends[kind] = self.file(kind).open("ab", buffering=0)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json, replaced atomically and fsynced like every other file of the run."""

@@ -7,22 +7,28 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import exitcodes
+import redis
+
+from fleetgen.base import diskfull, exitcodes
+from fleetgen.base.contract import KIND_FAILURE, closing_key
+from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
+from fleetgen.cli.runview import FleetView, LogLine
 from fleetgen.cli.signals import Stopped, sigterm_flag
 from fleetgen.local.fleet import LocalFleet
 
 if TYPE_CHECKING:
     from fleetgen.drainer import Drainer
+    from fleetgen.monitor.report import Built
     from producer.settings import ProducerSettings
 
 # After Ctrl-C or SIGTERM the command must be gone within 2 s: past this grace the handler
@@ -45,6 +51,14 @@ class Job:
     # Called once Redis is up, before the workers: Flower, the line for other hosts' workers.
     on_redis: Callable[[LocalFleet], None] | None = None
     linger: Callable[[Callable[[], bool]], None] | None = None
+    # `fleetgen run --retry-failures`: the rows in failures.jsonl are sent again; and the
+    # command that does it, for the last line of a run that ends with failures.
+    retry_failures: bool = False
+    retry_command: str | None = None
+    # The report's extra breakdown of speculative acceptance (a row field), and what to do
+    # with the report once written (`--measure-acceptance` prints its acceptance).
+    group_by: str | None = None
+    on_report: Callable[[Built], None] | None = None
 
     def say(self, text: str) -> None:
         print(f"fleetgen {self.command}: {text}", flush=True)
@@ -71,6 +85,15 @@ def execute(job: Job) -> int:
             _say_how_it_ended(job, summary, should_stop())
         if job.linger is not None and not should_stop():
             job.linger(should_stop)
+        if summary["complete"] and fleet.spec.redis_url is None and not should_stop():
+            _close_redis(job, should_stop)
+    except redis.ResponseError as exc:
+        # MISCONF: the run's Redis cannot write its data (a full disk, most often): one line
+        # naming where, as for the output files (fleetgen/base/diskfull.py).
+        full = diskfull.from_redis_error(exc, None if fleet.spec.redis_url else job.state_dir)
+        if full is None:
+            raise
+        raise full from None
     finally:
         shield_from_signals()
         fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
@@ -81,7 +104,10 @@ def execute(job: Job) -> int:
         # Said how to resume already (`_say_how_it_ended`): main exits 130 without a line of
         # its own; stopped before that (the fleet starting), main says it.
         raise Stopped if "run" in summary else KeyboardInterrupt
-    return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+    # Failed rows are rows the user asked for and does not have: not a success (the last
+    # line said how many, and how to send them again).
+    return exitcodes.OK if summary["complete"] and not summary.get("failed") \
+        else exitcodes.INCOMPLETE
 
 
 def shield_from_signals() -> None:
@@ -112,6 +138,9 @@ def _before_workers(job: Job, redis_url: str) -> None:
     path.touch(mode=0o600)
     path.write_text(redis_url + "\n")
 
+    # A Valkey that an earlier, finished run announced closed (kept by a failed cleanup)
+    # must not send this run's workers away at their first beat.
+    connect(redis_url).delete(closing_key())
     requeued = requeue_unacked(connect(redis_url))
     if requeued:
         job.say(f"{requeued} prompt(s) the stopped workers held are queued again")
@@ -129,15 +158,36 @@ def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> N
         job.say(f"stopped early: {summary['stopped']}; the requests sent before the stop are "
                 f"all written. Fix the settings and run it with another --out, or the same "
                 f"command plus --ignore-stop to go on")
+    if summary["complete"] and summary.get("failed"):
+        again = (f"send them again with: {job.retry_command}" if job.retry_command else
+                 "each is kept there with its error")
+        job.say(f"complete with {summary['failed']} failed row(s) (in "
+                f"{DrainDir(job.out).file(KIND_FAILURE)}); {again}")
+
+
+def _close_redis(job: Job, should_stop: Callable[[], bool]) -> None:
+    """The run's own Valkey stops next: the workers that joined from other hosts exit, the
+    live pages read the end, before it does (fleetgen/base/closing.py)."""
+    from fleetgen.base import closing
+
+    client = connect(job.fleet.redis_url)
+    own = [f"{name}@{socket.gethostname()}" for name in job.fleet.worker_names()]
+    at = closing.announce(client, job.settings.run)
+    left = closing.wait_for_leavers(client, own, at, should_stop=should_stop)
+    if left.workers:
+        job.say(f"worker(s) {', '.join(left.workers)} did not leave; stop them by hand "
+                "(the run is complete, they only retry its Redis)")
 
 
 def _write_report(job: Job) -> None:
     """The run as pictures, from the output files alone, like `fleetgen report`."""
     from fleetgen.monitor.report import build
 
-    built = build(job.out)
+    built = build(job.out, group_by=job.group_by)
     job.say(f"report at {built.out} ({built.size / 1024:.0f} KiB; open it in a browser, it "
             f"needs no network; again with `fleetgen report {job.out}`)")
+    if job.on_report is not None:
+        job.on_report(built)
 
 
 def run_pipeline(job: Job, settings: ProducerSettings,
@@ -149,6 +199,8 @@ def run_pipeline(job: Job, settings: ProducerSettings,
     # so the producer sends only what is not written yet.
     drainer = Drainer(connect(job.fleet.redis_url), settings.run, settings.out)
     drainer.recover()
+    if job.retry_failures:
+        _send_failures_again(job, drainer)
     opened = threading.Event()
     producer = Beside(producing(settings, opened))
     # The drainer ends a run that is stopped and settled: a resumed one with --ignore-stop
@@ -158,14 +210,22 @@ def run_pipeline(job: Job, settings: ProducerSettings,
     job.say(f"run {settings.run}; watch it from another shell with\n"
             f"  FLEETGEN_REDIS_URL=$(cat {url_file(job)}) fleetgen status --run "
             f"{settings.run} --watch")
-    bar = Bar("rows written", show=sys.stderr.isatty())
-    ticker = MinuteLine(job.say)
+    bar = Bar("requests written", show=sys.stderr.isatty())
+    # An engine's fall and return are said where the run was started (above the bar).
+    view = FleetView(connect(job.fleet.redis_url), settings.run,
+                     [job.fleet.engine_url(gpu) for gpu in range(job.fleet.spec.gpus)],
+                     lambda text: bar.note(f"fleetgen {job.command}: {text}"))
+    ticker = LogLine(job.say)
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
         total = d.manifest().rows
+        view.look()
+        up, engines = view.engines_up
         bar.advance_to(d.tally.written, total)
-        ticker.tick(d.tally.written, total)
+        bar.postfix(f"engines {up}/{engines}")
+        ticker.tick(d.tally.written, total, in_flight=view.in_flight,
+                    engines=view.engines_up)
 
     try:
         drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)
@@ -175,6 +235,20 @@ def run_pipeline(job: Job, settings: ProducerSettings,
         drainer.close()
         bar.close()
     return drainer.write_summary()
+
+
+def _send_failures_again(job: Job, drainer: Drainer) -> None:
+    """The rows the files hold as failures go back to work: their done bits cleared and
+    listed as in retry (so the run is not complete until each lands again), before the
+    producer's pass, which sends every row not done. The drainer stays the one writer: a
+    success replaces the failure line (fleetgen/drainer/store.py)."""
+    from fleetgen.base.runstate import mark_retrying
+
+    lines = drainer.tally.lines_of(KIND_FAILURE)
+    if lines:
+        mark_retrying(drainer.redis, drainer.run, lines)
+    job.say(f"sending {len(lines)} failed row(s) of run {drainer.run} again"
+            if lines else f"run {drainer.run} has no failed rows to send again")
 
 
 class Beside:
@@ -229,32 +303,11 @@ def drain_beside(drainer: Drainer, producer: Beside, *,
     producer.raise_error()
 
 
-class MinuteLine:
-    """Where no bar is drawn (a log file, a CI job): a line a minute with rows, rate and ETA."""
-
-    EVERY_S = 60.0
-
-    def __init__(self, say: Callable[[str], None], *, show: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._say = say
-        self._show = not sys.stderr.isatty() if show is None else show
-        self._clock = clock
-        self._start = self._last = clock()
-
-    def tick(self, written: int, total: int | None) -> None:
-        now = self._clock()
-        if not self._show or now - self._last < self.EVERY_S:
-            return
-        self._last = now
-        rate = written / max(now - self._start, 1e-9)
-        left = None if total is None or rate <= 0 else (total - written) / rate
-        eta = "-" if left is None else f"{left / 60:.0f} min"
-        self._say(f"{written}/{total if total is not None else '?'} rows written, "
-                      f"{rate:.1f} rows/s, ETA {eta}")
-
-
 def summary_table(s: dict[str, Any], out: Path) -> str:
-    rows = [("run", s["run"]), ("rows", s["total"]), ("done", s["done"]),
+    rows = [("run", s["run"]), ("requests", s["total"])]
+    if s.get("input_rows") is not None:
+        rows.append(("input lines", s["input_rows"]))
+    rows += [("done", s["done"]),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
             ("truncated (finish=length)", s["truncated"]),
             ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),

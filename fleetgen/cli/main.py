@@ -3,22 +3,55 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
 from fleetgen import __version__
-from fleetgen.base import envvars, exitcodes
-from fleetgen.base.errors import USER_MISTAKES, EngineUnreachable
+from fleetgen.base import diskfull, envvars, exitcodes
+from fleetgen.base.errors import USER_MISTAKES, DiskFull, EngineUnreachable
 from fleetgen.cli import signals
 
 Handler = Callable[[argparse.Namespace], int]
 _INTERRUPTS: list[BaseException] = []
 # The commands an interrupt leaves with work to go on with: the same command resumes it.
 RESUMABLE = frozenset({"demo", "run", "produce", "drain", "retry"})
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a flag no subcommand knows is that subcommand's error: its usage and the
+    flag meant (argparse alone prints the top-level usage and no hint)."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = self._subcommands().get(getattr(parsed, "command", None) or "")
+            message = f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(sub, extras)}"
+            (sub or self).error(message)
+        return parsed
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+
+def _did_you_mean(parser: argparse.ArgumentParser | None, extras: list[str]) -> str:
+    if parser is None:
+        return ""
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    for extra in extras:
+        if extra.startswith("-"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         valkey,
     )
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fleetgen",
         description="Generate completions for huge prompt sets on a fleet of SGLang servers: "
                     "exact token budgets, every row written exactly once, resumable.",
@@ -58,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The command as given, for a message that tells the user the command to run next.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per request would drown the progress bar; fleetgen logs what matters itself.
@@ -84,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         # that SIGPIPE ends does, with its exit code.
         _close_stdout()
         return exitcodes.CLOSED_PIPE
-    except Exception:
+    except Exception as exc:
+        full = _disk_full(exc)
+        if full is not None:
+            print(f"fleetgen {args.command}: {full}", file=sys.stderr)
+            return exitcodes.DISK_FULL
         # A bug, not a user mistake: the traceback is what the next engineer needs. Exit 70,
         # so a script never mistakes it for 1 (the run is merely incomplete).
         logging.getLogger("fleetgen").exception("fleetgen %s failed unexpectedly", args.command)
@@ -105,6 +144,18 @@ def _run(handler: Handler, args: argparse.Namespace) -> int:
         return handler(args)
     finally:
         signals.disarm()  # no grace timer fires into the command's way out
+
+
+def _disk_full(exc: Exception) -> DiskFull | None:
+    """A full disk wherever the command met it (its own files, or Redis's MISCONF): what to
+    do about it is the same, so it is one line rather than a bug's traceback."""
+    if isinstance(exc, DiskFull):
+        return exc
+    if isinstance(exc, OSError):
+        return diskfull.from_os_error(exc)
+    if isinstance(exc, redis.ResponseError):
+        return diskfull.from_redis_error(exc, None)
+    return None
 
 
 def _close_stdout() -> None:

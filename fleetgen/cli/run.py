@@ -5,8 +5,8 @@ an embedded Valkey under --out (or --redis), a worker per engine, the producer a
 from __future__ import annotations
 
 import argparse
-import re
 import secrets
+import shlex
 import socket
 import tempfile
 import time
@@ -15,7 +15,7 @@ from typing import Any
 
 from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.errors import ConfigError, EngineUnreachable
-from fleetgen.base.outdir import DrainDir, usable_dir
+from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
 from fleetgen.cli.produce import add_producer_options, settings_from
@@ -25,9 +25,6 @@ from producer.settings import setting_default
 # Beside the output files: the run's Valkey (its AOF) and its URL, kept until the run is
 # complete, so the same command resumes the run recorded there.
 STATE_DIR = ".fleetgen-state"
-# http://host:30000-30007: eight servers on consecutive ports.
-PORT_RANGE = re.compile(r"^(https?://[^/:]+):(\d+)-(\d+)(/.*)?$")
-MAX_RANGE = 64  # servers in one range: more is a typo (one node, a worker per server)
 PREFLIGHT_TIMEOUT_S = 60.0
 
 
@@ -44,8 +41,8 @@ def add_parser(sub: Any) -> None:
                    help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
                    "quoted glob")
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server (repeat for each; http://HOST:30000-30007 for a range of "
-                   "ports); one worker each")
+                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
+                   "for a range of ports); one worker each")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output dir")
     p.add_argument("--run", metavar="NAME",
                    help="run name (default: the one recorded in --out, else run-TIMESTAMP)")
@@ -61,32 +58,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    p.add_argument("--retry-failures", action="store_true",
+                   help="send the rows in DIR/failures.jsonl again (also once the run is "
+                   "complete): a success moves the row to results.jsonl")
+    p.add_argument("--measure-acceptance", action="store_true",
+                   help="measure the servers' drafter on these prompts (e.g. holdout.jsonl): "
+                   "refuse unless a server speculates, and print at the end the pooled "
+                   "acceptance length, the per-request mean and the breakdowns; the report "
+                   "and weak.jsonl (the lowest rows) beside it (docs/acceptance.md)")
+    p.add_argument("--group-by", metavar="FIELD",
+                   help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
-
-
-def expand_engine_urls(urls: list[str]) -> list[str]:
-    """Each URL, with a port range written out; ConfigError for a range that is not one."""
-    from fleetgen import engine
-
-    out: list[str] = []
-    for url in urls:
-        found = PORT_RANGE.match(url)
-        if found is None:
-            engine.check_url(url)
-            out.append(url)
-            continue
-        host, first, last, path = found.group(1), int(found.group(2)), int(found.group(3)), \
-            found.group(4) or ""
-        if not 0 < first <= last < 65536:
-            raise ConfigError(f"--engine-url {url}: the port range {first}-{last} is empty")
-        if last - first >= MAX_RANGE:
-            raise ConfigError(f"--engine-url {url}: {last - first + 1} servers, one worker "
-                              f"each on this node; a range names at most {MAX_RANGE}")
-        out += [f"{host}:{port}{path}" for port in range(first, last + 1)]
-    if len(set(out)) != len(out):
-        raise ConfigError("--engine-url: a server is named twice; one worker each")
-    return out
 
 
 def listen_address(value: str | None) -> tuple[str, int] | None:
@@ -130,10 +113,11 @@ def preflight(urls: list[str], args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetgen.engine import engine_urls
     from producer.inputs import resolve_input
 
     resolve_input(args.input)  # InputError (one line) for a missing file or an empty glob
-    urls = expand_engine_urls(args.engine_url)
+    urls = engine_urls(args.engine_url)
     listen = listen_address(args.listen)
     if args.workers_per_engine < 1:
         raise ConfigError(f"--workers-per-engine must be at least 1, got "
@@ -142,12 +126,25 @@ def run(args: argparse.Namespace) -> int:
     if listen and external:
         raise ConfigError("--listen is for the embedded Valkey; with --redis (or "
                           "$FLEETGEN_REDIS_URL) the workers join that Redis")
-    usable_dir(args.out)
+    if args.retry_failures and args.turns == "all":
+        raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
+                          "--turns all run's failed turns go on with `fleetgen retry` while "
+                          "the run is not complete")
+    made = usable_dir(args.out)
+    try:
+        return _run_in(args, urls, listen, external)
+    finally:
+        remove_if_empty(made)  # refused before anything was written: no empty --out left
+
+
+def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] | None,
+            external: str | None) -> int:
     name, resumed = run_name(args.out, args.run)
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or setting_default("batch_size")}
     settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
     preflight(urls, args)
+    measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
                      worker_env=_protocol_env(args.engine_protocol))
@@ -157,7 +154,22 @@ def run(args: argparse.Namespace) -> int:
                            valkey_port=listen[1] if listen else None)
         return job.execute(job.Job(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None))
+            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
+            group_by=args.group_by,
+            on_report=measure.print_report if measure is not None else None))
+
+
+def retry_command(argv: list[str]) -> str:
+    """The command the user ran, with --retry-failures: what sends its failed rows again."""
+    again = argv if "--retry-failures" in argv else [*argv, "--retry-failures"]
+    return shlex.join(["fleetgen", *again])
+
+
+def _measure(urls: list[str]) -> Any:
+    from fleetgen.cli.acceptance import Measure
+
+    return Measure.check(urls)
 
 
 def _protocol_env(protocol: str | None) -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.acceptance import CounterSessions, Pool
 from fleetgen.base.contract import (
     KIND_FAILURE,
     KIND_REJECTED,
@@ -44,6 +45,10 @@ class Tally:
     # no outcome while the failure stands, and count as settled until a retry succeeds).
     blocked: dict[int, int] = field(default_factory=dict)
     turns: bool = False  # a --turns all run's records seen: `blocked` is counted
+    # Speculative acceptance of the results that carry `spec`, overall and by worker.
+    spec: Pool = field(default_factory=Pool)
+    spec_by_worker: dict[str, Pool] = field(default_factory=dict)
+    spec_counters: CounterSessions = field(default_factory=CounterSessions)  # vLLM's
 
     @property
     def written(self) -> int:
@@ -79,6 +84,15 @@ class Tally:
             self.completion_tokens += int(record.get("completion_tokens", 0))
             for name, n in quality_counts(record).items():
                 self.quality[name] += n
+            self.spec_counters.add(record)
+            if self.spec.add(record):
+                worker = str(record.get("worker") or "?")
+                self.spec_by_worker.setdefault(worker, Pool()).add(record)
+
+    def lines_of(self, kind: str) -> list[int]:
+        """The lines (slots) whose outcome in the files is `kind`."""
+        code = CODES[kind]
+        return [line for line, held in enumerate(self.kinds) if held == code]
 
     def missing_from(self, done: bytes) -> list[int]:
         """Lines held here whose bit is clear in `done` (a Redis bitmap, bit 0 the most
