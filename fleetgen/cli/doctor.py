@@ -24,10 +24,12 @@ from fleetgen.base.runoptions import DEFAULT_TOKENIZER
 from fleetgen.cli.flags import json_object
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
+from fleetgen.engine.openai import LLAMA_CPP
 from fleetgen.engine.preflight import (
     Check,
     combine,
     fleet_disagreements,
+    keeps_verbose,
     refuses_long_input,
     refuses_past_total,
     tiny_generation,
@@ -85,6 +87,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chat-template-kwargs", metavar="JSON", default="{}",
                    help="the run's template options, e.g. '{\"enable_thinking\": false}'; the "
                    "probes' own go over them")
+    p.add_argument("--token-ids", action="store_true",
+                   help="the run keeps answers' token ids: a server must be able to return "
+                   "them (llama.cpp: its `__verbose`)")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="the run's stop strings: a server must say which one ended an answer "
+                   "(llama.cpp: its `__verbose`)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     p.set_defaults(handler=run)
 
@@ -105,8 +113,13 @@ class TemplateCheck:
         return self._renderer
 
 
+def needs_of(token_ids: bool, stop: Any) -> tuple[str, ...]:
+    """The run's options that read what only some servers return, as their flags."""
+    return (("--token-ids",) if token_ids else ()) + (("--stop",) if stop else ())
+
+
 def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | None,
-            template: TemplateCheck | None = None) -> Report:
+            template: TemplateCheck | None = None, needs: tuple[str, ...] = ()) -> Report:
     report = Report(url)
     ready = probe_url(url, timeout_s=min(timeout_s, 10.0), api_key=api_key)
     if ready.state is State.REFUSED:  # nothing else can be learnt: one line
@@ -130,7 +143,7 @@ def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | No
     if not ready.ready:
         report.code = exitcodes.UNAVAILABLE
         return report
-    report.checks += probe_rules(url, proto, limits, timeout_s, api_key)
+    report.checks += probe_rules(url, proto, limits, timeout_s, api_key, needs)
     if template is not None:
         renderer = template.renderer
         report.template = compare_templates(url, limits, renderer, template.run_kwargs,
@@ -142,7 +155,7 @@ def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | No
 
 
 def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s: float,
-                api_key: str | None) -> list[Check]:
+                api_key: str | None, needs: tuple[str, ...] = ()) -> list[Check]:
     checks = []
     if limits.skip_tokenizer_init:
         checks.append(Check("text", False, "started with --skip-tokenizer-init: answers carry "
@@ -150,6 +163,8 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
     client = proto.connect(url, timeout_s=timeout_s, concurrency=1, api_key=api_key)
     try:
         checks.append(tiny_generation(client))
+        if limits.engine == LLAMA_CPP:
+            checks.append(keeps_verbose(client, needs))
         rule = proto.rule_for(limits)
         long_input = refuses_long_input(client, limits, rule)
         checks.append(long_input)
@@ -174,7 +189,8 @@ def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
 def run(args: argparse.Namespace) -> int:
     urls = engine.engine_urls(args.engine_url)
     reports, fleet_checks, code = check_fleet(urls, args.engine_protocol, args.timeout_s,
-                                              args.tokenizer, args.chat_template_kwargs)
+                                              args.tokenizer, args.chat_template_kwargs,
+                                              needs_of(args.token_ids, args.stop))
     known = [r.limits for r in reports if r.limits is not None]
     proto = _protocol(args.engine_protocol, urls[0])
     assumed = combine(known, proto.rule_for(known[0])) if known else None
@@ -187,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_fleet(engine_urls: list[str], engine_protocol: str | None, timeout_s: float,
                 tokenizer: str, chat_template_kwargs: str | None,
+                needs: tuple[str, ...] = (),
                 ) -> tuple[list[Report], list[Check], int]:
     """Every server's report, the checks across them, and the exit code (`fleetgen run`
     stops on anything but OK before it starts a process)."""
@@ -197,7 +214,7 @@ def check_fleet(engine_urls: list[str], engine_protocol: str | None, timeout_s: 
     # Read as produce reads it, so doctor checks the run's own options.
     template = TemplateCheck(lambda: _load_renderer(tokenizer), json_object(
         chat_template_kwargs or "{}", "--chat-template-kwargs"))
-    reports = [examine(url, proto, timeout_s, api_key, template) for url in urls]
+    reports = [examine(url, proto, timeout_s, api_key, template, needs) for url in urls]
     fleet_checks = fleet_disagreements({r.url: r.limits for r in reports
                                         if r.limits is not None})
     return reports, fleet_checks, exit_code(reports, fleet_checks)

@@ -99,7 +99,7 @@ def preflight(urls: list[str], args: argparse.Namespace) -> None:
 
     reports, fleet_checks, code = doctor.check_fleet(
         urls, args.engine_protocol, PREFLIGHT_TIMEOUT_S, args.tokenizer,
-        args.chat_template_kwargs)
+        args.chat_template_kwargs, doctor.needs_of(args.token_ids, args.stop))
     if code == exitcodes.OK:
         return
     failed = [f"{r.url} {c.name}: {c.detail}" for r in reports for c in r.checks if not c.ok]

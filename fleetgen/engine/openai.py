@@ -243,6 +243,9 @@ def completion_body(input_ids: list[int], max_tokens: int, sampling: dict[str, A
     names = LLAMA_CPP_NAMES if engine == LLAMA_CPP else SAMPLING_NAMES
     for key, value in sampling.items():
         body[names.get(key, key)] = value
+    if engine == LLAMA_CPP and sampling.get("stop"):
+        # The stop word that ended the answer is only in `__verbose` (`_stop_string`).
+        body["verbose"] = True
     if options != PLAIN:
         body.update(EXTENSIONS.get(engine, vllm_options)(options))
     return body

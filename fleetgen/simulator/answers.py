@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetgen.simulator import pattern as patterns
 from fleetgen.simulator import schema as schemas
 from fleetgen.simulator import vocab
 from fleetgen.simulator.model import (
@@ -81,6 +82,7 @@ class Style:
 
     thinking: bool = False  # the server models a thinking model
     schema: Any = None  # a checked JSON schema: the answer is a document for it
+    regex: str | None = None  # a checked regex (SGLang `regex`): the answer matches it
     # The grammar waits for `</think>`: SGLang's `require_reasoning` on a server with a
     # reasoning parser, vLLM's parser on a prompt whose reasoning has not ended.
     reasoning_first: bool = False
@@ -105,7 +107,11 @@ def reasons(prompt: Sequence[int] | str, style: Style) -> bool:
     """Whether the answer begins with reasoning. A grammar that does not wait for `</think>`
     constrains the answer from its first token, so there is none."""
     return style.thinking and opening(prompt) is not Opening.ANSWER and (
-        style.schema is None or style.reasoning_first)
+        not constrained(style) or style.reasoning_first)
+
+
+def constrained(style: Style) -> bool:
+    return style.schema is not None or style.regex is not None
 
 
 def grammar(prompt: Sequence[int] | str, style: Style) -> Any:
@@ -113,10 +119,10 @@ def grammar(prompt: Sequence[int] | str, style: Style) -> Any:
     prompt that closed the think block never applies: the answer comes without reasoning, so
     the `</think>` it waits for never comes (`ReasonerGrammarObject.maybe_init_reasoning(True)`
     leaves the mask off until it has seen the think-end tokens), and the answer is free text."""
-    if style.schema is not None and style.reasoning_first and style.thinking \
+    if constrained(style) and style.reasoning_first and style.thinking \
             and opening(prompt) is Opening.ANSWER:
         return None
-    return style.schema
+    return style.schema if style.schema is not None else style.regex
 
 
 def compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[int] | str,
@@ -148,7 +154,8 @@ def _compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[i
         if opening(prompt) is Opening.OPENS:
             head = [(THINK_START, THINK_START_ID), ("\n", NEWLINE_ID)]
         tail = [("\n", NEWLINE_ID), (THINK_END, THINK_END_ID), ("\n\n", PARAGRAPH_ID)]
-    document = None if schema is None else document_tokens(key, style)
+    document = None if schema is None else \
+        document_tokens(key, style) if style.schema is not None else pattern_tokens(key, style)
     before = len(head) + reasoning_len + len(tail)
     # The answer's own tokens; the end-of-turn token follows them (model.generate). A document
     # ends where its grammar does, and the grammar then allows only the EOS, whatever
@@ -220,6 +227,13 @@ def document_tokens(key: int, style: Style) -> list[tuple[str, int]]:
     ids = vocab.encode(schemas.dumps(doc))
     if style.broken_json:
         ids = ids[:-1]
+    return list(zip(vocab.token_pieces(ids), ids, strict=True))
+
+
+def pattern_tokens(key: int, style: Style) -> list[tuple[str, int]]:
+    """The text of this request matching its regex, as Qwen3.6 tokens."""
+    assert style.regex is not None
+    ids = vocab.encode(patterns.text(style.regex, random.Random(key ^ _DOCUMENT_SALT)))
     return list(zip(vocab.token_pieces(ids), ids, strict=True))
 
 

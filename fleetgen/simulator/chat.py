@@ -13,6 +13,7 @@ token parsed), as SGLang's chat path encodes it (`add_special_tokens` off).
 from __future__ import annotations
 
 import functools
+import json
 import time
 import uuid
 from pathlib import Path
@@ -125,17 +126,84 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
 def parse_chat(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     """Render the messages, then run the ids as `/v1/completions` runs a token-id prompt: the
     same length rules, capacity and faults. `max_new_tokens` is `max_completion_tokens or
-    max_tokens` (protocol.py `ChatCompletionRequest.to_sampling_params`)."""
+    max_tokens` (protocol.py `ChatCompletionRequest.to_sampling_params`); the grammar is the
+    `response_format`'s or the `regex`'s (`constraint`), and waits for the reasoning's end
+    when the request thinks (`require_reasoning`)."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    grammar = constraint(body)
     ids = prompt_ids(config, body)
     completion = {key: body[key] for key in _SAMPLING_KEYS if key in body}
+    completion.update(grammar)
     completion["prompt"] = ids
     completion["max_tokens"] = body.get("max_completion_tokens") or body.get("max_tokens")
     if completion["max_tokens"] is None:
         del completion["max_tokens"]
     completion["stream"] = body.get("stream")
-    return parse_completions(completion, config, in_flight)
+    return parse_completions(completion, config, in_flight,
+                             require_reasoning=require_reasoning(config, body))
+
+
+def require_reasoning(config: SimConfig, body: dict[str, Any]) -> bool:
+    """serving_chat.py: `result.require_reasoning = thinking_mode`, from
+    `_get_reasoning_from_request`: False without a reasoning parser; with one, Qwen3.6's
+    template is detected as `enable_thinking`, on by default
+    (parser/template_detection.py `enable_thinking_default_true`: "enable_thinking is defined
+    and enable_thinking is false"), so every request thinks unless its
+    `chat_template_kwargs` say `enable_thinking: false`. The scheduler then counts
+    `reasoning_tokens` and a grammar waits for `</think>`."""
+    if config.reasoning_parser is None:
+        return False
+    kwargs = body.get("chat_template_kwargs")
+    return not kwargs or not isinstance(kwargs, dict) or kwargs.get("enable_thinking") is not False
+
+
+# protocol.py `ResponseFormat.type` and the structural-tag formats' own.
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag")
+
+
+def constraint(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling grammar of a chat request (protocol.py `ChatCompletionRequest`):
+    `response_format` json_schema -> `json_schema` (its `schema`, as a string), json_object
+    -> `{"type": "object"}`, text -> none (`to_sampling_params`); the top-level `regex`
+    (SGLang's extension) -> `regex`. A json_schema format without a schema is
+    `_validate_request`'s 400; a top-level `schema` in the format is moved into `json_schema`
+    first (`set_json_schema`). Structural tags are not modelled (a 400 naming the simulator)."""
+    grammar: dict[str, Any] = {}
+    if body.get("regex") is not None:
+        grammar["regex"] = body["regex"]
+    response_format = body.get("response_format")
+    if response_format is None:
+        return grammar
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind not in RESPONSE_FORMAT_TYPES:
+        # pydantic's validation error, as the RequestValidationError handler's 400 (its exact
+        # wording is pydantic's: the simulator names the field and the values).
+        raise bad_request(f"response_format.type must be one of "
+                          f"{', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}.")
+    if kind == "structural_tag":
+        raise bad_request("The simulator does not model structural_tag response formats.")
+    if kind == "json_object":
+        grammar["json_schema"] = '{"type": "object"}'
+    elif kind == "json_schema":
+        grammar["json_schema"] = json_schema_of(response_format)
+    return grammar
+
+
+def json_schema_of(response_format: dict[str, Any]) -> str:
+    wrapper = response_format.get("json_schema")
+    if not wrapper and isinstance(response_format.get("schema"), dict):
+        wrapper = {"name": response_format["schema"].get("title", "Schema"),
+                   "schema": response_format["schema"]}
+    if wrapper is not None and not isinstance(wrapper, dict):
+        raise bad_request("response_format.json_schema must be an object.")
+    if wrapper is not None and not isinstance(wrapper.get("name"), str):
+        raise bad_request("response_format.json_schema.name is required (a string).")
+    schema = None if wrapper is None else wrapper.get("schema")
+    if schema is None:
+        raise bad_request("schema_ is required for json_schema response format request.")
+    # `convert_json_schema_to_str`: json.dumps of the dict.
+    return json.dumps(schema)
 
 
 def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, str]:
@@ -161,7 +229,9 @@ def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, s
 
 def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
     """`_build_chat_response`: one choice per sample; `usage.prompt_tokens` is the rendered
-    prompt's length once per prompt (meta_info `prompt_tokens`, `_reported_prompt_tokens`)."""
+    prompt's length once per prompt (meta_info `prompt_tokens`, `_reported_prompt_tokens`);
+    `reasoning_tokens` the samples' meta_info counts (`UsageProcessor.
+    calculate_response_usage`), also as `completion_tokens_details` when there are some."""
     choices = []
     for index, outcome in enumerate(outcomes):
         reasoning, content = _split_reasoning(outcome, config)
@@ -180,8 +250,16 @@ def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[st
         "created": int(time.time()),
         "model": config.model_name,
         "choices": choices,
-        "usage": usage_of(outcomes),
+        "usage": chat_usage(job, outcomes, config),
     }
+
+
+def chat_usage(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+    thought = sum(answers.reasoning_tokens(o.completion.output_ids,
+                                           config.reasoning_parser is not None,
+                                           job.extras.require_reasoning) for o in outcomes)
+    return {**usage_of(outcomes), "prompt_tokens_details": None, "reasoning_tokens": thought,
+            "completion_tokens_details": {"reasoning_tokens": thought} if thought else None}
 
 
 # ---------------------------------------------------------------- /tokenize

@@ -116,9 +116,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(/server_info reasoning_parser null): a JSON schema's grammar "
                             "applies from the first token, require_reasoning or not, and "
                             "meta_info reasoning_tokens is 0")
-    modes.add_argument("--flavor", choices=("sglang", "vllm"), default=d.flavor,
+    modes.add_argument("--flavor", choices=("sglang", "vllm", "llama"), default=d.flavor,
                        help="sglang: SGLang 0.5.23 (native and /v1); vllm: a vLLM 0.33 server "
-                            "(/v1/completions with vLLM's length rule, no native endpoints)")
+                            "(/v1/completions with vLLM's length rule, no native endpoints); "
+                            "llama: llama.cpp's server as fleetgen reads it (/props, "
+                            "/v1/completions with __verbose, /apply-template)")
+    modes.add_argument("--llama-no-verbose", dest="llama_verbose", action="store_false",
+                       help="--flavor llama: play a build before b9754, which answers "
+                            "\"verbose\": true without __verbose (no token ids, no stop word)")
     modes.add_argument("--chat-template", metavar="FILE", default=None,
                        help="the Jinja chat template /v1/chat/completions and /tokenize render "
                             "messages with (default: Qwen3.6's official template, "
@@ -145,6 +150,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=d.chunked_prefill_size,
                         help="tokens per prefill forward pass, as SGLang's flag (default "
                              "%(default)s, SGLang's on an 80 GB GPU; -1: no chunks)")
+    timing.add_argument("--prefix-cache", choices=("hybrid", "full"), default=d.prefix_cache,
+                        help="which cached prefix the server reuses: 'hybrid', Qwen3.6's "
+                             "linear-attention model (SGLang: only up to a kept state, every "
+                             "64 prompt tokens and 256 decoded ones; vLLM: 640-token 'align' "
+                             "blocks), or 'full', a full-attention model (SGLang: token by "
+                             "token; vLLM: 128-token blocks) (default %(default)s; "
+                             "docs/simulator.md)")
+    timing.add_argument("--mamba-track-interval", metavar="TOKENS", type=int,
+                        default=d.mamba_track_interval,
+                        help="SGLang's flag: a decoding hybrid request keeps a state this "
+                             "often (default %(default)s)")
+    timing.add_argument("--cache-block-size", metavar="TOKENS", type=int, default=None,
+                        help="--flavor vllm: vLLM's --block-size (default: 128, vLLM's on "
+                             "CPU; 640 with --prefix-cache hybrid)")
     timing.add_argument("--tpot-ms", metavar="MS", type=float, default=d.tpot_ms,
                         help="time per output token (default %(default)s)")
     timing.add_argument("--slowdown", metavar="F", type=float, default=d.slowdown,
@@ -204,11 +223,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         allow_auto_truncate=args.allow_auto_truncate,
         chat_template=args.chat_template,
         flavor=args.flavor,
+        llama_verbose=args.llama_verbose,
         health_delay_s=args.health_delay_s,
         max_queued_requests=args.max_queued_requests,
         ttft_ms=args.ttft_ms,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         chunked_prefill_size=args.chunked_prefill_size,
+        prefix_cache=args.prefix_cache,
+        mamba_track_interval=args.mamba_track_interval,
+        cache_block_size=args.cache_block_size,
         tpot_ms=args.tpot_ms,
         slowdown=args.slowdown,
         speed=args.speed,

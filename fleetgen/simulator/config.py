@@ -74,9 +74,13 @@ class SimConfig:
     # The chat template file the chat endpoints render with (fleetgen/simulator/chat.py);
     # None: Qwen3.6's official one as fleetgen ships it (producer/templates/, read as a file).
     chat_template: str | None = None
-    # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules) or
-    # "vllm" (only /v1/* and /health, vLLM's length rule and error body).
+    # Which server's OpenAI endpoint to be: "sglang" (every endpoint, SGLang's rules),
+    # "vllm" (only /v1/* and /health, vLLM's length rule and error body) or "llama"
+    # (llama.cpp's server as fleetgen reads it: fleetgen/simulator/llama.py).
     flavor: str = "sglang"
+    # --flavor llama: the server adds `__verbose` when a request says `verbose` (llama.cpp
+    # b9754 on); False plays an older build (fleetgen/simulator/llama.py).
+    llama_verbose: bool = True
     # /health submits a probe and polls it once a second, so it never answers faster.
     health_delay_s: float = 1.0
     max_queued_requests: int | None = None
@@ -90,6 +94,14 @@ class SimConfig:
     prefill_tokens_per_s: float = math.inf
     # Tokens per prefill forward pass, as SGLang's flag (8192 on an 80 GB GPU); -1: no chunks.
     chunked_prefill_size: int = 8192
+    # Which prefix of a prompt the server can reuse (fleetgen/simulator/prefix_cache.py):
+    # "hybrid", Qwen3.6's linear-attention layers (SGLang's Mamba radix cache, vLLM's "align"
+    # blocks), or "full", a full-attention model (SGLang's token radix, vLLM's whole blocks).
+    prefix_cache: str = "hybrid"
+    # SGLang's `--mamba-track-interval`: a decoding hybrid request keeps a state this often.
+    mamba_track_interval: int = 256
+    # vLLM's `--block-size`; None: its CPU default (128), or 640 for a hybrid model.
+    cache_block_size: int | None = None
     slowdown: float = 0.0
     speed: float = 1.0
     output_tokens_mean: int = 256
@@ -120,7 +132,16 @@ class SimConfig:
     def _validate_sizes(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]", self.port)
         _require(1 <= self.count <= 1024, "count", "must be in [1, 1024]", self.count)
-        _require(self.flavor in ("sglang", "vllm"), "flavor", "must be sglang or vllm", self.flavor)
+        _require(self.flavor in ("sglang", "vllm", "llama"), "flavor",
+                 "must be sglang, vllm or llama", self.flavor)
+        _require(self.prefix_cache in ("hybrid", "full"), "prefix_cache",
+                 "must be hybrid or full", self.prefix_cache)
+        _require(self.mamba_track_interval >= 1 and self.mamba_track_interval % self.page_size
+                 == 0, "mamba_track_interval", "must be a positive multiple of page_size",
+                 self.mamba_track_interval)
+        if self.cache_block_size is not None:
+            _require(self.cache_block_size >= 1, "cache_block_size", "must be >= 1",
+                     self.cache_block_size)
         if self.port:
             last = self.port + self.count - 1
             _require(last <= 65535, "count", f"puts the last port at {last}", self.count)

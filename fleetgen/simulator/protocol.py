@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
 from fleetgen.simulator import answers
+from fleetgen.simulator import pattern as patterns
 from fleetgen.simulator.answers import Style
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.contract import generate_contract_error
@@ -87,6 +88,7 @@ class Extras:
     token_ids: bool = False  # OpenAI `return_token_ids`: the choice's `token_ids`
     tokens_as_ids: bool = False  # vLLM `return_tokens_as_token_ids`: `token_id:N` tokens
     require_reasoning: bool = False  # SGLang: the grammar waits for `</think>`
+    verbose: bool = False  # llama.cpp `verbose`: the native result as `__verbose`
 
 
 @dataclass(frozen=True)
@@ -493,7 +495,16 @@ def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras,
     reasoning (its structured-output manager asks the parser `is_reasoning_end` of the
     prompt's ids)."""
     raw = sampling.raw
-    schema = raw.get("json_schema")
+    schema, regex = raw.get("json_schema"), raw.get("regex")
+    grammars = ("json_schema", "regex", "ebnf", "structural_tag")
+    if config.flavor != "vllm" and sum(raw.get(name) is not None for name in grammars) > 1:
+        # SamplingParams.verify
+        raise bad_request("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+    if regex is not None:
+        try:
+            regex = patterns.check(regex)
+        except patterns.PatternRefused as error:
+            raise bad_request(str(error)) from None
     if schema is not None:
         try:
             schema = check_vllm(schema) if config.flavor == "vllm" else check_sglang(schema)
@@ -510,6 +521,7 @@ def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras,
     return Style(
         thinking=config.thinking,
         schema=schema,
+        regex=regex,
         reasoning_first=waits,
         skip_special_tokens=True if skip is None else skip,
         broken_json=schema is not None and answers.breaks_json(key, config.json_invalid_rate),
@@ -618,8 +630,10 @@ _OPENAI_SAMPLING_KEYS = (
 )
 
 
-def parse_completions(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
-    """Turn an OpenAI completions body (prompt as text or token ids) into checked items."""
+def parse_completions(body: Any, config: SimConfig, in_flight: InFlight, *,
+                      require_reasoning: bool = False) -> Job:
+    """Turn an OpenAI completions body (prompt as text or token ids) into checked items.
+    `require_reasoning`: the chat path's, from the thinking mode (chat.py)."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     _refuse_stream(body)
@@ -633,7 +647,9 @@ def parse_completions(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     schema = _vllm_schema(body) if config.flavor == "vllm" else body.get("json_schema")
     if schema is not None:
         raw["json_schema"] = schema
-    extras = _openai_extras(body, config)
+    if config.flavor != "vllm" and body.get("regex") is not None:  # SGLang's extension
+        raw["regex"] = body["regex"]
+    extras = replace(_openai_extras(body, config), require_reasoning=require_reasoning)
     sampling = parse_sampling(raw)
     rid = body.get("rid")
     base = rid if isinstance(rid, str) else uuid.uuid4().hex

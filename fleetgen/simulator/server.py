@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
+from fleetgen.simulator import llama
 from fleetgen.simulator.answers import compose
 from fleetgen.simulator.capacity import InFlight, KvPool, QueueFull, Slots, Ticket, Tickets
 from fleetgen.simulator.chat import parse_chat, render_chat, tokenize
@@ -25,7 +26,12 @@ from fleetgen.simulator.info import server_info
 from fleetgen.simulator.metrics import ServerMetrics, render_prometheus
 from fleetgen.simulator.model import Completion, per_token_s, tokens_done, ttft_s
 from fleetgen.simulator.prefill import Prefill, PrefillLane
-from fleetgen.simulator.prefix_cache import PrefixCache, finished_hashes, prefix_hashes
+from fleetgen.simulator.prefix_cache import (
+    PrefixCache,
+    finished_hashes,
+    prefix_hashes,
+    reuse_for,
+)
 from fleetgen.simulator.protocol import (
     QUEUE_FULL_MESSAGE,
     RUNNING_ABORT_REASON,
@@ -84,6 +90,7 @@ CHAT = Api(parse_chat, render_chat, openai_error_body)
 OPENAI = Api(parse_completions, render_completions, openai_error_body)
 VLLM_OPENAI = Api(parse_completions, render_completions_vllm, vllm_error_body)
 VLLM_CHAT = Api(parse_chat_vllm, render_chat_vllm, vllm_error_body)
+LLAMA = Api(llama.parse, llama.render, llama.error_body)
 
 
 class SimServer:
@@ -101,7 +108,7 @@ class SimServer:
         )
         self.tickets = Tickets()
         self.kv_pool = KvPool(config.max_total_num_tokens)
-        self.prefix_cache = PrefixCache(config.max_total_num_tokens)
+        self.prefix_cache = PrefixCache(config.max_total_num_tokens, reuse_for(config))
         # One GPU's forward passes (a DP server's ranks share it: first order).
         self.prefill_lane = PrefillLane(
             config.prefill_tokens_per_s * config.speed, config.chunked_prefill_size)
@@ -215,6 +222,9 @@ class SimServer:
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        if self.config.flavor == "llama":
+            self._add_llama_routes(app)
+            return app
         # SGLang 0.5.23 and vLLM both render messages on /tokenize (http_server
         # `openai_v1_tokenize`, also /v1/tokenize; vLLM's `tokenize`).
         for path in ("/tokenize", "/v1/tokenize"):
@@ -231,6 +241,14 @@ class SimServer:
         app.router.add_post("/_sim/up", self._sim_up)
         app.router.add_get("/_sim/stats", self._sim_stats)
         return app
+
+    def _add_llama_routes(self, app: web.Application) -> None:
+        app.router.add_get("/health", self._llama_health)
+        app.router.add_get("/props", self._llama_props)
+        app.router.add_post("/apply-template", self._llama_apply_template)
+        app.router.add_post("/tokenize", self._llama_tokenize)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/_sim/stats", self._sim_stats)
 
     def _add_sglang_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self._generate)
@@ -273,7 +291,29 @@ class SimServer:
         return await self._serve(request, NATIVE)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, VLLM_OPENAI if self.config.flavor == "vllm" else OPENAI)
+        api = {"vllm": VLLM_OPENAI, "llama": LLAMA}.get(self.config.flavor, OPENAI)
+        return await self._serve(request, api)
+
+    async def _llama_health(self, request: web.Request) -> web.StreamResponse:
+        return _json({"status": "ok"} if self.availability.ready() else
+                     {"error": {"code": 503, "message": "Loading model",
+                                "type": "unavailable_error"}},
+                     200 if self.availability.ready() else 503)
+
+    async def _llama_props(self, request: web.Request) -> web.StreamResponse:
+        return _json(llama.props(self.config))
+
+    async def _llama_apply_template(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return _json(llama.apply_template(await _read_json(request), self.config))
+        except ApiError as error:
+            return _json(llama.error_body(error), error.status)
+
+    async def _llama_tokenize(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return _json(llama.tokenize(await _read_json(request)))
+        except ApiError as error:
+            return _json(llama.error_body(error), error.status)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, CHAT)
@@ -382,8 +422,8 @@ class SimServer:
         """Prefill the uncached tokens on the lane, then decode; the ticket records both."""
         config = self.config
         hashes = prefix_hashes(item.prompt)
-        ticket.cached_tokens = self.prefix_cache.match(hashes)
-        self.prefix_cache.insert(hashes)
+        hit = self.prefix_cache.lookup(hashes)
+        ticket.cached_tokens = hit.cached
         with self.kv_pool.hold(item.prompt_tokens + item.max_new_tokens) as over:
             ticket.num_retractions = 1 if over else 0
             # A retracted request is prefilled a second time when it is re-admitted.
@@ -398,8 +438,14 @@ class SimServer:
             decode_s = step_s * decode_steps(config, item.key, item.prompt, tokens)
             ticket.start_service(first_token_s, decode_s / tokens if tokens else step_s,
                                  self.prefill_lane, prefill)
+            # The tree takes the prompt once its prefill ran (`checkpoint_kv_cache`), not on
+            # admission: a request arriving meanwhile computes it again.
+            if (delay_s := prefill.end_s - time.monotonic()) > 0:
+                await asyncio.sleep(delay_s)
+            self.prefix_cache.after_prefill(hashes, hit)
             await self._decode_until(prefill, first_token_s + decode_s)
-        self.prefix_cache.insert(finished_hashes(hashes, item.prompt, completion))
+        self.prefix_cache.after_decode(finished_hashes(hashes, item.prompt, completion),
+                                       len(hashes))
 
     async def _decode_until(self, prefill: Prefill, decode_s: float) -> None:
         """Sleep until `decode_s` of decoding after the prefill; a chunk scheduled meanwhile
@@ -503,7 +549,7 @@ class SimServer:
         name = self.config.model_name
         return _json({"object": "list", "data": [{
             "id": name, "object": "model", "created": self._created,
-            "owned_by": "vllm" if self.config.flavor == "vllm" else "sglang",
+            "owned_by": {"vllm": "vllm", "llama": "llamacpp"}.get(self.config.flavor, "sglang"),
             "root": name, "max_model_len": self.config.context_length,
             **(self._vllm_model_fields() if self.config.flavor == "vllm" else {}),
         }]})

@@ -381,3 +381,53 @@ def test_a_tokenizer_directory_of_ones_own(start_sim: StartSim, tmp_path: Any,
     assert lines["one user turn"].startswith(f"ok server 17 tokens, fleetgen ({own}) 17"), out
     assert lines["one user turn, enable_thinking false"].startswith(
         f"FAIL server 19 tokens, fleetgen ({own}) 17"), out
+
+
+# ------------------------------------------------------------ llama.cpp and `__verbose`
+
+LLAMA = {"flavor": "llama", "model_name": "qwen3.6"}
+
+
+def verbose_line(out: str, url: str) -> str:
+    lines = [line for line in out.splitlines() if f"{url} __verbose: " in line]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_a_llama_server_with_verbose_passes_for_token_ids_and_stop_words(
+        start_sim: StartSim, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim(**LLAMA)
+    code = main(["doctor", "--engine-url", sim.url, "--token-ids", "--stop", "END"])
+    out = capsys.readouterr().out
+    assert code == exitcodes.OK, out
+    assert verbose_line(out, sim.url).startswith("ok ")
+
+
+def test_a_llama_build_without_verbose_is_refused_when_the_run_needs_it(
+        start_sim: StartSim, capsys: pytest.CaptureFixture[str]) -> None:
+    """A llama.cpp server older than b9754 answers `"verbose": true` without `__verbose`, the
+    only place of its token ids and stop word: doctor names the build that has it, in one
+    line; without --token-ids or --stop it is a note. (Before: no such check, exit 0.)"""
+    sim = start_sim(**LLAMA, llama_verbose=False)
+    code = main(["doctor", "--engine-url", sim.url, "--token-ids", "--stop", "END"])
+    line = verbose_line(capsys.readouterr().out, sim.url)
+    assert code == DISAGREES
+    assert line.startswith("FAIL ") and "--token-ids and --stop need it" in line
+    assert "llama.cpp b9754 or later" in line and "--verbose" in line
+    code = main(["doctor", "--engine-url", sim.url])
+    line = verbose_line(capsys.readouterr().out, sim.url)
+    assert code == exitcodes.OK and line.startswith("ok ")
+    assert "a run can use neither --token-ids nor --stop" in line
+
+
+def test_run_refuses_such_a_llama_server_before_it_starts(
+        start_sim: StartSim, capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    sim = start_sim(**LLAMA, llama_verbose=False)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hello"}\n')
+    code = main(["run", str(prompts), "--engine-url", sim.url, "--out", str(tmp_path / "out"),
+                 "--stop", "END"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == exitcodes.CONFIG
+    assert len(err) == 1 and "--stop needs it" in err[0] and "b9754" in err[0], err
+    assert not (tmp_path / "out" / "results.jsonl").exists()

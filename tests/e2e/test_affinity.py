@@ -60,14 +60,14 @@ def _together(results: list[dict[str, Any]], group: Any) -> tuple[float, float]:
 
 
 def _assert_together(runs: dict[str, list[dict[str, Any]]], group: Any, what: str,
-                     cached_gain: float) -> None:
-    """With affinity, at least 0.9 of each group on one server and 0.8 of the later prompts'
-    tokens cached; without, the shared queue scatters them."""
+                     cached_gain: float, cached_floor: float = 0.8) -> None:
+    """With affinity, at least 0.9 of each group on one server and `cached_floor` of the later
+    prompts' tokens cached; without, the shared queue scatters them."""
     (on_together, on_cached), (off_together, off_cached) = (
         _together(runs[side], group) for side in ("on", "off"))
     print(f"\n{what}: on their group's server {on_together:.2f} (off {off_together:.2f}), "
           f"later prompts cached {on_cached:.2f} (off {off_cached:.2f})")
-    assert on_together >= 0.9 and on_cached >= 0.8, (on_together, on_cached)
+    assert on_together >= 0.9 and on_cached >= cached_floor, (on_together, on_cached)
     assert off_together <= 0.8 and off_cached <= on_cached - cached_gain, \
         (off_together, off_cached)
 
@@ -78,9 +78,18 @@ def test_a_long_prompts_samples_meet_one_server(fleet4: LocalFleet, tmp_path: Pa
         for i in range(16)])
     runs = _runs(fleet4, prompts, tmp_path, "samples", n=4, sampling=SAMPLING,
                  max_output_tokens=60)
-    # Without affinity a worker with free slots often takes a row's consecutive samples
-    # itself: 0.59-0.83 of later samples came from cache over five runs, on 1.00.
-    _assert_together(runs, lambda r: r["id"], "16 prompts x 4 samples on 4 servers", 0.1)
+    # The simulated servers cache as Qwen3.6's hybrid model does (fleetgen/simulator/
+    # prefix_cache.py `MambaRadix`): a repeated prompt is reused only up to the state its
+    # prefill kept, at a multiple of 64, and at most its length - 1. These prompts are 704
+    # (11 x 64) and 705 tokens: a 705-token one's later samples reuse 704; a 704-token one's
+    # cannot reach the state at 704, so the second computes it all and keeps a state at 640,
+    # which the last two reuse. So 0.75 of the later samples' tokens is the most any server
+    # gives (measured with affinity: 0.75; a token-exact cache gave 1.00), and scattered
+    # samples reach it wherever they meet their row's server (measured 0.68 without affinity;
+    # 0.59-0.83 over five runs with the token-exact cache): the cache share no longer tells
+    # the two apart, the share on one server does (1.00 against 0.75).
+    _assert_together(runs, lambda r: r["id"], "16 prompts x 4 samples on 4 servers", 0.0,
+                     cached_floor=0.7)
 
 
 def test_prompts_sharing_a_long_system_prompt_meet_one_server(fleet4: LocalFleet,

@@ -252,6 +252,11 @@ def repeated_prompt(ctx: Ctx) -> httpx.Response:
     return generate(ctx.client, list(range(1, 41)), 2, rid="again")
 
 
+def long_repeated_prompt(ctx: Ctx) -> httpx.Response:
+    generate(ctx.client, list(range(1, 201)), 2, rid="first").raise_for_status()
+    return generate(ctx.client, list(range(1, 201)), 2, rid="again")
+
+
 def retraction(ctx: Ctx) -> Any:
     first = ctx.later([1] * 10, 50, rid="a")  # 60 of 100 KV tokens
     ctx.running(1)
@@ -587,8 +592,16 @@ CASES = [
          {"output_ids": "<3 ids>", "meta_info": meta("t", length(3), 2, 3)},
          {"skip_tokenizer_init": True, "output_tokens_mean": ENDLESS}),
     Case("cached-tokens-on-repeat", "srt/managers/scheduler_components/output_streamer.py "
-         "get_cached_tokens_details", repeated_prompt, 200,
-         answer("again", length(2), 40, 2, cached=39), {"output_tokens_mean": ENDLESS}),
+         "get_cached_tokens_details (a full-attention model: RadixCache, token by token)",
+         repeated_prompt, 200,
+         answer("again", length(2), 40, 2, cached=39),
+         {"output_tokens_mean": ENDLESS, "prefix_cache": "full"}),
+    Case("cached-tokens-hybrid-checkpoint", "srt/managers/schedule_batch.py "
+         "_mamba_radix_cache_v2_req_prepare_for_extend (a state at prefix_len + extend_len "
+         "// 64 * 64); mem_cache/unified_cache/components/mamba.py create_match_validator",
+         long_repeated_prompt, 200,
+         answer("again", length(2), 200, 2, cached=192),
+         {"output_tokens_mean": ENDLESS, "context_length": 1024}),
     Case("retraction-is-latency", "srt/managers/schedule_batch.py Req.retraction_count "
          "(meta_info.num_retractions)", retraction, None, [0, 1],
          {**SLOW, "max_total_tokens": 100, "tpot_ms": 10.0}),

@@ -69,8 +69,10 @@ def test_chat_usage_counts_the_rendered_prompt(start_sim: StartSim, reference: A
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["object"] == "chat.completion"
+    # SGLang's UsageInfo (protocol.py): reasoning_tokens 0 without a reasoning parser.
     assert body["usage"] == {"prompt_tokens": expected, "completion_tokens": 1,
-                             "total_tokens": expected + 1}
+                             "total_tokens": expected + 1, "prompt_tokens_details": None,
+                             "reasoning_tokens": 0, "completion_tokens_details": None}
     choice = body["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["role"] == "assistant"
 

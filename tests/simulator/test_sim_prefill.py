@@ -112,7 +112,9 @@ def test_eviction_counts_distinct_tokens_and_drops_the_least_recently_used() -> 
 
 
 def test_ttft_grows_with_uncached_tokens_and_not_with_cached_ones(start_sim: StartSim) -> None:
-    sim = start_sim(prefill_tokens_per_s=10_000, context_length=16384)
+    # A full-attention model's cache (token by token), so "all but the last token" is the
+    # figure; the hybrid's checkpoints: tests/simulator/test_sim_prefix_cache.py.
+    sim = start_sim(prefill_tokens_per_s=10_000, context_length=16384, prefix_cache="full")
     long_prompt = [7, *range(1000, 1000 + 3999)]  # 4000 tokens: 0.4 s of prefill
     with httpx.Client(base_url=sim.url, timeout=30) as client:
         short = generate(client, [8, 9, 10], 1).json()["meta_info"]
@@ -130,7 +132,10 @@ def test_ttft_grows_with_uncached_tokens_and_not_with_cached_ones(start_sim: Sta
 
 
 def test_a_next_turn_hits_the_cache_with_the_answer_it_extends(start_sim: StartSim) -> None:
-    sim = start_sim(prefill_tokens_per_s=10_000, context_length=16384, output_tokens_mean=60)
+    # Token by token (a full-attention model); the hybrid's next turn:
+    # tests/simulator/test_sim_prefix_cache.py.
+    sim = start_sim(prefill_tokens_per_s=10_000, context_length=16384, output_tokens_mean=60,
+                    prefix_cache="full")
     history = [7, *range(1000, 3000)]
     with httpx.Client(base_url=sim.url, timeout=30) as client:
         turn = generate(client, history, 200).json()
