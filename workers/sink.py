@@ -1,4 +1,4 @@
-"""The stream sink: an outcome and its bookkeeping go to Redis in one MULTI transaction."""
+"""The stream sink: an outcome and its bookkeeping go to Redis in one atomic Lua script."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys, request_k
 from fleetgen.base.outcomes import stream_entry
 
 # The counters `status` shows per worker (fleetgen/monitor/status.py `_workers`); the others
-# are kept for the run only. Every HINCRBY is a command in the MULTI of every outcome.
+# are kept for the run only. Every HINCRBY is a command in every outcome's script.
 PER_WORKER = frozenset({"done", "failed", "completion_tokens"})
 
 
