@@ -189,9 +189,9 @@ TABLE: tuple[RunOption, ...] = (
               "wrote before it (the input's own answers are discarded); one result per turn",
               default="last", flags=("--turns",), choices=("last", "all"), pinned=True,
               summary=True),
-    RunOption("affinity", "flag", "with --turns all: send each next turn to any server, not "
-              "preferably to the one that answered the turn before and holds its history in "
-              "cache", default=True, flags=("--no-affinity",), dest="affinity",
+    RunOption("affinity", "flag", "no prefix affinity: a row's samples, prompts that share "
+              "a system prompt and (with --turns all) each next turn go to any server, not "
+              "preferably to the one that holds their prefix in cache", default=True, flags=("--no-affinity",), dest="affinity",
               action="store_false"),
     RunOption("tokenizer", "PATH|qwen3.6", "a local Hugging Face tokenizer directory, or "
               f"{DEFAULT_TOKENIZER} (built offline; default)", default=DEFAULT_TOKENIZER,
