@@ -43,26 +43,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument("input", type=Path, metavar="INPUT",
                    help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
                    "quoted glob")
-    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server (repeat for each; http://HOST:30000-30007 for a range of "
-                   "ports); one worker each")
+    add_fleet_flags(p)
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output dir")
     p.add_argument("--run", metavar="NAME",
                    help="run name (default: the one recorded in --out, else run-TIMESTAMP)")
-    p.add_argument("--redis", metavar="URL",
-                   help="a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
-                   f"under DIR/{STATE_DIR})")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the embedded Valkey also listens there (with its password), so "
                    "workers on other hosts can join the run; the line they need is printed")
+    add_producer_options(p, runoptions.RUN)
+    p.set_defaults(handler=run)
+
+
+def add_fleet_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that name the servers and how the job reaches them: `run`'s, and `estimate`'s
+    (which runs its sample through `run`)."""
+    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+                   help="a server (repeat for each; http://HOST:30000-30007 for a range of "
+                   "ports); one worker each")
+    p.add_argument("--redis", metavar="URL",
+                   help="a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
+                   f"under DIR/{STATE_DIR})")
     p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
                    help="worker processes per engine, sharing its K + 1 slots "
                    "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
-    add_producer_options(p, runoptions.RUN)
-    p.set_defaults(handler=run)
 
 
 def expand_engine_urls(urls: list[str]) -> list[str]:

@@ -14,9 +14,10 @@ import orjson
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
+from fleetgen.local.fleet import FleetSpec
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.sims import separate_sims
 from tests.support.waiting import wait_until
 
 # Answers of ~150 tokens at 1 ms a token on 2 x 8 slots: 600 rows take ~6 s, long enough to
@@ -29,19 +30,8 @@ FRACTION = 0.2
 
 @pytest.fixture()
 def urls(tmp_path: Path) -> Iterator[list[str]]:
-    """Two simulated servers in a process of their own, as a user starts `fleetgen sim`."""
-    spec_fleet = LocalFleet(tmp_path / "spec", SPEC)
-    log = tmp_path / "sim.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(spec_fleet.sim_argv(2, []), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: len(sim_ports_reported(log.read_text())) == 2, 60,
-                   "the simulators' ready line")
-        yield [f"http://127.0.0.1:{p}" for p in sim_ports_reported(log.read_text())]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with separate_sims(tmp_path, SPEC) as found:
+        yield found
 
 
 def run_argv(prompts: str, urls: list[str], out: str, *extra: str) -> list[str]:
