@@ -125,8 +125,8 @@ def cap_row(answers: Sequence[Answer], sizes: Sequence[int], requests: int, cap:
     return {"output_tokens_mean": round(mean.value, 1), "cut_share": round(cut.value, 4),
             "cut_share_ci95": [round(max(cut.low, 0.0), 4), round(min(cut.high, 1.0), 4)],
             "output_tokens_total": round(total),
-            "wall_h": None if wall_h is None else round(wall_h, 2),
-            "gpu_hours": None if wall_h is None else round(wall_h * gpus, 1)}
+            "wall_h": None if wall_h is None else round(wall_h, 3),
+            "gpu_hours": None if wall_h is None else round(wall_h * gpus, 2)}
 
 
 def project(answers: Sequence[Answer], sizes: Sequence[int], caps: Sequence[int],
