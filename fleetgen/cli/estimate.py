@@ -279,8 +279,8 @@ def table(e: dict[str, Any]) -> str:
         ("output tokens", f"mean {o['mean']:,.0f} (95% {lo:,.0f}-{hi:,.0f}), p50 {o['p50']:,}, "
                           f"p90 {o['p90']:,}, p99 {o['p99']:,}, max seen {o['max']:,}"),
         ("fleet", f"{f['gpus']} GPU(s), {f['tokens_per_s']:,.0f} tokens/s when full "
-                  f"({f['request_tokens_per_s']:,.1f} a request x {f['slots'] or '?'} slots; "
-                  f"the sample kept {f['sample_concurrency']} busy)"),
+                  f"({f['slots'] or '?'} slots; the sample kept {f['sample_concurrency']} "
+                  f"busy on average{'' if f['saturated'] else ', never all: a lower bound'})"),
         ("output size", f"{e['output_bytes']['without_token_ids'] / 1e9:,.2f} GB, "
                         f"{e['output_bytes']['with_token_ids'] / 1e9:,.2f} GB with --token-ids"),
     ]

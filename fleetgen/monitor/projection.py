@@ -98,21 +98,43 @@ class Fleet:
 
 
 def speed(answers: Sequence[Answer], fleet: Fleet) -> dict[str, Any]:
-    """The fleet's tokens/s when every slot is busy: each request's own rate (tokens over its
-    latency, prefill in it) times the slots (Little's law). The sample's own concurrency beside
-    it: below the slots, a GPU's per-request rate falls as its batch fills, so the projected
-    wall time is then a lower bound."""
+    """The fleet's tokens/s when every slot is busy (Little's law): a busy slot's rate times
+    the slots. A busy slot's rate is measured where the sample kept at least 90 % of the slots
+    busy (its tokens spread evenly over each request's latency, prefill in it), so it is the
+    rate under full load; a sample that never filled the fleet gives its requests' own rate,
+    and on a GPU, whose requests decode slower in a fuller batch, the wall time projected is
+    then a lower bound (`saturated` false)."""
     tokens = sum(a.completion_tokens for a in answers)
     busy_s = sum(a.latency_s for a in answers)
     span_s = max(a.finished_at for a in answers) - min(a.started_at for a in answers)
     concurrency = busy_s / span_s if span_s > 0 else 1.0
-    per_request = tokens / busy_s if busy_s > 0 else 0.0
+    full = busy_rate(answers, 0.9 * fleet.slots) if fleet.slots else None
+    per_slot = full if full is not None else (tokens / busy_s if busy_s > 0 else 0.0)
     slots = fleet.slots or concurrency
-    return {"request_tokens_per_s": round(per_request, 1), "slots": fleet.slots,
-            "sample_concurrency": round(concurrency, 1),
+    return {"request_tokens_per_s": round(tokens / busy_s, 1) if busy_s > 0 else None,
+            "busy_slot_tokens_per_s": None if full is None else round(full, 1),
+            "slots": fleet.slots, "sample_concurrency": round(concurrency, 1),
             "sample_tokens_per_s": round(tokens / span_s, 1) if span_s > 0 else None,
-            "tokens_per_s": round(per_request * slots, 1),
-            "saturated": fleet.slots is not None and concurrency >= 0.9 * fleet.slots}
+            "tokens_per_s": round(per_slot * slots, 1), "saturated": full is not None}
+
+
+def busy_rate(answers: Sequence[Answer], at_least: float) -> float | None:
+    """Tokens/s a request made while at least `at_least` requests ran at once; None if they
+    never did. A sweep over the requests' starts and ends."""
+    events = sorted([(a.started_at, 1, a) for a in answers if a.latency_s > 0]
+                    + [(a.finished_at, -1, a) for a in answers if a.latency_s > 0],
+                    key=lambda e: (e[0], e[1]))
+    running, rate = 0, 0.0
+    slot_s = tokens = 0.0
+    last = events[0][0] if events else 0.0
+    for at, step, a in events:
+        if running >= at_least and at > last:
+            slot_s += running * (at - last)
+            tokens += rate * (at - last)
+        running += step
+        rate += step * a.completion_tokens / a.latency_s
+        last = at
+    return tokens / slot_s if slot_s > 0 else None
 
 
 def cap_row(answers: Sequence[Answer], sizes: Sequence[int], requests: int, cap: int | None,
@@ -125,8 +147,13 @@ def cap_row(answers: Sequence[Answer], sizes: Sequence[int], requests: int, cap:
     return {"output_tokens_mean": round(mean.value, 1), "cut_share": round(cut.value, 4),
             "cut_share_ci95": [round(max(cut.low, 0.0), 4), round(min(cut.high, 1.0), 4)],
             "output_tokens_total": round(total),
-            "wall_h": None if wall_h is None else round(wall_h, 3),
-            "gpu_hours": None if wall_h is None else round(wall_h * gpus, 2)}
+            "wall_h": None if wall_h is None else significant(wall_h),
+            "gpu_hours": None if wall_h is None else significant(wall_h * gpus)}
+
+
+def significant(x: float, digits: int = 4) -> float:
+    """`x` to `digits` significant figures: hours of a day-long run and of a test's second."""
+    return float(f"{x:.{digits}g}")
 
 
 def project(answers: Sequence[Answer], sizes: Sequence[int], caps: Sequence[int],

@@ -66,5 +66,8 @@ def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) 
     assert abs(projected - mean) <= 0.15 * mean
     assert abs(est["cut_share"]["4096"] - cut[4096]) <= 0.05
     assert set(est["cut_share"]) == {"2048", "4096", "8192"}
-    assert est["wall_h"] > 0 and est["gpu_hours"] > 0
+    summary = orjson.loads((tmp_path / "out/full/summary.json").read_bytes())
+    print(f"projected {est['wall_h'] * 3600:.1f} s of generation on {est['fleet']['slots']} "
+          f"slots; the full run took {summary['wall_s']} s (its start and tail included)")
+    assert est["wall_h"] > 0 and est["gpu_hours"] == pytest.approx(4 * est["wall_h"], 0.01)
     assert est["output_bytes"]["with_token_ids"] > est["output_bytes"]["without_token_ids"]

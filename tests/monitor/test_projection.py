@@ -8,8 +8,13 @@ import random
 
 import pytest
 
-from fleetgen.monitor.projection import Answer, Fleet, project, stratified_mean, \
-    weighted_quantiles
+from fleetgen.monitor.projection import (
+    Answer,
+    Fleet,
+    project,
+    stratified_mean,
+    weighted_quantiles,
+)
 
 
 def answer(tokens: int, stratum: int = 0, at_budget: bool = False,
@@ -61,3 +66,16 @@ def test_the_fleet_speed_is_a_requests_rate_times_the_slots() -> None:
     assert out["gpu_hours"] == pytest.approx(out["wall_h"] * 2, 0.05)
     assert out["cut_share"] == {"512": 1.0}
     assert out["output_bytes"]["with_token_ids"] == 100_000 * (1000 + 7000)
+
+
+def test_a_busy_slots_rate_is_measured_where_the_fleet_was_full() -> None:
+    # Two slots: the first 10 s both busy at 100 tokens/s each; then one alone, at 300/s
+    # (an idle GPU decodes a lone request faster): the full fleet's rate is 2 x 100.
+    answers = [answer(1000, latency_s=10.0), answer(1000, latency_s=10.0),
+               answer(3000, latency_s=10.0, start=10.0)]
+    out = project(answers, [100], [512], Fleet(engines=1, gpus_per_engine=1, slots=2), 0)
+    assert out["fleet"]["saturated"] is True
+    assert out["fleet"]["tokens_per_s"] == pytest.approx(200)
+    unfilled = project(answers, [100], [512], Fleet(engines=1, gpus_per_engine=1, slots=4), 0)
+    assert unfilled["fleet"]["saturated"] is False
+    assert unfilled["fleet"]["tokens_per_s"] == pytest.approx(4 * 5000 / 30, 0.01)
