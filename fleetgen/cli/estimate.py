@@ -268,6 +268,7 @@ def input_part(survey: Survey, args: argparse.Namespace) -> dict[str, Any]:
 def table(e: dict[str, Any]) -> str:
     """The estimate on the terminal: the input, then one line per cap."""
     o, i, f = e["output_tokens"], e["input"], e["fleet"]
+    bound = "" if f["saturated"] else "; never all: wall time a lower bound"
     lo, hi = o["mean_ci95"]
     head = [
         ("rows", f"{i['rows']:,} ({i['rejected']:,} rejected: "
@@ -280,7 +281,7 @@ def table(e: dict[str, Any]) -> str:
                           f"p90 {o['p90']:,}, p99 {o['p99']:,}, max seen {o['max']:,}"),
         ("fleet", f"{f['gpus']} GPU(s), {f['tokens_per_s']:,.0f} tokens/s when full "
                   f"({f['slots'] or '?'} slots; the sample kept {f['sample_concurrency']} "
-                  f"busy on average{'' if f['saturated'] else ', never all: a lower bound'})"),
+                  f"busy on average{bound})"),
         ("output size", f"{e['output_bytes']['without_token_ids'] / 1e9:,.2f} GB, "
                         f"{e['output_bytes']['with_token_ids'] / 1e9:,.2f} GB with --token-ids"),
     ]
