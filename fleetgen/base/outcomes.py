@@ -33,7 +33,8 @@ RESULT_FIELDS: Final = frozenset({
     "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
     "max_tokens", "latency_s", "attempts", "worker", "line", "reasoning", "reasoning_tokens",
     "reasoning_unfinished", "logprobs", "json_valid", "json_error", "output_ids",
-    "prompt_ids_digest", "finished_at", "slots", *_REQUEST_FIELDS, SHADOWED})
+    "prompt_ids_digest", "finished_at", "slots", "spec", "spec_counters", *_REQUEST_FIELDS,
+    SHADOWED})
 
 
 class ResultParts(NamedTuple):
@@ -90,6 +91,12 @@ class Generation:
     # The stop string that ended the answer, where the engine says: the text ends before it,
     # the output ids run through it (SGLang `trim_matched_stop` cuts the text only).
     stop_matched: str | None = None
+    # Speculative decoding's figures for this answer (fleetgen/base/acceptance.py SPEC_KEYS:
+    # verify_ct, accept_length, the draft counts), where the engine reports them.
+    spec: dict[str, Any] | None = None
+    # A vLLM server's spec_decode counters' growth since the worker's first reading
+    # (fleetgen/engine/speculation.py CounterDeltas): vLLM reports acceptance only there.
+    spec_counters: dict[str, Any] | None = None
 
 # What a result says about its answer, counted by the worker (stats) and the drainer (summary):
 # both read it from the record alone, so the drainer rebuilds it from its files.
@@ -146,6 +153,10 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
             record["json_error"] = error
     if gen.logprobs is not None:
         record["logprobs"] = gen.logprobs
+    if gen.spec is not None:
+        record["spec"] = gen.spec
+    if gen.spec_counters is not None:
+        record["spec_counters"] = gen.spec_counters
     if payload.get("token_ids") and gen.output_ids is not None:
         # A plain JSON list: what every trainer's loader reads as it is (`input_ids` in
         # speculators' and SpecForge's rows); about 7 bytes a token (docs/formats.md "Token ids").

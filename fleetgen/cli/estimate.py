@@ -59,7 +59,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpus-per-engine", type=int, default=1, metavar="N",
                    help="GPUs behind each server, for GPU-hours (tensor parallel) (1)")
     add_producer_options(p, runoptions.RUN)
-    p.set_defaults(handler=estimate, run=None, listen=None)
+    # What `run` reads that the estimate's sample does not use.
+    p.set_defaults(handler=estimate, run=None, listen=None, measure_acceptance=False,
+                   group_by=None)
 
 
 @dataclass

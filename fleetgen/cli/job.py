@@ -23,6 +23,7 @@ from fleetgen.local.fleet import LocalFleet
 
 if TYPE_CHECKING:
     from fleetgen.drainer import Drainer
+    from fleetgen.monitor.report import Built
     from producer.settings import ProducerSettings
 
 # After Ctrl-C or SIGTERM the command must be gone within 2 s: past this grace the handler
@@ -45,6 +46,10 @@ class Job:
     # Called once Redis is up, before the workers: Flower, the line for other hosts' workers.
     on_redis: Callable[[LocalFleet], None] | None = None
     linger: Callable[[Callable[[], bool]], None] | None = None
+    # The report's extra breakdown of speculative acceptance (a row field), and what to do
+    # with the report once written (`--measure-acceptance` prints its acceptance).
+    group_by: str | None = None
+    on_report: Callable[[Built], None] | None = None
 
     def say(self, text: str) -> None:
         print(f"fleetgen {self.command}: {text}", flush=True)
@@ -135,9 +140,11 @@ def _write_report(job: Job) -> None:
     """The run as pictures, from the output files alone, like `fleetgen report`."""
     from fleetgen.monitor.report import build
 
-    built = build(job.out)
+    built = build(job.out, group_by=job.group_by)
     job.say(f"report at {built.out} ({built.size / 1024:.0f} KiB; open it in a browser, it "
             f"needs no network; again with `fleetgen report {job.out}`)")
+    if job.on_report is not None:
+        job.on_report(built)
 
 
 def run_pipeline(job: Job, settings: ProducerSettings,

@@ -19,13 +19,19 @@ def add_parser(sub: Any) -> None:
         "no server: open it from disk): answer and reasoning lengths with the budget marked, "
         "prompt lengths with the rows rejected as too long, finish reasons, truncation and "
         "unfinished-reasoning shares, rows and tokens per worker, throughput over the run, "
-        "failures and rejections by kind with examples, and the run's settings. Exit 0; 1 "
+        "failures and rejections by kind with examples, the run's settings, and where the "
+        "answers carry it the speculative acceptance (pooled and per-request, by server, "
+        "thinking, turn, answer length and --group-by FIELD; weak.jsonl beside the page holds "
+        "the 20 lowest rows as input). Exit 0; 1 "
         "when the run is not complete (the report shows what is written so far); 3 when DIR "
         "is not a drained output directory.")
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--out", type=Path, metavar="PATH",
-                   help="the HTML file (default: DIR/report.html)")
+                   help="the HTML file (default: DIR/report.html); weak.jsonl beside it")
+    p.add_argument("--group-by", metavar="FIELD",
+                   help="break the speculative acceptance down by this row field too (e.g. "
+                   "source), besides server, thinking, turn and answer length")
     p.set_defaults(handler=run)
 
 
@@ -35,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     bar = _bar() if sys.stderr.isatty() else None
     try:
         built = build(args.dir, args.out,
-                      progress=bar.update if bar is not None else lambda n: None)
+                      progress=bar.update if bar is not None else lambda n: None,
+                      group_by=args.group_by)
     finally:
         if bar is not None:
             bar.close()
@@ -43,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"fleetgen report: run {built.read.run!r}, {data['figures']['done']} results, "
           f"{data['figures']['failed']} failures, {data['figures']['rejected']} rejected "
           f"-> {built.out} ({built.size / 1024:.0f} KiB)")
+    if built.weak is not None:
+        spec = data["spec"]
+        print(f"fleetgen report: acceptance {spec['accept_length']} pooled (per-request mean "
+              f"{spec['accept_length_mean']}); the {len(spec['lowest_rows'])} lowest answers' "
+              f"rows -> {built.weak}")
     for name, size in built.read.torn.items():
         print(f"fleetgen report: {name} ends in a torn line ({size} bytes) that a drainer is "
               "writing or was killed writing: not counted", file=sys.stderr)

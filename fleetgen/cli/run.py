@@ -50,6 +50,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the embedded Valkey also listens there (with its password), so "
                    "workers on other hosts can join the run; the line they need is printed")
+    p.add_argument("--measure-acceptance", action="store_true",
+                   help="measure the servers' drafter on these prompts (e.g. holdout.jsonl): "
+                   "refuse unless a server speculates, and print at the end the pooled "
+                   "acceptance length, the per-request mean and the breakdowns; the report "
+                   "and weak.jsonl (the lowest rows) beside it (docs/acceptance.md)")
+    p.add_argument("--group-by", metavar="FIELD",
+                   help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
 
@@ -154,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
               "batch_size": args.batch_size or setting_default("batch_size")}
     settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
     preflight(urls, args)
+    measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
                      worker_env=_protocol_env(args.engine_protocol))
@@ -163,7 +171,15 @@ def run(args: argparse.Namespace) -> int:
                            valkey_port=listen[1] if listen else None)
         return job.execute(job.Job(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None))
+            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            group_by=args.group_by,
+            on_report=measure.print_report if measure is not None else None))
+
+
+def _measure(urls: list[str]) -> Any:
+    from fleetgen.cli.acceptance import Measure
+
+    return Measure.check(urls)
 
 
 def _protocol_env(protocol: str | None) -> dict[str, str]:

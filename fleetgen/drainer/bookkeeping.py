@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from fleetgen.base.acceptance import pooled_summary
 from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT, RunKeys
 from fleetgen.base.manifest import Manifest, RunManifest
 from fleetgen.base.redisconn import read_hash
@@ -161,6 +162,10 @@ class RunBook:
             "completion_tokens_per_s": (round(counts["completion_tokens"] / wall_s, 1)
                                         if wall_s else None),
             "settings": summary_settings(m),
+            # Only where some answer carried its speculative figures (fleetgen/base/acceptance.py).
+            **({"spec": pooled_summary(self.tally.spec, self.tally.spec_by_worker,
+                                       counts["done"], self.tally.spec_counters)}
+               if self.tally.spec.requests or self.tally.spec_counters.latest else {}),
         }
 
     def _finished_at(self, m: Manifest, ended: bool) -> float:

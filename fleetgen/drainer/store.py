@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from fleetgen.base.acceptance import CounterSessions, Pool
 from fleetgen.base.contract import (
     KIND_FAILURE,
     KIND_HOLDOUT,
@@ -46,6 +47,10 @@ class Tally:
     # no outcome while the failure stands, and count as settled until a retry succeeds).
     blocked: dict[int, int] = field(default_factory=dict)
     turns: bool = False  # a --turns all run's records seen: `blocked` is counted
+    # Speculative acceptance of the results that carry `spec`, overall and by worker.
+    spec: Pool = field(default_factory=Pool)
+    spec_by_worker: dict[str, Pool] = field(default_factory=dict)
+    spec_counters: CounterSessions = field(default_factory=CounterSessions)  # vLLM's
 
     @property
     def written(self) -> int:
@@ -75,6 +80,10 @@ class Tally:
             self.completion_tokens += int(record.get("completion_tokens", 0))
             for name, n in quality_counts(record).items():
                 self.quality[name] += n
+            self.spec_counters.add(record)
+            if self.spec.add(record):
+                worker = str(record.get("worker") or "?")
+                self.spec_by_worker.setdefault(worker, Pool()).add(record)
 
     def _mark(self, line: int, kind: str) -> None:
         """The request of slot `line` is held in `kind`'s file (moved there, if elsewhere)."""

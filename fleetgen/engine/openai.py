@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -32,6 +33,7 @@ from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
 from fleetgen.engine.sglang import parse_context_error as sglang_context_error
 from fleetgen.engine.sglang import read_limits as sglang_limits
+from fleetgen.engine.speculation import CounterDeltas, VllmCounters, parse_vllm_counters
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
@@ -156,16 +158,27 @@ class OpenAIClient:
         # probes and the rest through the shared client.
         self._posts = ThreadPosts(self.base_url, headers=auth_headers(api_key),
                                       timeout=timeout)
+        # vLLM reports acceptance only on /metrics: each result carries the counters' growth
+        # since this worker began (fleetgen/engine/speculation.py), off for other engines.
+        self._spec = CounterDeltas(self._spec_counters if engine == VLLM else lambda: None)
 
     def close(self) -> None:
         self._posts.close()
         self._http.close()
+
+    def _spec_counters(self) -> VllmCounters | None:
+        try:
+            response = self._http.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return parse_vllm_counters(response.text) if response.status_code == 200 else None
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any], rid: str,
                  options: GenerateOptions = PLAIN) -> Generation:
         body = completion_body(input_ids, max_new_tokens, sampling, self.model, options,
                                self.engine)
+        self._spec.prime()
         try:
             # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`:
             # its logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the
@@ -180,7 +193,9 @@ class OpenAIClient:
             data = response_json(response)
         except ValueError as exc:
             raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
-        return parse_completion(data, options.logprobs)
+        gen = parse_completion(data, options.logprobs)
+        counters = self._spec.snapshot()
+        return gen if counters is None else replace(gen, spec_counters=counters)
 
     def healthy(self) -> bool:
         """Ready or slow (never a generation probe): /ready (SGLang), /health (vLLM, llama.cpp

@@ -198,9 +198,50 @@ def parse_generation(data: Any) -> Generation:
             # FINISH_MATCHED_STR: a string; FINISH_MATCHED_TOKEN: the token's id.
             stop_matched=reason.get("matched") if isinstance(reason.get("matched"), str)
             else None,
+            spec=parse_spec(meta),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc
+
+
+# meta_info's speculative fields as 0.5.23 names them (`TokenizerManager.
+# _calculate_spec_decoding_metrics`), each with the names earlier releases used: read
+# defensively, since a field missing or renamed must never fail a row.
+SPEC_NAMES = {
+    "accept_length": ("spec_accept_length",),
+    "accept_rate": ("spec_accept_rate",),
+    "correct_drafts": ("spec_num_correct_drafts", "spec_accepted_drafts",
+                       "spec_num_accepted_drafts"),
+    "proposed_drafts": ("spec_num_proposed_drafts", "spec_proposed_drafts"),
+    "histogram": ("spec_correct_drafts_histogram", "spec_accept_histogram"),
+}
+
+
+def parse_spec(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished answer's speculative figures as one `spec` object, or None when the server
+    gives none (no speculative algorithm, or an answer whose only token came from the prefill:
+    SGLang sets the fields only when `spec_verify_ct > 0`). `accept_length` is the server's,
+    else completion tokens / verify steps, as SGLang computes it."""
+    verify_ct = _number(meta.get("spec_verify_ct"))
+    if verify_ct is None or verify_ct <= 0:
+        return None
+    spec: dict[str, Any] = {"verify_ct": int(verify_ct)}
+    for name, keys in SPEC_NAMES.items():
+        value = next((meta[key] for key in keys if meta.get(key) is not None), None)
+        if name == "histogram":
+            if isinstance(value, list) and all(_number(v) is not None for v in value):
+                spec[name] = [int(v) for v in value]
+        elif _number(value) is not None:
+            spec[name] = value
+    if "accept_length" not in spec and _number(meta.get("completion_tokens")) is not None:
+        spec["accept_length"] = int(meta["completion_tokens"]) / int(verify_ct)
+    return spec
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def parse_logprobs(meta: dict[str, Any]) -> dict[str, Any] | None:

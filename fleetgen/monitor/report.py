@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from fleetgen.base.acceptance import AcceptanceScan, weak_row
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, slot_of
 from fleetgen.base.outcomes import quality_counts
 from fleetgen.base.outdir import atomic_file
@@ -59,6 +62,8 @@ class Scan:
     # A few answers to read without `head results.jsonl`: the first ones, and the first that
     # ran out of budget (what a truncated answer looks like is what one wants to see).
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # Speculative acceptance (fleetgen/base/acceptance.py), of the results that carry `spec`.
+    acceptance: AcceptanceScan = field(default_factory=AcceptanceScan)
 
     def add_result(self, record: dict[str, Any]) -> None:
         slot = slot_of(record)
@@ -85,6 +90,7 @@ class Scan:
                 self.reasoning_share[min(100, round(100 * thought / tokens))] += 1
         self._worker(record, done=1, completion_tokens=tokens, prompt_tokens=prompt)
         self._at(record, tokens)
+        self.acceptance.add(record, slot)
         if len(self.samples) < SAMPLES or (finish == "length" and not any(
                 x["finish_reason"] == "length" for x in self.samples)):
             self.samples.append(_sample(record))
@@ -180,11 +186,13 @@ class Read:
     bytes_read: int
 
 
-def read_dir(path: Path, progress: Callable[[int], None] = lambda n: None) -> Read:
+def read_dir(path: Path, progress: Callable[[int], None] = lambda n: None,
+             group_by: str | None = None) -> Read:
     """Scan the output directory: results first (so a failure they supersede is known), each
     file up to its last whole line as it was when opened (the exporter's reader, so the
-    report and an export see the same records)."""
-    scan = Scan()
+    report and an export see the same records). `group_by`: a row field the acceptance is
+    broken down by, besides server, thinking, turn and answer length."""
+    scan = Scan(acceptance=AcceptanceScan(group_by=group_by))
     total = 0
     adders = {KIND_RESULT: scan.add_result, KIND_FAILURE: scan.add_failure,
               KIND_REJECTED: scan.add_rejected}
@@ -288,6 +296,7 @@ def page_data(read: Read) -> dict[str, Any]:
         "rejections": [{"reason": code, "count": n, "examples": scan.rejection_examples[code]}
                        for code, n in scan.rejections.most_common()],
         "samples": scan.samples,
+        "spec": scan.acceptance.figures(),
     }
 
 
@@ -312,6 +321,7 @@ def _median(counter: Counter[int]) -> int | None:
 
 # -- the file --------------------------------------------------------------------------------
 REPORT_NAME = "report.html"
+WEAK_NAME = "weak.jsonl"
 
 
 @dataclass(frozen=True)
@@ -320,19 +330,35 @@ class Built:
     size: int  # bytes of the HTML file
     read: Read
     data: dict[str, Any]
+    weak: Path | None = None  # weak.jsonl, where the answers carried their acceptance
 
 
 def build(path: Path, out: Path | None = None,
-          progress: Callable[[int], None] = lambda n: None) -> Built:
+          progress: Callable[[int], None] = lambda n: None,
+          group_by: str | None = None) -> Built:
     """Read `path` and write its report (default `path/report.html`) whole or not at all, as
-    an export is written (a temporary name, fsync, rename)."""
+    an export is written (a temporary name, fsync, rename); weak.jsonl beside it when the
+    answers carry their speculative acceptance."""
     from fleetgen.monitor.page import render
 
-    read = read_dir(path, progress)
+    read = read_dir(path, progress, group_by)
     data = page_data(read)
     target = out or path / REPORT_NAME
     refuse_drainer_files(path, target)
     page = render(f"fleetgen report: {read.run}", data).encode()
     with atomic_file(target) as f:
         f.write(page)
-    return Built(target, len(page), read, data)
+    weak = write_weak(read.scan.acceptance, target.parent / WEAK_NAME)
+    return Built(target, len(page), read, data, weak)
+
+
+def write_weak(acceptance: AcceptanceScan, target: Path) -> Path | None:
+    """The lowest-acceptance rows as input rows `fleetgen run` reads (their ids kept), beside
+    the report, written whole or not at all; None (and no file) when no answer carried spec."""
+    rows = acceptance.lowest_rows()
+    if not rows:
+        return None
+    with atomic_file(target) as f:
+        for record in rows:
+            f.write(orjson.dumps(weak_row(record)) + b"\n")
+    return target

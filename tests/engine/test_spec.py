@@ -1,0 +1,118 @@
+"""The SGLang client reads a finished answer's speculative fields into one `spec` object, by
+0.5.23's names or earlier releases', and never fails an answer for their absence."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from fleetgen.base.contract import TaskPayload
+from fleetgen.base.outcomes import result_record, split_result
+from fleetgen.engine.sglang import SGLangClient, parse_generation, parse_spec
+from tests.support.sim import ENDLESS, StartSim
+
+
+def answer(**meta: Any) -> dict[str, Any]:
+    return {"text": "a b", "output_ids": [1, 2], "meta_info": {
+        "id": "r", "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 3,
+        "completion_tokens": 40, **meta}}
+
+
+def test_a_speculating_server_gives_every_answer_its_spec(start_sim: StartSim) -> None:
+    sim = start_sim(speculative_algorithm="EAGLE3", output_tokens_mean=ENDLESS)
+    client = SGLangClient(sim.url, timeout_s=10, concurrency=1)
+    try:
+        gen = client.generate([5, 6, 7, 8], 120, {}, "rid-1")
+    finally:
+        client.close()
+    spec = gen.spec
+    assert spec is not None
+    assert spec["accept_length"] == gen.completion_tokens / spec["verify_ct"]
+    assert spec["proposed_drafts"] == 3 * spec["verify_ct"]
+    assert spec["accept_rate"] == spec["correct_drafts"] / spec["proposed_drafts"]
+    assert sum(spec["histogram"]) == spec["verify_ct"]
+
+
+def test_a_plain_server_gives_none(start_sim: StartSim) -> None:
+    client = SGLangClient(start_sim(output_tokens_mean=ENDLESS).url, timeout_s=10,
+                          concurrency=1)
+    try:
+        assert client.generate([5, 6, 7], 20, {}, "rid-2").spec is None
+    finally:
+        client.close()
+
+
+def test_earlier_names_are_read_and_the_length_computed_where_missing() -> None:
+    spec = parse_spec(answer(spec_verify_ct=16, spec_accepted_drafts=20,
+                             spec_proposed_drafts=48, spec_accept_histogram=[4, 4, 4, 4])
+                      ["meta_info"])
+    assert spec == {"verify_ct": 16, "accept_length": 40 / 16, "correct_drafts": 20,
+                    "proposed_drafts": 48, "histogram": [4, 4, 4, 4]}
+
+
+@pytest.mark.parametrize("meta", [
+    {}, {"spec_verify_ct": 0}, {"spec_verify_ct": None}, {"spec_verify_ct": "12"},
+    {"spec_verify_ct": True},
+])
+def test_no_or_unusable_verify_count_is_no_spec_and_no_failure(meta: dict[str, Any]) -> None:
+    gen = parse_generation(answer(**meta))
+    assert gen.spec is None and gen.completion_tokens == 40
+
+
+def test_odd_values_are_left_out_not_fatal() -> None:
+    gen = parse_generation(answer(spec_verify_ct=10, spec_accept_length="fast",
+                                  spec_num_correct_drafts=None,
+                                  spec_correct_drafts_histogram=[1, "x"]))
+    assert gen.spec == {"verify_ct": 10, "accept_length": 4.0}
+
+
+def test_the_result_carries_spec_as_fleetgens_field() -> None:
+    gen = parse_generation(answer(spec_verify_ct=10, spec_num_correct_drafts=25))
+    payload: Any = {"id": "r1", "row": {"spec": "the row's own", "source": "a"}, "line": 0,
+                    "input_ids": [1, 2, 3]}
+    record = result_record(cast(TaskPayload, payload), gen, max_tokens=50, attempts=1,
+                           worker="w")
+    assert record["spec"] == {"verify_ct": 10, "accept_length": 4.0, "correct_drafts": 25}
+    assert split_result(record).row == {"spec": "the row's own", "source": "a"}
+
+
+def test_counter_deltas_baseline_throttle_and_restart() -> None:
+    from fleetgen.engine.speculation import CounterDeltas, VllmCounters
+
+    now = [0.0]
+    pages = iter([VllmCounters(100, 300, 50), VllmCounters(110, 330, 60),
+                  VllmCounters(4, 12, 2), VllmCounters(10, 30, 8)])
+    reads: list[int] = []
+
+    def read() -> VllmCounters | None:
+        reads.append(1)
+        return next(pages)
+
+    deltas = CounterDeltas(read, clock=lambda: now[0])
+    assert deltas.snapshot() is None  # not primed: no reading yet
+    deltas.prime()
+    deltas.prime()  # once only
+    assert len(reads) == 1 and deltas.snapshot() is None  # within a second of the baseline
+    now[0] = 1.5
+    first = deltas.snapshot()
+    assert first is not None and (first["drafts"], first["draft_tokens"],
+                                  first["accepted"]) == (10, 30, 10)
+    now[0] = 2.0
+    assert deltas.snapshot() == first and len(reads) == 2  # throttled
+    now[0] = 3.0
+    deltas.snapshot()  # counters went back: the server restarted, a new baseline
+    now[0] = 4.5
+    again = deltas.snapshot()
+    assert again is not None and again["since"] >= first["since"]
+    assert (again["drafts"], again["accepted"]) == (6, 6)
+
+
+def test_a_server_without_counters_is_never_read_again() -> None:
+    from fleetgen.engine.speculation import CounterDeltas
+
+    reads: list[int] = []
+    deltas = CounterDeltas(lambda: reads.append(1) or None, clock=lambda: 99.0)
+    deltas.prime()
+    deltas.prime()
+    assert deltas.snapshot() is None and len(reads) == 1
