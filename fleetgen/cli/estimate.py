@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
         "lengths are exact), generates a sample stratified by prompt length on the servers "
         "(a real `fleetgen run` into --out/.fleetgen-estimate, uncapped), and projects the "
         "whole input: output tokens, the share of answers each --cap would cut, wall time, "
-        "GPU-hours and output size, with 95%% intervals. A table here, estimate.json in --out.")
+        "GPU-hours and output size, with 95% intervals. A table here, estimate.json in --out.")
     p.add_argument("input", type=Path, metavar="INPUT", help="prompts, as `fleetgen run` reads")
     run_command.add_fleet_flags(p)
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
@@ -129,6 +129,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.max_output_tokens is not None:
         raise ConfigError("fleetgen estimate generates the sample uncapped, to choose the "
                           "cap: drop --max-output-tokens (--cap N adds a cap to the table)")
+    if args.holdout:
+        raise ConfigError("fleetgen estimate projects every row of the input; drop --holdout "
+                          "(a run with --holdout F costs about (1 - F) of the estimate)")
     if args.turns == "all":
         raise ConfigError("fleetgen estimate projects --turns last runs; drop --turns all")
     if any(c < 1 for c in args.cap or ()):

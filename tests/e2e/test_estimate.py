@@ -71,3 +71,19 @@ def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) 
           f"slots; the full run took {summary['wall_s']} s (its start and tail included)")
     assert est["wall_h"] > 0 and est["gpu_hours"] == pytest.approx(4 * est["wall_h"], 0.01)
     assert est["output_bytes"]["with_token_ids"] > est["output_bytes"]["without_token_ids"]
+
+
+@pytest.mark.parametrize(("flag", "needle"), [
+    (("--max-output-tokens", "4096"), "generates the sample uncapped"),
+    (("--holdout", "0.01"), "drop --holdout"),
+    (("--sample", "0"), "--sample must be at least 1"),
+])
+def test_a_flag_the_estimate_cannot_honour_is_one_line(tmp_path: Path, flag: tuple[str, str],
+                                                      needle: str) -> None:
+    make_prompts(tmp_path / "p.jsonl", 5)
+    done = subprocess.run(fleetgen_cli("estimate", "p.jsonl", "--engine-url",
+                                       "http://127.0.0.1:9", *flag),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "estimate.json").exists()
