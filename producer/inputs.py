@@ -1,12 +1,15 @@
 """Which files an INPUT names (one file, a directory, a glob), in a stable order, and how each
-is read as a stream: JSONL plain, gzip or zstd, line by line, or Parquet."""
+is read as a stream: JSONL plain, gzip, zstd, bzip2 or xz (known by the file's first bytes,
+whatever its name), line by line, or Parquet."""
 
 from __future__ import annotations
 
+import bz2
 import functools
 import glob
 import gzip
 import io
+import lzma
 import os
 import zlib
 from collections.abc import Iterator
@@ -19,15 +22,21 @@ from fleetgen.base.errors import InputError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bzip2", ".xz": "xz"}
 # Read as JSONL these would give one invalid_json rejection per line: refuse the file instead.
-UNSUPPORTED_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".zip", ".tar", ".tgz", ".7z",
-                            ".br", ".snappy")
-KNOWN = "*.jsonl, *.json, *.ndjson (each also .gz, .zst), *.parquet, *.pq"
+UNSUPPORTED_COMPRESSIONS = (".lzma", ".lz4", ".zip", ".tar", ".tgz", ".7z", ".br", ".snappy")
+KNOWN = "*.jsonl, *.json, *.ndjson (each also .gz, .zst, .bz2, .xz), *.parquet, *.pq"
 CHUNK_BYTES = 1 << 20
+# A file's first bytes say how it is compressed, whatever its name (a gzip file named .jsonl
+# read as text would be a few invalid_utf8 rejections and a run called complete).
+MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
+         (b"\xfd7zXZ\x00", "xz"))
+UNREADABLE_MAGIC = ((b"PK\x03\x04", "zip"), (b"\x04\x22\x4d\x18", "lz4"),
+                    (b"7z\xbc\xaf\x27\x1c", "7z"), (b"\xff\x06\x00\x00sNaPpY", "snappy"))
+MAGIC_BYTES = 10
 
 # What a damaged or truncated file raises while it is decompressed or read.
-READ_ERRORS = (OSError, EOFError, zlib.error, zstandard.ZstdError)
+READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class InputFile:
     path: Path
     name: str  # relative to the input's directory (or the glob's fixed part): what rows cite
     format: str  # "jsonl" | "parquet"
-    compression: str | None  # "gzip" | "zstd" | None
+    compression: str | None  # "gzip" | "zstd" | "bzip2" | "xz" | None
 
 
 @dataclass(frozen=True)
@@ -109,21 +118,45 @@ def _looks_like_input(path: Path) -> bool:
 
 
 def _input_file(path: Path, name: str) -> InputFile:
-    """How to read `path`, from its suffixes: Parquet, or JSONL (plain, .gz, .zst). One file
+    """How to read `path`: Parquet by its suffix, else JSONL, compressed as its first bytes
+    say (else as its suffix says, so a .gz that is not gzip is refused as damaged). One file
     named on its own is read as JSONL whatever its suffix (prompts.txt)."""
     lower = path.name.lower()
+    sniffed = sniff_compression(path)
     unsupported = next((s for s in UNSUPPORTED_COMPRESSIONS if lower.endswith(s)), None)
-    if unsupported:
+    if unsupported and sniffed is None:
         raise InputError(f"cannot read {path}: {unsupported} is not supported (fleetgen reads "
-                         f"JSONL plain, .gz or .zst, and Parquet)")
-    compression = next((c for s, c in COMPRESSIONS.items() if lower.endswith(s)), None)
-    inner = lower.rsplit(".", 1)[0] if compression else lower
+                         f"JSONL plain, gzip, zstd, bzip2 or xz, and Parquet)")
+    named = next((c for s, c in COMPRESSIONS.items() if lower.endswith(s)), None)
+    inner = lower.rsplit(".", 1)[0] if named else lower
     if inner.endswith(PARQUET_SUFFIXES):
-        if compression:
+        if named or sniffed:
             raise InputError(f"cannot read {path}: Parquet compresses its own pages; give the "
                              f"Parquet file itself")
         return InputFile(path, name, "parquet", None)
-    return InputFile(path, name, "jsonl", compression)
+    return InputFile(path, name, "jsonl", sniffed or named)
+
+
+def sniff_compression(path: Path) -> str | None:
+    """The compression `path`'s first bytes show (None: none fleetgen knows of); InputError
+    for one it cannot read, naming it."""
+    stat = path.stat()
+    return _sniff(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sniff(path: Path, _size: int, _mtime_ns: int) -> str | None:
+    try:
+        with path.open("rb") as f:
+            head = f.read(MAGIC_BYTES)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    for magic, name in UNREADABLE_MAGIC:
+        if head.startswith(magic):
+            raise InputError(f"cannot read {path}: it is {name}-compressed, which fleetgen "
+                             f"does not read; decompress it (fleetgen reads JSONL plain, "
+                             f"gzip, zstd, bzip2 or xz, and Parquet)")
+    return next((name for magic, name in MAGIC if head.startswith(magic)), None)
 
 
 # -- JSONL streams ----------------------------------------------------------------------------
@@ -174,6 +207,10 @@ def _open(file: InputFile) -> io.BufferedIOBase:
         return gzip.GzipFile(file.path, "rb")  # buffered by itself
     if file.compression == "zstd":
         return io.BufferedReader(_ZstdReader(file.path), CHUNK_BYTES)
+    if file.compression == "bzip2":
+        return bz2.BZ2File(file.path, "rb")  # buffered by itself, as gzip's
+    if file.compression == "xz":
+        return lzma.LZMAFile(file.path, "rb")
     return io.BufferedReader(io.FileIO(file.path, "rb"), CHUNK_BYTES)
 
 

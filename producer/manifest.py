@@ -4,6 +4,9 @@ are fleetgen/base/runoptions.py's `PINNED`."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -11,9 +14,11 @@ import redis
 
 from fleetgen.base import manifest
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outdir import DrainDir
 from fleetgen.base.runoptions import PINNED, flag_name
 
-__all__ = ["NEW_RUN", "PINNED", "RunManifest", "check_same_settings", "files_difference"]
+__all__ = ["NEW_RUN", "PINNED", "Recorded", "RunManifest", "check_same_settings",
+           "files_difference", "recorded_in"]
 
 # How a command of fleetgen starts another run instead of resuming this one, as the messages
 # say it: `produce` names its run, the demo keeps its run in its --out.
@@ -25,10 +30,14 @@ class RunManifest:
     (`record`), and a start or resume that checks the pinned settings first. `read()` is the
     hash as stored, for `Producer.manifest()` (producer/pipeline.py) and its tests."""
 
-    def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN) -> None:
+    def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN,
+                 recorded: Recorded | None = None) -> None:
         self.run = run
         self.new_run = new_run
         self.record = manifest.RunManifest(client, run)
+        # The settings the output files' rows were made with (their summary.json's): a
+        # finished run's Redis state is gone, and these are then what a rerun is held to.
+        self.recorded = recorded
 
     def read(self) -> dict[str, str]:
         return self.record.raw()
@@ -44,7 +53,12 @@ class RunManifest:
             check_same_settings(self.run, old.pinned, settings, self.new_run)
             self.record.resume()
             return
+        if self.recorded is not None:  # the files' rows were made with these
+            check_same_settings(self.run, self.recorded.settings, settings, self.new_run)
         self.record.start(settings, expected_rows)
+        if self.recorded is not None and self.recorded.clock is not None:
+            started, worked_s = self.recorded.clock
+            self.record.carry_clock(started, time.time() - started - worked_s)
 
     def stop_reason(self) -> str | None:
         """Why `--stop-if` stopped the run, if it did and nobody went on with --ignore-stop."""
@@ -75,7 +89,9 @@ class RunManifest:
         """ConfigError if the run was started with other pinned settings: the check a resume
         makes when it opens the run, made before anything is started for it. A setting read
         from the servers (the context length the limits give) is left to then."""
-        old = self.record.read().pinned
+        stored = self.record.read()
+        old = stored.pinned if stored.exists else \
+            (self.recorded.settings if self.recorded else {})
         known = {k: v for k, v in settings.items() if k != "context_length"}
         check_same_settings(self.run, {k: v for k, v in old.items() if k in known}, known,
                             self.new_run)
@@ -85,6 +101,32 @@ class RunManifest:
         also for a run produced before sizes were recorded)."""
         then = self.record.read().input_bytes
         return then if then is not None and then != input_bytes else None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What an output directory's summary.json says of its run: the pinned settings its rows
+    were made with, and its clock (started_at, wall_s) if it has one."""
+
+    settings: dict[str, Any]
+    clock: tuple[float, float] | None
+
+
+def recorded_in(out: Path | None, run: str) -> Recorded | None:
+    """`out`'s record of `run` (None: no output there yet, another run's, or a summary from
+    before settings were kept)."""
+    if out is None:
+        return None
+    try:
+        summary = DrainDir(out).read_summary() or {}
+    except orjson.JSONDecodeError:  # damaged: the drainer rewrites it from the files
+        return None
+    settings = summary.get("settings")
+    if summary.get("run") != run or not isinstance(settings, dict):
+        return None
+    started, wall = summary.get("started_at"), summary.get("wall_s")
+    clock = (float(started), float(wall)) if started and wall else None
+    return Recorded({k: v for k, v in settings.items() if k in PINNED}, clock)
 
 
 def check_same_settings(run: str, old: dict[str, Any], new: dict[str, Any],

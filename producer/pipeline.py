@@ -23,7 +23,7 @@ from producer.enqueue import Enqueuer
 from producer.holdout import HoldOut
 from producer.inputpass import InputPass
 from producer.inputs import resolve_input
-from producer.manifest import RunManifest
+from producer.manifest import RunManifest, recorded_in
 from producer.options import RequestOptions
 from producer.outbox import Outbox
 from producer.progress import Progress
@@ -47,7 +47,8 @@ class Producer:
         self.enqueuer = enqueuer
         self.limits = limits
         self.keys = RunKeys(settings.run)
-        self.run_manifest = RunManifest(client, settings.run, settings.new_run)
+        self.run_manifest = RunManifest(client, settings.run, settings.new_run,
+                                        recorded_in(settings.out, settings.run))
         self.reconciler = Reconciler(client, settings.run)
         self.affinity = Affinity(client, enabled=settings.affinity,
                                  wait_s=settings.affinity_wait_s)

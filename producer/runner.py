@@ -13,7 +13,7 @@ from fleetgen.base.redisconn import connect
 from fleetgen.base.runstate import run_complete
 from producer.build import build_producer
 from producer.inputs import resolve_input
-from producer.manifest import RunManifest
+from producer.manifest import RunManifest, recorded_in
 from producer.progress import Progress
 from producer.rows import count_rows
 from producer.settings import ProducerSettings
@@ -41,8 +41,10 @@ def check_resume(settings: ProducerSettings) -> Resume:
     # Closed at once: an idle connection held for the whole run would keep a dead Redis's
     # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
     with connect(settings.redis_url) as client:
-        # Before "already complete": a finished run given a new file must say so.
-        manifest = RunManifest(client, settings.run, settings.new_run)
+        # Before "already complete": a finished run given a new file or other settings must
+        # say so, also once its Redis state is gone (then its files' summary holds them).
+        manifest = RunManifest(client, settings.run, settings.new_run,
+                               recorded_in(settings.out, settings.run))
         manifest.check_files(inputs.names)
         manifest.check_settings(settings.manifest_settings(files=inputs.names))
         complete = run_complete(client, settings.run)

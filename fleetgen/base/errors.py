@@ -30,6 +30,13 @@ class TokenizerError(FleetgenError, ValueError):
 USER_MISTAKES = (ConfigError, InputError, TokenizerError)
 
 
+# -- the machine ------------------------------------------------------------------------------
+class DiskFull(FleetgenError):
+    """A disk the run writes to is full, or a file reached the size limit (the output files,
+    or Redis's own): nothing unwritten was acknowledged, and the same command resumes once
+    there is room. One line naming the path (fleetgen/base/diskfull.py), exit code 5."""
+
+
 # -- one row ----------------------------------------------------------------------------------
 class ContentError(FleetgenError, ValueError):
     """One row's messages cannot be rendered; the producer rejects that row and goes on."""

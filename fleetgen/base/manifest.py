@@ -182,6 +182,13 @@ class RunManifest:
         return True
 
     # -- the drainer, `fleetgen retry` -------------------------------------------------------
+    def carry_clock(self, started_at: float, paused_s: float) -> None:
+        """A finished run set going again after its Redis state was deleted (its files'
+        summary.json holds its clock): it started then, and stood still since it ended, so its
+        wall time counts the work that made every row in the files."""
+        self.redis.hset(self.key, mapping={STARTED_AT: started_at,
+                                           PAUSED_S: round(max(paused_s, 0.0), 3)})
+
     def add_pause(self, seconds: float) -> None:
         """The run stood still this long before a drainer started on it again."""
         self.redis.hincrbyfloat(self.key, PAUSED_S, round(seconds, 3))

@@ -1,7 +1,8 @@
 """A drained output directory and its one owner: the names of its files, and every way they are
 written (claimed for a run, a torn tail cut, whole lines appended with fsync, a file replaced
-atomically, the summary written durably). The drainer writes through it; the exporter, the
-report, the producer and the demo read its names and the summary through it."""
+atomically, the summary written durably; a full disk is a DiskFull that leaves each file as it
+was). The drainer writes through it; the exporter, the report, the producer and the demo read
+its names and the summary through it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, BinaryIO, Final
 
 import orjson
 
+from fleetgen.base import diskfull
 from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 
@@ -66,6 +68,11 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as error:
+        full = diskfull.from_os_error(error, path)
+        if full is None:
+            raise
+        raise full from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -99,6 +106,8 @@ class DrainDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Unbuffered: a write the disk refuses leaves no bytes in a buffer that closing the
+        # file would try to write again behind the drainer's back.
         self._appends: dict[str, BinaryIO] = {}
 
     # -- names ---------------------------------------------------------------------------
@@ -170,16 +179,28 @@ class DrainDir:
         opens the holdout's at its first line)."""
         for kind in ALWAYS:
             if kind not in self._appends:
-                self._appends[kind] = self.file(kind).open("ab")
+                self._appends[kind] = self._open_append(kind)
+
+    def _open_append(self, kind: str) -> BinaryIO:
+        return self.file(kind).open("ab", buffering=0)
 
     def append(self, kind: str, lines: Iterable[bytes]) -> None:
-        """Append whole lines (each without its newline) to `kind`'s file, then flush and
-        fsync: when this returns they survive a crash, so the caller may ack them."""
-        f = self._appends.get(kind) or self._appends.setdefault(kind, self.file(kind).open("ab"))
-        for line in lines:
-            f.write(line + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+        """Append whole lines (each without its newline) to `kind`'s file, then fsync: when
+        this returns they survive a crash, so the caller may ack them. A full disk (or the
+        file-size limit) is a DiskFull, with the file cut back to its whole lines before."""
+        f = self._appends.get(kind) or self._appends.setdefault(kind, self._open_append(kind))
+        data = memoryview(b"".join(line + b"\n" for line in lines))
+        before = os.fstat(f.fileno()).st_size
+        try:
+            while data:
+                data = data[os.write(f.fileno(), data):]
+            os.fsync(f.fileno())
+        except OSError as error:
+            full = diskfull.from_os_error(error, self.file(kind))
+            if full is None:
+                raise
+            os.ftruncate(f.fileno(), before)  # frees what the disk took: never a torn line
+            raise full from None
 
     def replace(self, kind: str, lines: Iterable[bytes]) -> None:
         """Rewrite `kind`'s file to hold exactly `lines` (each with its newline), atomically:
@@ -191,7 +212,7 @@ class DrainDir:
         with atomic_file(self.file(kind)) as f:
             f.writelines(lines)
         if appending is not None:
-            self._appends[kind] = self.file(kind).open("ab")
+            self._appends[kind] = self.file(kind).open("ab", buffering=0)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json, replaced atomically and fsynced like every other file of the run."""

@@ -49,7 +49,9 @@ class RunOption:
     # A resumed run may not change it: kept in the manifest and checked at every resume.
     pinned: bool = False
     # Copied into summary.json's settings: how the files' rows were made, for an export long
-    # after `fleetgen purge`. Never a URL or anything that may hold a secret.
+    # after `fleetgen purge`, and what a rerun of a finished run (its Redis state gone) is
+    # held to (every pinned setting but the file list). Never a URL or anything that may hold
+    # a secret.
     summary: bool = False
     stored: bool = False  # kept in the manifest's settings though not pinned (pinned ones are)
     secret: bool = False  # stored redacted
@@ -134,7 +136,7 @@ def _sampling(name: str, kind: str, type_: Callable[[str], Any] | None, metavar:
 TABLE: tuple[RunOption, ...] = (
     # -- what the run is: its name, its input, its Redis ------------------------------------
     RunOption("input", "path", "the prompts (the positional INPUT): a file, a directory or a "
-              "quoted glob (the demo's is --prompts)", pinned=True,
+              "quoted glob (the demo's is --prompts)", pinned=True, summary=True,
               commands=frozenset({PRODUCE, RUN}), default_text="required"),
     RunOption("files", "list", "the input's files as the producer resolved them (fleetgen "
               "writes it: a resume must read the same)", pinned=True, setting=False,
@@ -163,11 +165,11 @@ TABLE: tuple[RunOption, ...] = (
               "--context-length without --engine-url: SGLang's speculative reserve, "
               "max(eagle_topk x num_steps, num_draft_tokens) with EAGLE (%(default)s)",
               default=0, flags=("--reserved-tokens",), type=int, metavar="N",
-              commands=PRODUCE_ONLY, pinned=True),
+              commands=PRODUCE_ONLY, pinned=True, summary=True),
     RunOption("max_req_input_len", "integer", "the servers' own input limit (/server_info "
               "max_req_input_len), for --context-length without --engine-url (default: "
               "derived from the context)", flags=("--max-req-input-len",), type=int,
-              metavar="N", commands=PRODUCE_ONLY, pinned=True,
+              metavar="N", commands=PRODUCE_ONLY, pinned=True, summary=True,
               default_text="derived from the context"),
     # -- how `fleetgen produce` runs --------------------------------------------------------
     RunOption("no_wait", "flag", "exit once every row is enqueued, instead of waiting until "
@@ -199,10 +201,10 @@ TABLE: tuple[RunOption, ...] = (
               pinned=True, summary=True, default_text="whatever the context leaves"),
     RunOption("min_output_tokens", "integer", "reject a prompt that leaves fewer output tokens "
               "than this (%(default)s)", default=16, flags=("--min-output-tokens",), type=int,
-              metavar="N", pinned=True),
+              metavar="N", pinned=True, summary=True),
     RunOption("margin", "integer", "tokens kept free below the context, for a server "
               "tokenizer that counts more (%(default)s)", default=0, flags=("--margin",),
-              type=int, metavar="N", pinned=True),
+              type=int, metavar="N", pinned=True, summary=True),
     RunOption(SAMPLING, "options", "the sampling flags below, one key each (a row's own "
               "`sampling` goes over them)", default={}, commands=frozenset(),
               pinned=True, summary=True, default_text="the server's"),
@@ -234,7 +236,7 @@ TABLE: tuple[RunOption, ...] = (
               pinned=True, summary=True),
     RunOption("json_schema", "file", "a JSON Schema every answer must follow (structured "
               "output); the drainer counts answers that do not validate",
-              flags=("--json-schema",), type=Path, metavar="FILE", pinned=True),
+              flags=("--json-schema",), type=Path, metavar="FILE", pinned=True, summary=True),
     RunOption("chat_template_kwargs", "JSON", "options for the chat template, e.g. "
               "'{\"enable_thinking\": false}' (the budget counts the template as rendered)",
               default={}, flags=("--chat-template-kwargs",), metavar="JSON", pinned=True,

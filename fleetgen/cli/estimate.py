@@ -61,7 +61,7 @@ def add_parser(sub: Any) -> None:
     add_producer_options(p, runoptions.RUN)
     # What `run` reads that the estimate's sample does not use.
     p.set_defaults(handler=estimate, run=None, listen=None, measure_acceptance=False,
-                   group_by=None)
+                   group_by=None, retry_failures=False)
 
 
 @dataclass
@@ -100,8 +100,11 @@ def estimate(args: argparse.Namespace) -> int:
     run_out = sample_path.parent / "run"
     say(f"generating {len(chosen)} sampled rows on {len(urls)} server(s) (`fleetgen run` "
         f"into {run_out})")
+    # The sample's run as the user would type it (what its messages quote to go on with).
+    argv = ["run", str(sample_path), *(a for u in urls for a in ("--engine-url", u)),
+            "--out", str(run_out)]
     code = run_command.run(argparse.Namespace(**{**vars(args), "input": sample_path,
-                                                 "out": run_out}))
+                                                 "out": run_out, "argv": argv}))
     if code != exitcodes.OK:
         raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
                           "failures.jsonl, then run `fleetgen estimate` again (it resumes)")

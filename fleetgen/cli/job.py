@@ -15,7 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import exitcodes
+import redis
+
+from fleetgen.base import diskfull, exitcodes
+from fleetgen.base.contract import KIND_FAILURE
+from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import Stopped, sigterm_flag
@@ -46,6 +50,10 @@ class Job:
     # Called once Redis is up, before the workers: Flower, the line for other hosts' workers.
     on_redis: Callable[[LocalFleet], None] | None = None
     linger: Callable[[Callable[[], bool]], None] | None = None
+    # `fleetgen run --retry-failures`: the rows in failures.jsonl are sent again; and the
+    # command that does it, for the last line of a run that ends with failures.
+    retry_failures: bool = False
+    retry_command: str | None = None
     # The report's extra breakdown of speculative acceptance (a row field), and what to do
     # with the report once written (`--measure-acceptance` prints its acceptance).
     group_by: str | None = None
@@ -76,6 +84,13 @@ def execute(job: Job) -> int:
             _say_how_it_ended(job, summary, should_stop())
         if job.linger is not None and not should_stop():
             job.linger(should_stop)
+    except redis.ResponseError as exc:
+        # MISCONF: the run's Redis cannot write its data (a full disk, most often): one line
+        # naming where, as for the output files (fleetgen/base/diskfull.py).
+        full = diskfull.from_redis_error(exc, None if fleet.spec.redis_url else job.state_dir)
+        if full is None:
+            raise
+        raise full from None
     finally:
         shield_from_signals()
         fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
@@ -86,7 +101,10 @@ def execute(job: Job) -> int:
         # Said how to resume already (`_say_how_it_ended`): main exits 130 without a line of
         # its own; stopped before that (the fleet starting), main says it.
         raise Stopped if "run" in summary else KeyboardInterrupt
-    return exitcodes.OK if summary["complete"] else exitcodes.INCOMPLETE
+    # Failed rows are rows the user asked for and does not have: not a success (the last
+    # line said how many, and how to send them again).
+    return exitcodes.OK if summary["complete"] and not summary.get("failed") \
+        else exitcodes.INCOMPLETE
 
 
 def shield_from_signals() -> None:
@@ -134,6 +152,11 @@ def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> N
         job.say(f"stopped early: {summary['stopped']}; the requests sent before the stop are "
                 f"all written. Fix the settings and run it with another --out, or the same "
                 f"command plus --ignore-stop to go on")
+    if summary["complete"] and summary.get("failed"):
+        again = (f"send them again with: {job.retry_command}" if job.retry_command else
+                 "each is kept there with its error")
+        job.say(f"complete with {summary['failed']} failed row(s) (in "
+                f"{DrainDir(job.out).file(KIND_FAILURE)}); {again}")
 
 
 def _write_report(job: Job) -> None:
@@ -156,6 +179,8 @@ def run_pipeline(job: Job, settings: ProducerSettings,
     # so the producer sends only what is not written yet.
     drainer = Drainer(connect(job.fleet.redis_url), settings.run, settings.out)
     drainer.recover()
+    if job.retry_failures:
+        _send_failures_again(job, drainer)
     opened = threading.Event()
     producer = Beside(producing(settings, opened))
     # The drainer ends a run that is stopped and settled: a resumed one with --ignore-stop
@@ -182,6 +207,20 @@ def run_pipeline(job: Job, settings: ProducerSettings,
         drainer.close()
         bar.close()
     return drainer.write_summary()
+
+
+def _send_failures_again(job: Job, drainer: Drainer) -> None:
+    """The rows the files hold as failures go back to work: their done bits cleared and
+    listed as in retry (so the run is not complete until each lands again), before the
+    producer's pass, which sends every row not done. The drainer stays the one writer: a
+    success replaces the failure line (fleetgen/drainer/store.py)."""
+    from fleetgen.base.runstate import mark_retrying
+
+    lines = drainer.tally.lines_of(KIND_FAILURE)
+    if lines:
+        mark_retrying(drainer.redis, drainer.run, lines)
+    job.say(f"sending {len(lines)} failed row(s) of run {drainer.run} again"
+            if lines else f"run {drainer.run} has no failed rows to send again")
 
 
 class Beside:

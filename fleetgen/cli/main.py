@@ -11,8 +11,8 @@ from collections.abc import Callable
 import redis
 
 from fleetgen import __version__
-from fleetgen.base import envvars, exitcodes
-from fleetgen.base.errors import USER_MISTAKES, EngineUnreachable
+from fleetgen.base import diskfull, envvars, exitcodes
+from fleetgen.base.errors import USER_MISTAKES, DiskFull, EngineUnreachable
 from fleetgen.cli import signals
 
 Handler = Callable[[argparse.Namespace], int]
@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The command as given, for a message that tells the user the command to run next.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per request would drown the progress bar; fleetgen logs what matters itself.
@@ -85,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         # that SIGPIPE ends does, with its exit code.
         _close_stdout()
         return exitcodes.CLOSED_PIPE
-    except Exception:
+    except Exception as exc:
+        full = _disk_full(exc)
+        if full is not None:
+            print(f"fleetgen {args.command}: {full}", file=sys.stderr)
+            return exitcodes.DISK_FULL
         # A bug, not a user mistake: the traceback is what the next engineer needs. Exit 70,
         # so a script never mistakes it for 1 (the run is merely incomplete).
         logging.getLogger("fleetgen").exception("fleetgen %s failed unexpectedly", args.command)
@@ -106,6 +112,18 @@ def _run(handler: Handler, args: argparse.Namespace) -> int:
         return handler(args)
     finally:
         signals.disarm()  # no grace timer fires into the command's way out
+
+
+def _disk_full(exc: Exception) -> DiskFull | None:
+    """A full disk wherever the command met it (its own files, or Redis's MISCONF): what to
+    do about it is the same, so it is one line rather than a bug's traceback."""
+    if isinstance(exc, DiskFull):
+        return exc
+    if isinstance(exc, OSError):
+        return diskfull.from_os_error(exc)
+    if isinstance(exc, redis.ResponseError):
+        return diskfull.from_redis_error(exc, None)
+    return None
 
 
 def _close_stdout() -> None:

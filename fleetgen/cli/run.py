@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 import secrets
+import shlex
 import socket
 import tempfile
 import time
@@ -50,6 +51,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the embedded Valkey also listens there (with its password), so "
                    "workers on other hosts can join the run; the line they need is printed")
+    p.add_argument("--retry-failures", action="store_true",
+                   help="send the rows in DIR/failures.jsonl again (also once the run is "
+                   "complete): a success moves the row to results.jsonl")
     p.add_argument("--measure-acceptance", action="store_true",
                    help="measure the servers' drafter on these prompts (e.g. holdout.jsonl): "
                    "refuse unless a server speculates, and print at the end the pooled "
@@ -155,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
     if listen and external:
         raise ConfigError("--listen is for the embedded Valkey; with --redis (or "
                           "$FLEETGEN_REDIS_URL) the workers join that Redis")
+    if args.retry_failures and args.turns == "all":
+        raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
+                          "--turns all run's failed turns go on with `fleetgen retry` while "
+                          "the run is not complete")
     usable_dir(args.out)
     name, resumed = run_name(args.out, args.run)
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
@@ -172,8 +180,15 @@ def run(args: argparse.Namespace) -> int:
         return job.execute(job.Job(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
             on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
             group_by=args.group_by,
             on_report=measure.print_report if measure is not None else None))
+
+
+def retry_command(argv: list[str]) -> str:
+    """The command the user ran, with --retry-failures: what sends its failed rows again."""
+    again = argv if "--retry-failures" in argv else [*argv, "--retry-failures"]
+    return shlex.join(["fleetgen", *again])
 
 
 def _measure(urls: list[str]) -> Any:

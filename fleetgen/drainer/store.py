@@ -98,6 +98,11 @@ class Tally:
             self.bits.extend(bytes((line >> 3) + 1 - len(self.bits)))
         self.bits[line >> 3] |= 0x80 >> (line & 7)
 
+    def lines_of(self, kind: str) -> list[int]:
+        """The lines (slots) whose outcome in the files is `kind`."""
+        code = CODES[kind]
+        return [line for line, held in enumerate(self.kinds) if held == code]
+
     def missing_from(self, done: bytes) -> list[int]:
         """Lines held here whose bit is clear in `done` (a Redis bitmap, bit 0 the most
         significant of byte 0): one big-integer operation, then only the non-zero bytes."""

@@ -11,6 +11,8 @@ conftest (tests/layout/test_test_imports.py). Conftests declare fixtures built f
 - content: every result is what the simulator answers for its input; turns: the same per turn.
 - workers: one real Celery worker process; held: what workers hold, read from Redis.
 - cli: `fleetgen` as a child process; outdir: output directories written by hand and read.
+- simproc: `fleetgen sim` in a process of its own, on a port it keeps when started again;
+  disk: a small tmpfs grown in place, and the file-size limit, for the full-disk tests.
 - specforge, trainers: the trainers' own rules and loaders; llama: a real llama-server;
   ops: the venv's executables and Prometheus scrapes.
 - tiers: the folders of the fleet tier (tests/conftest.py marks by them).
