@@ -8,7 +8,7 @@ TRAINERS := $(VENV)/trainers
 TRAINERS_STAMP := $(TRAINERS)/.installed
 PURELIB := import sysconfig; print(sysconfig.get_paths()['purelib'])
 
-.PHONY: demo check test lint bench flaky clean trainers
+.PHONY: demo check test lint bench bench-scale flaky clean trainers
 
 trainers: $(TRAINERS_STAMP)
 
@@ -75,6 +75,11 @@ flaky: $(ENGINES) $(TRAINERS_STAMP)
 # Every bench, its figures into bench/figures/*.json (tracked), then the docs' tables from them.
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python tools/perf_tables.py
+
+# One Valkey under 100, 300 and 1,000 emulated workers (docs/scale.md; ~10 minutes here).
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench fleet_scale
 	$(BIN)/python tools/perf_tables.py
 
 clean:

@@ -24,6 +24,7 @@ BENCHES = {
     "ordering": "bench.ordering",
     "turns": "bench.turns",
     "affinity": "bench.affinity",
+    "fleet_scale": "bench.fleet_scale",
 }
 
 

@@ -30,6 +30,7 @@ import redis
 from fleetgen.base.contract import QUEUE, TaskPayload, slot_of, worker_key, worker_queue
 from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash
+from fleetgen.base.serverclock import ServerClock
 from fleetgen.base.wire import move_queue, task_queues
 
 # A next turn waits this long at most in its worker's queue before any worker may take it.
@@ -71,6 +72,7 @@ class Affinity:
         self._seen: dict[str, set[Any]] = {}  # per worker queue, what the last sweep saw
         self._steal = client.register_script(_STEAL)
         self._workers_at: tuple[float, dict[str, int]] = (-1.0, {})
+        self._clock = ServerClock(client)  # the heartbeats' clock
 
     def routes(self, payloads: list[TaskPayload],
                answered_by: Mapping[int, str | None]) -> dict[str, list[TaskPayload]]:
@@ -138,7 +140,7 @@ class Affinity:
             for key in self.redis.scan_iter(match=worker_key("*"), count=1000):
                 name = key.decode() if isinstance(key, bytes) else str(key)
                 beat = read_hash(self.redis, name)
-                if taking(beat):
+                if taking(beat, self._clock.now()):
                     workers[name[len(worker_key("")):]] = int(beat.get("concurrency") or 0)
             self._workers_at = (now, workers)
         return self._workers_at[1]
@@ -149,7 +151,7 @@ class Affinity:
         room while its worker keeps up); 0 for a worker that is not alive and taking
         prompts."""
         beat = read_hash(self.redis, worker_key(worker))
-        if not taking(beat):
+        if not taking(beat, self._clock.now()):
             return 0
         return NEXT_POOLS * int(beat.get("concurrency") or 0) - int(
             self.redis.llen(worker_queue(worker)))
@@ -169,7 +171,7 @@ class Affinity:
         moved, seen = 0, dict[str, set[Any]]()
         for queue in task_queues(self.redis)[1:]:
             worker = queue[len(worker_queue("")):]
-            if not taking(read_hash(self.redis, worker_key(worker))):
+            if not taking(read_hash(self.redis, worker_key(worker)), self._clock.now()):
                 moved += move_queue(self.redis, queue)
                 continue
             waiting = set(self.redis.lrange(queue, 0, -1))
@@ -181,11 +183,12 @@ class Affinity:
         return moved
 
 
-def taking(beat: Mapping[str, str]) -> bool:
-    """A heartbeat of a worker alive now whose gate is open (its engine up)."""
+def taking(beat: Mapping[str, str], now: float) -> bool:
+    """A heartbeat of a worker alive at `now` (Valkey's clock, the beat's) whose gate is open
+    (its engine up)."""
     if not beat:
         return False
-    return beat.get("consuming") == "1" and not Heartbeat.of(beat).lost(time.time())
+    return beat.get("consuming") == "1" and not Heartbeat.of(beat).lost(now)
 
 
 

@@ -71,8 +71,9 @@ class RunManifest:
     def record_read(self, requests: int) -> None:
         self.record.record_read(requests)
 
-    def close(self, total: int, input_bytes: int | None = None) -> None:
-        self.record.close(total, input_bytes)
+    def close(self, total: int, input_bytes: int | None = None,
+              input_rows: int | None = None) -> None:
+        self.record.close(total, input_bytes, input_rows)
 
     def reassert(self, settings: dict[str, Any], total: int) -> bool:
         return self.record.reassert(settings, total)

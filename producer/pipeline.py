@@ -105,7 +105,7 @@ class Producer:
             self._stop_early(self.early.verdict.reason(), should_stop)
         elif not should_stop():
             self.total = self.input_pass.slots_read  # requests: rows x samples
-            self.run_manifest.close(self.total, input_bytes)
+            self.run_manifest.close(self.total, input_bytes, input_rows=progress.read)
         return progress
 
     def _stop_early(self, reason: str, should_stop: Callable[[], bool]) -> None:

@@ -21,6 +21,8 @@ from producer.rowoptions import OptionError, Options, json_schema, sampling_obje
 # prompt could ever fit in a context anyway. 64 MiB leaves room for huge multi-turn rows.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 PARQUET_BATCH_ROWS = 1024
+# A bad line is shown this far in its rejection: where it breaks, not the whole row.
+EXCERPT_CHARS = 60
 PROMPT_FIELDS = ("messages", "conversations", "prompt")
 
 
@@ -99,8 +101,19 @@ def parse_line(line_no: int, raw: bytes, *, source: str | None = None,
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         cause = "invalid_utf8" if _bad_utf8(raw) else "invalid_json"
-        return BadRow(line_no, f"{cause}: {exc}", derive_id(raw), source, position)
+        return BadRow(line_no, f"{cause}: {exc}; near: {excerpt(raw, exc.pos)}",
+                      derive_id(raw), source, position)
     return parse_row(line_no, obj, source=source, position=position)
+
+
+def excerpt(raw: bytes, pos: int, width: int = EXCERPT_CHARS) -> str:
+    """Up to `width` characters of the line around character `pos` (where the JSON parser
+    stopped), "…" where cut, control characters as "?": enough to find the line's fault
+    without copying a whole long row into rejected.jsonl."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    start = max(min(pos - width // 2, len(text) - width), 0)
+    shown = "".join(c if c.isprintable() else "?" for c in text[start:start + width])
+    return ("…" if start else "") + shown + ("…" if start + width < len(text) else "")
 
 
 def derive_id(data: bytes) -> str:

@@ -7,10 +7,12 @@ import logging
 from typing import Any, ClassVar
 
 from celery import bootsteps
+from celery.platforms import EX_OK
+from celery.worker import state as worker_state
 
-from fleetgen.base import heartbeat
+from fleetgen.base import closing, heartbeat
 from fleetgen.base.celeryconf import sweep_interval_s
-from fleetgen.base.contract import QUEUE, worker_key, worker_queue
+from fleetgen.base.contract import QUEUE, closing_key, worker_key, worker_queue
 from fleetgen.engine.health import Watch
 from workers import runtime
 
@@ -30,6 +32,7 @@ class HealthGate(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         self._tref: Any = None
         self._consuming = True
+        self._leaving = False
 
     def start(self, c: Any) -> None:
         rt = runtime.get()
@@ -48,7 +51,13 @@ class HealthGate(bootsteps.StartStopStep):
 
     def shutdown(self, c: Any) -> None:
         self.stop(c)
-        runtime.get().watch.stop()
+        rt = runtime.get()
+        rt.watch.stop()
+        if self._leaving:
+            try:
+                rt.redis.delete(worker_key(rt.worker))
+            except Exception:  # the run stops its Redis at its deadline anyway
+                log.debug("heartbeat not removed", exc_info=True)
 
     def check(self, c: Any) -> None:
         rt = runtime.get()
@@ -74,9 +83,13 @@ class HealthGate(bootsteps.StartStopStep):
         sweep_s = sweep_interval_s(s.visibility_timeout_s)
         key = worker_key(rt.worker)
         try:
-            held = c.task_consumer.channel.qos.renew()
+            qos = c.task_consumer.channel.qos
+            held = qos.renew()
+            # The beat's time is the renewal's, on Valkey's clock (what `status` compares it
+            # with); the skew is shown, never used.
             beat = heartbeat.fields(interval_s=s.health_interval_s,
-                                    lease_s=s.visibility_timeout_s, sweep_s=sweep_s, held=held)
+                                    lease_s=s.visibility_timeout_s, sweep_s=sweep_s, held=held,
+                                    now=qos.renewed_at, skew_s=qos.clock_skew_s)
             fields: dict[Any, Any] = {
                 "engine": rt.engine.base_url, "healthy": int(watch.up()),
                 "engine_state": watch.last.state.value, "consuming": int(self._consuming),
@@ -86,6 +99,19 @@ class HealthGate(bootsteps.StartStopStep):
             pipe.hset(key, mapping=fields)
             pipe.expire(key, heartbeat.ttl_s(s.health_interval_s, s.visibility_timeout_s,
                                              sweep_s))
-            pipe.execute()
+            pipe.get(closing_key())
+            ended = closing.closing(pipe.execute()[-1])
         except Exception:  # a heartbeat must never kill the consumer's timer
             log.debug("heartbeat failed", exc_info=True)
+            return
+        if ended is not None and not self._leaving:
+            self._leave(rt, ended)
+
+    def _leave(self, rt: runtime.Runtime, run: str) -> None:
+        """The run this Redis served is complete and the Redis stops next (`fleetgen run`
+        announced it): a worker that joined it exits 0 instead of retrying a Redis that is
+        gone; its heartbeat goes at its shutdown, which is what the run waits for."""
+        self._leaving = True
+        log.warning("fleetgen worker %s: run %s is complete and its Redis is closing; "
+                    "exiting", rt.worker, run)
+        worker_state.should_stop = EX_OK  # Celery's warm shutdown, at its loop's next turn

@@ -21,16 +21,22 @@ Profiled in a worker at hundreds of prompts a second (py-spy --gil, docs/perform
 from __future__ import annotations
 
 import time
+import uuid
+from functools import cached_property
 from typing import Any
 
 import orjson
 from kombu import serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.transport.redis import Mutex, MutexHeld
 from kombu.utils import json as kombu_json
 from kombu.utils.scheduling import priority_cycle
 
 from fleetgen.base.contract import AFFINITY_PREFIX
+from fleetgen.base.redisconn import text
+from fleetgen.base.serverclock import LUA_NOW, server_time
+from fleetgen.base.wire import IN_FLIGHT, LEASES, held_key, in_flight_entry
 
 # What Celery's `broker_transport` names (fleetgen/base/celeryconf.py).
 TRANSPORT = f"{__name__}:Transport"
@@ -59,37 +65,134 @@ def use_orjson_decoder() -> None:
     serialization.registry.register("json", None, json_loads, content_type=JSON)
 
 
+# The unacked copy, in its holder's set, what it is in `wire.IN_FLIGHT` (ARGV[4], '' for a
+# message not fleetgen's task), and the holder's lease renewed, in one step. The
+# index gets the score +inf: a message is swept by its holder's lease (`_SWEEP`), never by its
+# delivery time, and kombu's own time-based sweep (an older worker's) never takes it.
+_APPEND = LUA_NOW + """
+redis.call('ZADD', KEYS[1], 'inf', ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[4], now, ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[5], ARGV[1], ARGV[4]) end
+return t
+"""
+# A renewal: the holder's lease, one member, however many prompts it holds.
+_RENEW = LUA_NOW + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+return t
+"""
+# After a sweep restored the tags ARGV[3..] of holder ARGV[1] (KEYS[2], its set): they leave the
+# set, and the holder leaves the leases if its lease is still the lapsed one (a frozen worker
+# that woke meanwhile keeps its lease and what it took since).
+_SWEPT = """
+for i = 3, #ARGV do redis.call('SREM', KEYS[2], ARGV[i]) end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def _seconds(reply: Any) -> float:
+    """A script's `t` (TIME's [seconds, microseconds]) as epoch seconds."""
+    return int(reply[0]) + int(reply[1]) / 1e6
+
+
 class QoS(kombu_redis.QoS):
-    def append(self, message: Any, delivery_tag: str) -> None:
-        """kombu's `QoS.append` (transport/redis.py: ZADD of the tag's time to the unacked
-        index, HSET of `[message, exchange, routing key]` in the unacked hash, in one
-        pipeline; then the in-memory entry), with the copy encoded by orjson."""
+    """kombu's QoS with a lease per channel, on Valkey's clock.
+
+    kombu scores each unacked message with the worker's `time()` and every worker's sweep
+    compares it with its own `time()` (transport/redis.py `QoS.append`, `restore_visible`): a
+    worker whose clock was 120 s ahead swept every live worker's prompts at a 60 s lease (385
+    requests for 238 prompts, issue 42), one 120 s behind wrote leases that had lapsed when
+    written. And a renewal of every message held was a ZADD each: at 1,000 workers holding 129
+    each, 64,500 ZADDs a second before any row is made. Here each channel is one holder
+    (`holder`, unique per channel) with one lease in `wire.LEASES`, renewed by one ZADD at each
+    beat, and a set of the tags it holds (`wire.held_key`), changed only when it takes or acks
+    one; the sweep restores the tags of holders whose lease lapsed. Every time is Valkey's
+    TIME, read inside the scripts: no host's clock is in it."""
+
+    renewed_at: float | None = None  # Valkey's time of the last renewal (the beat's `at`)
+    clock_skew_s: float = 0.0  # this host's clock less Valkey's, as of the last renewal
+
+    @cached_property
+    def holder(self) -> str:
+        return uuid.uuid4().hex
+
+    @cached_property
+    def held_key(self) -> str:
+        return held_key(self.holder)
+
+    def _script(self, client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
+        scripts: dict[str, Any] = self.__dict__.setdefault("_scripts", {})
+        if source not in scripts:
+            scripts[source] = client.register_script(source)
+        return scripts[source](keys=keys, args=args, client=client)
+
+    def append(self, message: Any, delivery_tag: str, pipe: Any = None) -> None:
+        """kombu's `QoS.append` (the tag in the unacked index, `[message, exchange, routing
+        key]` in the unacked hash, atomically; then the in-memory entry), with the tag in this
+        holder's set, its lease renewed, and the copy encoded by orjson. With `pipe`, the
+        script is queued there for the caller to execute (bench/fleet_scale.py's fill)."""
         delivery = message.delivery_info
         copy = [message._raw, delivery["exchange"], delivery["routing_key"]]
         try:
             encoded: bytes | str = orjson.dumps(copy)
         except TypeError:  # a value orjson cannot write: kombu's encoder can
             encoded = kombu_json.dumps(copy)
-        with self.pipe_or_acquire() as pipe:
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
-                .hset(self.unacked_key, delivery_tag, encoded) \
-                .execute()
+        keys = [self.unacked_index_key, self.unacked_key, self.held_key, LEASES, IN_FLIGHT]
+        args = [delivery_tag, encoded, self.holder, in_flight_entry(message._raw) or ""]
+        if pipe is not None:
+            self._script(pipe, _APPEND, keys, args)
+        else:
+            with self.channel.conn_or_acquire() as client:
+                self._script(client, _APPEND, keys, args)
         virtual.QoS.append(self, message, delivery_tag)
 
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        """kombu's removal at an ack or a restore (ZREM + HDEL), and the tag out of this
+        holder's set and of the in-flight index."""
+        return super()._remove_from_indices(delivery_tag, pipe) \
+            .srem(self.held_key, delivery_tag).hdel(IN_FLIGHT, delivery_tag)
+
     def renew(self) -> int:
-        """Renew the lease on every message this channel holds (delivered, not acked): its
-        score in the unacked index, the delivery time kombu's sweep (`QoS.restore_visible`)
-        compares with the visibility timeout, becomes now. ZADD XX touches only tags still in
-        the index, so one acked, or already handed to another worker by a sweep, stays as it
-        is. Returns how many it holds. Called from the worker's heartbeat (workers/gate.py):
-        while the worker lives, nothing it holds is redelivered, however long a generation
-        takes; once it is dead the leases lapse after the visibility timeout."""
+        """Renew this channel's lease on every message it holds (delivered, not acked): one
+        ZADD of its holder to Valkey's now, kept in `renewed_at`. Returns how many it holds.
+        Called from the worker's heartbeat (workers/gate.py): while the worker lives, nothing
+        it holds is redelivered, however long a generation takes; once it is dead its lease
+        lapses after the visibility timeout and the next sweep hands its prompts to others."""
         held = self._held()
-        if held:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zadd(self.unacked_index_key, dict.fromkeys(held, time.time()),
-                          xx=True).execute()
+        with self.channel.conn_or_acquire() as client:
+            before = time.time()
+            server = _seconds(self._script(client, _RENEW, [LEASES], [self.holder]))
+            self.clock_skew_s = (before + time.time()) / 2 - server
+        self.renewed_at = server
         return len(held)
+
+    def restore_visible(self, start: int = 0, num: int | None = 10, interval: int = 10) -> None:
+        """The sweep (kombu's throttle and lock, its `restore_by_tag` transaction for each
+        message): the tags of every holder whose lease lapsed on Valkey's clock, and any tag
+        an older worker scored with its delivery time that is older than the timeout."""
+        self._vrestore_count += 1
+        if (self._vrestore_count - 1) % (interval or 1):
+            return
+        with self.channel.conn_or_acquire() as client:
+            cutoff = server_time(client) - self.visibility_timeout
+            try:
+                with Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
+                    for holder in client.zrangebyscore(LEASES, "-inf", cutoff):
+                        self._restore_holder(client, text(holder), cutoff)
+                    for tag in client.zrangebyscore(self.unacked_index_key, 0, cutoff,
+                                                    start=start if num else None, num=num):
+                        self.restore_by_tag(tag, client)
+            except MutexHeld:
+                pass
+
+    def _restore_holder(self, client: Any, holder: str, cutoff: float) -> None:
+        tags = [text(tag) for tag in client.smembers(held_key(holder))]
+        for tag in tags:
+            self.restore_by_tag(tag, client)
+        self._script(client, _SWEPT, [LEASES, held_key(holder)], [holder, cutoff, *tags])
 
     def _held(self) -> list[str]:
         """The tags delivered and not acked. The consumer thread adds and removes tags while

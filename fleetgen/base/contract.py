@@ -93,6 +93,20 @@ def worker_key(worker: str) -> str:
     return f"{PREFIX}:worker:{worker}"
 
 
+def closing_key() -> str:
+    """String, the name of the run this Redis served, set once it is complete and the Redis is
+    about to stop (`fleetgen run`'s and the demo's own Valkey): workers that joined from other
+    hosts exit, live pages keep the end as their last state (fleetgen/base/closing.py). No
+    TTL: the Redis itself goes."""
+    return f"{PREFIX}:closing"
+
+
+def watcher_key(watcher: str) -> str:
+    """String, `AT INTERVAL_S`: a live page's last read of the run (epoch s) and its period,
+    so a closing run waits for the page to read the end. Expires after a few periods."""
+    return f"{PREFIX}:watcher:{watcher}"
+
+
 
 class Sampling(TypedDict, total=False):
     temperature: float

@@ -5,7 +5,9 @@ and when a lost worker's prompts are back in the queue.
 Each beat also renews the worker's lease on every prompt it holds (fleetgen/base/broker.py
 `QoS.renew`), so the two lapse together: a worker whose beats stop is lost after
 LOST_AFTER_BEATS intervals, and the prompts it held are handed to the others by the next sweep
-once the visibility timeout has passed since its last beat (docs/design.md "Leases")."""
+once the visibility timeout has passed since its last beat (docs/design.md "Leases"). Both
+are on Valkey's clock (fleetgen/base/serverclock.py): a beat's `at` is Valkey's time of its
+renewal, and every reader's `now` is Valkey's too."""
 
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ def ttl_s(interval_s: float, lease_s: float, sweep_s: float) -> int:
 
 
 def fields(*, interval_s: float, lease_s: float, sweep_s: float, held: int,
-           now: float | None = None) -> dict[str, float]:
-    """The lease part of a beat (the gate adds the engine's state)."""
+           now: float | None = None, skew_s: float = 0.0) -> dict[str, float]:
+    """The lease part of a beat (the gate adds the engine's state). `now` is Valkey's time of
+    the renewal (fleetgen/base/serverclock.py): readers compare it with Valkey's clock, never
+    with their own. `skew_s`: the worker's clock less Valkey's, for the operator to see."""
     return {"at": time.time() if now is None else now, "interval_s": interval_s,
-            "lease_s": lease_s, "sweep_s": sweep_s, "held": held}
+            "lease_s": lease_s, "sweep_s": sweep_s, "held": held, "skew_s": round(skew_s, 3)}
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Heartbeat:
     lease_s: float | None  # None: a beat from a worker that renews no leases
     sweep_s: float | None
     held: int | None  # prompts it held (delivered, not acked) at `at`
+    skew_s: float | None = None  # the worker's clock less Valkey's at `at`
 
     @classmethod
     def of(cls, beat: Mapping[str, str]) -> Heartbeat:
@@ -55,7 +60,7 @@ class Heartbeat:
         return cls(at=number("at") or 0.0,
                    interval_s=number("interval_s") or DEFAULT_INTERVAL_S,
                    lease_s=number("lease_s"), sweep_s=number("sweep_s"),
-                   held=None if held is None else int(held))
+                   held=None if held is None else int(held), skew_s=number("skew_s"))
 
     def age_s(self, now: float) -> float:
         return max(now - self.at, 0.0)

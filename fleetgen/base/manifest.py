@@ -37,6 +37,7 @@ EXPECTED: Final = "expected"  # the input's requests as counted before reading (
 TOTAL: Final = "total"  # the run's requests, once the producer has read all of the input
 PRODUCED_AT: Final = "produced_at"
 INPUT_BYTES: Final = "input_bytes"  # the input's size when produced: a grown input is read again
+INPUT_ROWS: Final = "input_rows"  # its rows (JSONL lines, Parquet rows): `total` counts requests
 STOP_REASON: Final = "stop_reason"
 STOPPED_AT: Final = "stopped_at"
 PAUSED_S: Final = "paused_s"  # the time a resumed run stood still, not in its wall time
@@ -66,6 +67,7 @@ class Manifest:
     total: int | None = None
     produced_at: float | None = None
     input_bytes: int | None = None
+    input_rows: int | None = None
     stop_reason: str | None = None
     stopped_at: float | None = None
     paused_s: float = 0.0
@@ -81,7 +83,8 @@ class Manifest:
                    started_at=_number(raw.get(STARTED_AT)), read=_count(raw.get(READ)) or 0,
                    expected=_count(raw.get(EXPECTED)), total=_count(raw.get(TOTAL)),
                    produced_at=_number(raw.get(PRODUCED_AT)),
-                   input_bytes=_count(raw.get(INPUT_BYTES)), stop_reason=raw.get(STOP_REASON),
+                   input_bytes=_count(raw.get(INPUT_BYTES)),
+                   input_rows=_count(raw.get(INPUT_ROWS)), stop_reason=raw.get(STOP_REASON),
                    stopped_at=_number(raw.get(STOPPED_AT)),
                    paused_s=_number(raw.get(PAUSED_S)) or 0.0,
                    finished_at=_number(raw.get(FINISHED_AT)) or None)
@@ -151,12 +154,16 @@ class RunManifest:
     def record_read(self, requests: int) -> None:
         self.redis.hset(self.key, READ, requests)
 
-    def close(self, total: int, input_bytes: int | None = None) -> None:
-        """Every row has been read: the run's total is known (and the input's size then)."""
+    def close(self, total: int, input_bytes: int | None = None,
+              input_rows: int | None = None) -> None:
+        """Every row has been read: the run's total is known (and the input's size then, and
+        its rows, which samples and turns make fewer than the requests)."""
         mapping: dict[Any, Any] = {STATE: STATE_PRODUCED, TOTAL: total, READ: total,
                                    PRODUCED_AT: time.time()}
         if input_bytes is not None:
             mapping[INPUT_BYTES] = input_bytes
+        if input_rows is not None:
+            mapping[INPUT_ROWS] = input_rows
         self.redis.hset(self.key, mapping=mapping)
 
     def stop(self, reason: str) -> None:

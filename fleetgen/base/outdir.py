@@ -85,10 +85,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def usable_dir(path: Path) -> None:
+def usable_dir(path: Path) -> list[Path]:
     """Create `path` if need be and prove a file can be written in it: ConfigError, one line
     naming it and the cause (a file in the way, no permission, a read-only disk), before any
-    process is started or any row sent."""
+    process is started or any row sent. Returns the directories it created, innermost first
+    (for `remove_if_empty` when the command stops before writing anything there)."""
+    made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".fleetgen-probe-"):
@@ -96,6 +98,17 @@ def usable_dir(path: Path) -> None:
     except OSError as error:
         cause = error.strerror or type(error).__name__
         raise ConfigError(f"cannot write in {path}: {cause}; pick another --out") from None
+    return made
+
+
+def remove_if_empty(made: list[Path]) -> None:
+    """The directories `usable_dir` created, removed where nothing was written in them: a
+    command refused before its start leaves no empty --out behind."""
+    for directory in made:  # innermost first: a parent is empty once its child is gone
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (or gone): it stays, and so do its parents
+            return
 
 
 class DrainDir:

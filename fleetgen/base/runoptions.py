@@ -152,7 +152,8 @@ TABLE: tuple[RunOption, ...] = (
               pinned=True, summary=True, default_text="read from --engine-url"),
     RunOption("engine_url", "URL, repeatable", "read the limits from this server "
               "(/v1/models, /server_info): context, input limit, speculative reserve. Repeat "
-              "it for every server of the fleet: the smallest limits win",
+              "it for every server of the fleet (or give a comma list, or "
+              "http://HOST:30000-30007 for a range of ports): the smallest limits win",
               default=(), flags=("--engine-url",), metavar="URL", action="append",
               commands=PRODUCE_ONLY, stored=True),
     RunOption("engine_protocol", "sglang|openai", "sglang (native /generate) or openai "

@@ -12,7 +12,8 @@ import redis
 from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import read_hash, redact, redis_url
-from fleetgen.engine import check_url
+from fleetgen.base.serverclock import server_time
+from fleetgen.engine import one_engine_url
 from fleetgen.engine.preflight import Check, readiness
 
 
@@ -69,7 +70,7 @@ def check_worker(client: redis.Redis, name: str, max_age_s: float,
     if not beat:
         return Check(f"worker {name}", False, "no heartbeat (not started, or dead long "
                      "enough for its prompts to be back in the queue)")
-    age = (now or time.time()) - float(beat.get("at", 0))
+    age = (now or server_time(client)) - float(beat.get("at", 0))  # the beat's clock
     if age > max_age_s:
         return Check(f"worker {name}", False, f"heartbeat {age:.0f} s old")
     if beat.get("healthy") != "1":
@@ -84,7 +85,8 @@ def run_checks(args: argparse.Namespace, url: str, client: redis.Redis) -> list[
     checks = [check_redis(client, url)]
     engine = args.engine_url or envvars.ENGINE_URL.given()
     if engine:
-        check_url(engine, "--engine-url" if args.engine_url else envvars.ENGINE_URL.name)
+        engine = one_engine_url(engine, "--engine-url" if args.engine_url
+                                else envvars.ENGINE_URL.name)
         checks.append(check_engine(engine, args.timeout_s))
     if args.worker and checks[0].ok:
         checks.append(check_worker(client, worker_name(args.worker), args.max_age_s))

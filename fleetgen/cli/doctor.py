@@ -72,7 +72,8 @@ def add_parser(sub: Any) -> None:
         "or the chat template; 3: a server does not report its context (or a bad --tokenizer); "
         "4: a server is unreachable or not ready.")
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server of the fleet (repeat for each)")
+                   help="a server of the fleet (repeat for each, or a comma list; "
+                   "http://HOST:30000-30007 for a range of ports)")
     p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
                    default=envvars.ENGINE_PROTOCOL.value(),
                    help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
@@ -171,11 +172,11 @@ def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    reports, fleet_checks, code = check_fleet(args.engine_url, args.engine_protocol,
-                                              args.timeout_s, args.tokenizer,
-                                              args.chat_template_kwargs)
+    urls = engine.engine_urls(args.engine_url)
+    reports, fleet_checks, code = check_fleet(urls, args.engine_protocol, args.timeout_s,
+                                              args.tokenizer, args.chat_template_kwargs)
     known = [r.limits for r in reports if r.limits is not None]
-    proto = _protocol(args.engine_protocol, args.engine_url[0])
+    proto = _protocol(args.engine_protocol, urls[0])
     assumed = combine(known, proto.rule_for(known[0])) if known else None
     if args.json:
         print(render_json(reports, fleet_checks, assumed, code))
@@ -190,8 +191,7 @@ def check_fleet(engine_urls: list[str], engine_protocol: str | None, timeout_s: 
     """Every server's report, the checks across them, and the exit code (`fleetgen run`
     stops on anything but OK before it starts a process)."""
     api_key = envvars.ENGINE_API_KEY.value()
-    for url in engine_urls:
-        engine.check_url(url)
+    engine_urls = engine.engine_urls(engine_urls)
     proto = _protocol(engine_protocol, engine_urls[0])
     urls = expand_routers(engine_urls, api_key)
     # Read as produce reads it, so doctor checks the run's own options.

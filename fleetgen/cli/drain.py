@@ -21,9 +21,10 @@ def add_parser(sub: Any) -> None:
                        f"{FILES[KIND_RESULT]}, {FILES[KIND_FAILURE]} and {FILES[KIND_REJECTED]} "
                        "in --out; exits when every row is written, unless --follow, with a "
                        f"short table of the figures ({SUMMARY} beside the files has them all). "
-                       "Shows rows written, rate and ETA (a bar on a terminal, else a line a "
-                       "minute). Safe to kill and restart.")
-    p.add_argument("--run", required=True)
+                       "Shows rows written, rate and ETA (a bar on a terminal, else a line every "
+                       "10 s). Safe to kill and restart.")
+    p.add_argument("--run", required=True, metavar="NAME",
+                   help="the run to write (its name, as given to `fleetgen produce --run`)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--follow", action="store_true", help="keep running after the run completes")
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     drainer = Drainer(client, args.run, args.out, batch=args.batch)
     should_stop = sigterm_flag()  # SIGTERM: finish the batch, write the summary, exit
     drainer.recover()
-    # Rows written of the run's total: a bar on a terminal, else a line a minute.
+    # Rows written of the run's total: a bar on a terminal, else a line every 10 s.
     bar = Bar("rows written", show=sys.stderr.isatty(),
               lines=f"fleetgen drain: run {args.run!r}: written")
 

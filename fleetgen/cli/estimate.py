@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base import exitcodes, runoptions
+from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir, atomic_file, usable_dir
@@ -46,7 +46,17 @@ def add_parser(sub: Any) -> None:
         "whole input: output tokens, the share of answers each --cap would cut, wall time, "
         "GPU-hours and output size, with 95% intervals. A table here, estimate.json in --out.")
     p.add_argument("input", type=Path, metavar="INPUT", help="prompts, as `fleetgen run` reads")
-    run_command.add_fleet_flags(p)
+    # The servers and how the sample's run reaches them, as `fleetgen run` takes them.
+    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
+                   "for a range of ports); one worker each")
+    p.add_argument("--redis", metavar="URL", help="a Redis of your own for the sample's run "
+                   "(default: $FLEETGEN_REDIS_URL, else an embedded Valkey)")
+    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
+                   help="worker processes per engine, as `fleetgen run` (1)")
+    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
+                   default=envvars.ENGINE_PROTOCOL.value(),
+                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="where estimate.json and the sample's run go (the working directory)")
     p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
@@ -83,7 +93,9 @@ def estimate(args: argparse.Namespace) -> int:
 
     resolve_input(args.input)
     check_args(args)
-    urls = run_command.expand_engine_urls(args.engine_url)
+    from fleetgen.engine import engine_urls
+
+    urls = engine_urls(args.engine_url)
     usable_dir(args.out)
     values = {**vars(args), "run": "estimate", "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or 512}

@@ -42,7 +42,8 @@ def add_parser(sub: Any) -> None:
         "docs/training.md has the trainers' commands.")
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
-    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--format", required=True, choices=FORMATS,
+                   help=f"what to write: {', '.join(FORMATS)} (each described above)")
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="output file (default: DIR/export.FORMAT.jsonl, or DIR/export.parquet); "
                    "with --format conversations or tokens a PATH ending in .parquet writes the "

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from fleetgen.base import diskfull, exitcodes
-from fleetgen.base.contract import KIND_FAILURE
+from fleetgen.base.contract import KIND_FAILURE, closing_key
 from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
+from fleetgen.cli.runview import FleetView, LogLine
 from fleetgen.cli.signals import Stopped, sigterm_flag
 from fleetgen.local.fleet import LocalFleet
 
@@ -84,6 +85,8 @@ def execute(job: Job) -> int:
             _say_how_it_ended(job, summary, should_stop())
         if job.linger is not None and not should_stop():
             job.linger(should_stop)
+        if summary["complete"] and fleet.spec.redis_url is None and not should_stop():
+            _close_redis(job, should_stop)
     except redis.ResponseError as exc:
         # MISCONF: the run's Redis cannot write its data (a full disk, most often): one line
         # naming where, as for the output files (fleetgen/base/diskfull.py).
@@ -135,6 +138,9 @@ def _before_workers(job: Job, redis_url: str) -> None:
     path.touch(mode=0o600)
     path.write_text(redis_url + "\n")
 
+    # A Valkey that an earlier, finished run announced closed (kept by a failed cleanup)
+    # must not send this run's workers away at their first beat.
+    connect(redis_url).delete(closing_key())
     requeued = requeue_unacked(connect(redis_url))
     if requeued:
         job.say(f"{requeued} prompt(s) the stopped workers held are queued again")
@@ -157,6 +163,20 @@ def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> N
                  "each is kept there with its error")
         job.say(f"complete with {summary['failed']} failed row(s) (in "
                 f"{DrainDir(job.out).file(KIND_FAILURE)}); {again}")
+
+
+def _close_redis(job: Job, should_stop: Callable[[], bool]) -> None:
+    """The run's own Valkey stops next: the workers that joined from other hosts exit, the
+    live pages read the end, before it does (fleetgen/base/closing.py)."""
+    from fleetgen.base import closing
+
+    client = connect(job.fleet.redis_url)
+    own = [f"{name}@{socket.gethostname()}" for name in job.fleet.worker_names()]
+    at = closing.announce(client, job.settings.run)
+    left = closing.wait_for_leavers(client, own, at, should_stop=should_stop)
+    if left.workers:
+        job.say(f"worker(s) {', '.join(left.workers)} did not leave; stop them by hand "
+                "(the run is complete, they only retry its Redis)")
 
 
 def _write_report(job: Job) -> None:
@@ -190,14 +210,22 @@ def run_pipeline(job: Job, settings: ProducerSettings,
     job.say(f"run {settings.run}; watch it from another shell with\n"
             f"  FLEETGEN_REDIS_URL=$(cat {url_file(job)}) fleetgen status --run "
             f"{settings.run} --watch")
-    bar = Bar("rows written", show=sys.stderr.isatty())
-    ticker = MinuteLine(job.say)
+    bar = Bar("requests written", show=sys.stderr.isatty())
+    # An engine's fall and return are said where the run was started (above the bar).
+    view = FleetView(connect(job.fleet.redis_url), settings.run,
+                     [job.fleet.engine_url(gpu) for gpu in range(job.fleet.spec.gpus)],
+                     lambda text: bar.note(f"fleetgen {job.command}: {text}"))
+    ticker = LogLine(job.say)
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
         total = d.manifest().rows
+        view.look()
+        up, engines = view.engines_up
         bar.advance_to(d.tally.written, total)
-        ticker.tick(d.tally.written, total)
+        bar.postfix(f"engines {up}/{engines}")
+        ticker.tick(d.tally.written, total, in_flight=view.in_flight,
+                    engines=view.engines_up)
 
     try:
         drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)
@@ -275,32 +303,11 @@ def drain_beside(drainer: Drainer, producer: Beside, *,
     producer.raise_error()
 
 
-class MinuteLine:
-    """Where no bar is drawn (a log file, a CI job): a line a minute with rows, rate and ETA."""
-
-    EVERY_S = 60.0
-
-    def __init__(self, say: Callable[[str], None], *, show: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._say = say
-        self._show = not sys.stderr.isatty() if show is None else show
-        self._clock = clock
-        self._start = self._last = clock()
-
-    def tick(self, written: int, total: int | None) -> None:
-        now = self._clock()
-        if not self._show or now - self._last < self.EVERY_S:
-            return
-        self._last = now
-        rate = written / max(now - self._start, 1e-9)
-        left = None if total is None or rate <= 0 else (total - written) / rate
-        eta = "-" if left is None else f"{left / 60:.0f} min"
-        self._say(f"{written}/{total if total is not None else '?'} rows written, "
-                      f"{rate:.1f} rows/s, ETA {eta}")
-
-
 def summary_table(s: dict[str, Any], out: Path) -> str:
-    rows = [("run", s["run"]), ("rows", s["total"]), ("done", s["done"]),
+    rows = [("run", s["run"]), ("requests", s["total"])]
+    if s.get("input_rows") is not None:
+        rows.append(("input lines", s["input_rows"]))
+    rows += [("done", s["done"]),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
             *([("held out (holdout.jsonl)", s["holdout"])] if s.get("holdout") else []),
             ("truncated (finish=length)", s["truncated"]),

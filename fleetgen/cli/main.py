@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -19,6 +21,37 @@ Handler = Callable[[argparse.Namespace], int]
 _INTERRUPTS: list[BaseException] = []
 # The commands an interrupt leaves with work to go on with: the same command resumes it.
 RESUMABLE = frozenset({"demo", "run", "produce", "drain", "retry"})
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a flag no subcommand knows is that subcommand's error: its usage and the
+    flag meant (argparse alone prints the top-level usage and no hint)."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = self._subcommands().get(getattr(parsed, "command", None) or "")
+            message = f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(sub, extras)}"
+            (sub or self).error(message)
+        return parsed
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+
+def _did_you_mean(parser: argparse.ArgumentParser | None, extras: list[str]) -> str:
+    if parser is None:
+        return ""
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    for extra in extras:
+        if extra.startswith("-"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         valkey,
     )
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fleetgen",
         description="Generate completions for huge prompt sets on a fleet of SGLang servers: "
                     "exact token budgets, every row written exactly once, resumable.",

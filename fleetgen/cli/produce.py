@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,11 +60,17 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
 
 # How a flag's value becomes its setting, where it is not the value itself.
 AS_SETTING: dict[str, Callable[[Any], Any]] = {
-    "engine_url": lambda urls: tuple(urls or ()),
+    "engine_url": lambda urls: tuple(_engine_urls(urls or ())),
     "stop_if": tuple,
     "json_schema": lambda path: read_json_schema(path),
     "chat_template_kwargs": lambda text: json_object(text, "--chat-template-kwargs"),
 }
+
+
+def _engine_urls(values: Iterable[str]) -> list[str]:
+    from fleetgen.engine import engine_urls
+
+    return engine_urls(values)
 
 
 def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -175,7 +181,7 @@ class Terminal:
 
     def _bar(self, desc: str) -> Bar:
         if desc not in self._bars:
-            # Without a terminal, a line a minute: a long run is never silent.
+            # Without a terminal, a line every 10 s: a long run is never silent.
             self._bars[desc] = Bar(desc, show=self.show_progress,
                                    lines=f"fleetgen produce: run {self.run!r}: {desc}")
         return self._bars[desc]

@@ -1,5 +1,5 @@
 """The commands' one progress display: a tqdm bar on stderr on a terminal (count, rate, ETA),
-and where no bar is drawn (a log file, a CI job, `2> log`), a line a minute if asked."""
+and where no bar is drawn (a log file, a CI job, `2> log`), a line every 10 s if asked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 import time
 from typing import Any
 
-LINE_EVERY_S = 60.0  # the line a minute of a command that runs long without a terminal
+# Where no bar is drawn, a line this often: a minute left a stalled run looking alive too long.
+LINE_EVERY_S = 10.0
 
 
 class Bar:
@@ -50,6 +51,19 @@ class Bar:
             self._tqdm.refresh()
         elif self._line is not None:
             self._line.total = total
+
+    def postfix(self, text: str) -> None:
+        """A figure after the bar's own (the engines up)."""
+        if self._tqdm is not None:
+            self._tqdm.set_postfix_str(text, refresh=False)
+
+    def note(self, text: str) -> None:
+        """A line on stdout above the bar (tqdm's own way: the bar is redrawn below it)."""
+        if self._tqdm is not None:
+            self._tqdm.write(text, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(text, flush=True)
 
     def close(self) -> None:
         if self._tqdm is not None:  # (a tqdm without a total refuses bool())

@@ -17,7 +17,9 @@ def add_parser(sub: Any) -> None:
                        "retry data from Redis. The output files are not touched. A run that is "
                        "not complete is kept unless --force: purging it loses its resume state, "
                        "and its tasks still queued or held by workers are removed too.")
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", required=True, metavar="NAME",
+                   help="the run to delete from Redis (its name, as "
+                   "`fleetgen status` lists it)")
     p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--force", action="store_true", help="purge even an incomplete run")
     p.set_defaults(handler=run)

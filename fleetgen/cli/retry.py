@@ -18,7 +18,9 @@ def add_parser(sub: Any) -> None:
                        f"row that now succeeds moves from {FILES[KIND_FAILURE]} to "
                        f"{FILES[KIND_RESULT]} when the drainer writes it (run `fleetgen drain` "
                        "again if it has exited).")
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", required=True, metavar="NAME",
+                   help="the run whose failed rows to send again (its name, as "
+                   "`fleetgen status` lists it)")
     p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
     p.set_defaults(handler=run)
 

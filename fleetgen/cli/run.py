@@ -5,7 +5,6 @@ an embedded Valkey under --out (or --redis), a worker per engine, the producer a
 from __future__ import annotations
 
 import argparse
-import re
 import secrets
 import shlex
 import socket
@@ -16,7 +15,7 @@ from typing import Any
 
 from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.errors import ConfigError, EngineUnreachable
-from fleetgen.base.outdir import DrainDir, usable_dir
+from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
 from fleetgen.cli.produce import add_producer_options, settings_from
@@ -26,9 +25,6 @@ from producer.settings import setting_default
 # Beside the output files: the run's Valkey (its AOF) and its URL, kept until the run is
 # complete, so the same command resumes the run recorded there.
 STATE_DIR = ".fleetgen-state"
-# http://host:30000-30007: eight servers on consecutive ports.
-PORT_RANGE = re.compile(r"^(https?://[^/:]+):(\d+)-(\d+)(/.*)?$")
-MAX_RANGE = 64  # servers in one range: more is a typo (one node, a worker per server)
 PREFLIGHT_TIMEOUT_S = 60.0
 
 
@@ -44,13 +40,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("input", type=Path, metavar="INPUT",
                    help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
                    "quoted glob")
-    add_fleet_flags(p)
+    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
+                   "for a range of ports); one worker each")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output dir")
     p.add_argument("--run", metavar="NAME",
                    help="run name (default: the one recorded in --out, else run-TIMESTAMP)")
+    p.add_argument("--redis", metavar="URL",
+                   help="a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
+                   f"under DIR/{STATE_DIR})")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the embedded Valkey also listens there (with its password), so "
                    "workers on other hosts can join the run; the line they need is printed")
+    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
+                   help="worker processes per engine, sharing its K + 1 slots "
+                   "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
+    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
+                   default=envvars.ENGINE_PROTOCOL.value(),
+                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--retry-failures", action="store_true",
                    help="send the rows in DIR/failures.jsonl again (also once the run is "
                    "complete): a success moves the row to results.jsonl")
@@ -63,47 +70,6 @@ def add_parser(sub: Any) -> None:
                    help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
-
-
-def add_fleet_flags(p: argparse.ArgumentParser) -> None:
-    """The flags that name the servers and how the job reaches them: `run`'s, and `estimate`'s
-    (which runs its sample through `run`)."""
-    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server (repeat for each; http://HOST:30000-30007 for a range of "
-                   "ports); one worker each")
-    p.add_argument("--redis", metavar="URL",
-                   help="a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
-                   f"under DIR/{STATE_DIR})")
-    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
-                   help="worker processes per engine, sharing its K + 1 slots "
-                   "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
-    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=envvars.ENGINE_PROTOCOL.value(),
-                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
-
-
-def expand_engine_urls(urls: list[str]) -> list[str]:
-    """Each URL, with a port range written out; ConfigError for a range that is not one."""
-    from fleetgen import engine
-
-    out: list[str] = []
-    for url in urls:
-        found = PORT_RANGE.match(url)
-        if found is None:
-            engine.check_url(url)
-            out.append(url)
-            continue
-        host, first, last, path = found.group(1), int(found.group(2)), int(found.group(3)), \
-            found.group(4) or ""
-        if not 0 < first <= last < 65536:
-            raise ConfigError(f"--engine-url {url}: the port range {first}-{last} is empty")
-        if last - first >= MAX_RANGE:
-            raise ConfigError(f"--engine-url {url}: {last - first + 1} servers, one worker "
-                              f"each on this node; a range names at most {MAX_RANGE}")
-        out += [f"{host}:{port}{path}" for port in range(first, last + 1)]
-    if len(set(out)) != len(out):
-        raise ConfigError("--engine-url: a server is named twice; one worker each")
-    return out
 
 
 def listen_address(value: str | None) -> tuple[str, int] | None:
@@ -147,10 +113,11 @@ def preflight(urls: list[str], args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetgen.engine import engine_urls
     from producer.inputs import resolve_input
 
     resolve_input(args.input)  # InputError (one line) for a missing file or an empty glob
-    urls = expand_engine_urls(args.engine_url)
+    urls = engine_urls(args.engine_url)
     listen = listen_address(args.listen)
     if args.workers_per_engine < 1:
         raise ConfigError(f"--workers-per-engine must be at least 1, got "
@@ -163,7 +130,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
                           "--turns all run's failed turns go on with `fleetgen retry` while "
                           "the run is not complete")
-    usable_dir(args.out)
+    made = usable_dir(args.out)
+    try:
+        return _run_in(args, urls, listen, external)
+    finally:
+        remove_if_empty(made)  # refused before anything was written: no empty --out left
+
+
+def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] | None,
+            external: str | None) -> int:
     name, resumed = run_name(args.out, args.run)
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or setting_default("batch_size")}

@@ -151,6 +151,8 @@ class RunBook:
             # The input's rows (times --n): a run stopped early (--stop-if) or still being
             # read says how many of them it has, not just the ones it read.
             "total": m.rows or written,
+            # The input's rows (JSONL lines): fewer than `total` with samples or turns.
+            "input_rows": m.input_rows,
             **counts,
             "complete": complete,
             "stopped": stopped,

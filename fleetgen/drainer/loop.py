@@ -60,22 +60,28 @@ class Drainer:
         if paused:
             log.info("run %s resumed after %.1f s stopped (not counted in its wall time)",
                      self.run, paused)
-        self.reassert_files()
+        # A Redis with no done bitmap for the run has lost nothing: it is new (a finished
+        # run's state is deleted; a rerun starts on a fresh Valkey) and learns the files.
+        self.reassert_files(fresh=not self.redis.exists(self.keys.done))
 
     def close(self) -> None:
         self.store.close()
 
     # -- Redis is a cache of what the files hold ----------------------------------------------
-    def reassert_files(self) -> None:
+    def reassert_files(self, fresh: bool = False) -> None:
         """Tell Redis again what the files hold: the done bit of every line written (so no
         worker generates it again), the `written` counts, and the consumer group. Done at
-        start and whenever Redis is seen to have lost data."""
+        start (`fresh`: Redis holds nothing of the run yet) and whenever Redis is seen to
+        have lost data."""
         self.stream.ensure_group()
         restored = self.book.restore_done_bits()
-        if restored:
+        if restored and fresh:
+            log.info("the output files hold %d request(s) of run %s already: marked done, "
+                     "none is sent again", restored, self.run)
+        elif restored:
             log.warning("restored %d done bit(s) that Redis had lost, from the output files",
                         restored)
-        self.done_bits_restored += restored
+            self.done_bits_restored += restored
         self.book.publish_counts(self.redis)
         self._server_id = self._redis_run_id()
         self._coverage_due = time.monotonic() + COVERAGE_EVERY_S

@@ -18,25 +18,16 @@ from fleetgen.engine.api import (
 from fleetgen.engine.detect import detect
 from fleetgen.engine.openai import PROTOCOL as OPENAI
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
+from fleetgen.engine.urls import check_url, engine_urls, one_engine_url
 
 PROTOCOLS: dict[str, EngineProtocol] = {SGLANG.name: SGLANG, OPENAI.name: OPENAI}
 DEFAULT_PROTOCOL = SGLANG.name
 
 __all__ = ["PLAIN", "PROTOCOLS", "Engine", "EngineProtocol", "GenerateOptions", "LengthRule",
-           "ServerLimits", "check_url", "protocol", "resolve"]
+           "ServerLimits", "check_url", "engine_urls", "one_engine_url", "protocol",
+           "resolve"]
 
 log = logging.getLogger("fleetgen.engine")
-
-
-def check_url(url: str, what: str = "--engine-url") -> str:
-    """An engine URL as given, or a ConfigError naming what is wrong with it: without a scheme
-    httpx fails before any connection, which would read as "the server is down"."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ConfigError(f"{what} {url!r} has no scheme: give http://{url} (or https://)")
-    if scheme not in ("http", "https") or not rest.strip("/"):
-        raise ConfigError(f"{what} must be an http:// or https:// URL with a host, got {url!r}")
-    return url
 
 
 def protocol(name: str = DEFAULT_PROTOCOL) -> EngineProtocol:

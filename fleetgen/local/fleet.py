@@ -37,6 +37,8 @@ class FleetSpec:
     # simulator process of their own; the others share one.
     gpu_sim_args: dict[int, list[str]] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
+    # Environment of single GPUs' workers, over worker_env (a skewed clock, tests/chaos).
+    gpu_worker_env: dict[int, dict[str, str]] = field(default_factory=dict)
     concurrency: int | None = None  # default: the engine's slot count
     # Worker processes per GPU, sharing its engine and its `concurrency` between them
     # (FLEETGEN_ENGINE_SHARE); named gpu{g}p{i} when more than one.
@@ -157,7 +159,8 @@ class LocalFleet:
         quick = {} if self.engine_urls else {envvars.HEALTH_INTERVAL_S.name: "1",
                                              envvars.ENGINE_GONE_S.name: "3"}
         return {envvars.REDIS_URL.name: self.redis_url,
-                envvars.ENGINE_URL.name: self.engine_url(gpu), **quick, **self.spec.worker_env}
+                envvars.ENGINE_URL.name: self.engine_url(gpu), **quick, **self.spec.worker_env,
+                **self.spec.gpu_worker_env.get(gpu, {})}
 
     def start_worker(self, gpu: int, name: str | None = None) -> Child:
         # A real server's worker sizes its pool from the server itself (no -c).

@@ -26,7 +26,8 @@ from typing import Any
 
 import redis
 
-from fleetgen.base import envvars
+from fleetgen.base import closing, envvars
+from fleetgen.base.contract import STATE_COMPLETE, closing_key
 from fleetgen.base.errors import ConfigError
 from fleetgen.monitor import status
 from fleetgen.monitor.page import asset, embed_json, render
@@ -103,18 +104,26 @@ class Sampler:
         self.error: str | None = None
         self.sampled_at: float | None = None  # the last time Redis answered (epoch s)
         self._started_at = time.time()
+        self.ended = False  # the run is complete and its Redis has closed (or is closing)
+        self._id = secrets.token_hex(8)
         self._previous: status.RunStatus | None = None
         self._lock = threading.Lock()
 
     def sample(self) -> None:
+        if self.ended:  # the run's Redis is gone: the last figures are its end
+            return
         try:
             current = status.gather(self.client, self.run)
+            ended = self._mark_read()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             with self._lock:
                 self.error = f"Redis unreachable ({str(exc).splitlines()[0] if str(exc) else ''})"
             return
         with self._lock:
             self.sampled_at = time.time()
+            # The run said its Redis stops next, and these figures are its end.
+            self.ended = ended == self.run and current is not None \
+                and current.state == STATE_COMPLETE
             self.error = None if current is not None else "no such run (yet) in this Redis"
             if current is None:
                 return
@@ -122,6 +131,14 @@ class Sampler:
             self._previous = current
             self.latest = current.to_json()
             self.history.append(_point(current))
+
+    def _mark_read(self) -> str | None:
+        """This page's read, for a closing run to wait on (the page's one write, a key of
+        its own); and whether the run's Redis is closing."""
+        pipe = self.client.pipeline()
+        closing.mark_watcher(pipe, self._id, self.interval_s)
+        pipe.get(closing_key())
+        return closing.closing(pipe.execute()[-1])
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """What the page shows; `error` also says when the figures are stale (no answer from
@@ -131,12 +148,14 @@ class Sampler:
             error = self.error
             last = self.sampled_at or self._started_at
             age_s = now - last
-            if age_s > max(STALE_PERIODS * self.interval_s, STALE_MIN_S):
+            if self.ended:
+                error = None  # no figure to come: these are the run's last
+            elif age_s > max(STALE_PERIODS * self.interval_s, STALE_MIN_S):
                 since = time.strftime("%H:%M:%S", time.localtime(last))
                 error = (f"no figures for {age_s:.0f} s (last read at {since}): "
                          f"{error or 'Redis does not answer'}; the figures below are old")
             return {"run": self.run, "interval_s": self.interval_s, "error": error,
-                    "sampled_at": self.sampled_at,
+                    "sampled_at": self.sampled_at, "ended": self.ended,
                     "idle": (self.latest or {}).get("idle") if error is None else None,
                     "status": self.latest, "history": list(self.history)}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 import redis
@@ -14,6 +13,7 @@ from fleetgen.base import wire
 from fleetgen.base.contract import RunKeys, runs_index_key
 from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash, text
+from fleetgen.base.serverclock import server_time
 from fleetgen.monitor import status
 
 log = logging.getLogger("fleetgen.monitor.metrics")
@@ -50,14 +50,16 @@ class FleetCollector(Collector):
         queue = GaugeMetricFamily("fleetgen_queue_depth", "prompts waiting in the Celery "
                                   "queues (the shared one and the workers' own)")
         queue.add_metric([], wire.queued(self.redis))
-        metrics: list[Metric] = [queue, *_worker_metrics(status.live_workers(self.redis))]
+        metrics: list[Metric] = [queue, *_worker_metrics(status.live_workers(self.redis),
+                                                          server_time(self.redis))]
         runs = [s for s in (status.gather(self.redis, r) for r in self._runs()) if s]
         written = {r.run: read_hash(self.redis, RunKeys(r.run).written) for r in runs}
         metrics += _run_metrics(runs, written)
         return metrics
 
 
-def _worker_metrics(beats: dict[str, dict[str, str]]) -> list[Metric]:
+def _worker_metrics(beats: dict[str, dict[str, str]], now: float) -> list[Metric]:
+    """`now`: Valkey's, the clock the beats are on."""
     healthy = GaugeMetricFamily("fleetgen_worker_healthy",
                                 "1 if the worker's engine is up (its readiness probe answers, "
                                 "or is slow but connected)", labels=["worker"])
@@ -75,7 +77,6 @@ def _worker_metrics(beats: dict[str, dict[str, str]]) -> list[Metric]:
     back = GaugeMetricFamily("fleetgen_worker_lease_back_in_seconds",
                              "a lost worker: seconds until what it holds is back in the queue",
                              labels=["worker"])
-    now = time.time()
     for name, beat in sorted(beats.items()):
         lease = Heartbeat.of(beat)
         healthy.add_metric([name], int(beat.get("healthy", 0) or 0))

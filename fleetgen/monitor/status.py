@@ -24,6 +24,7 @@ from fleetgen.base.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heartb
 from fleetgen.base.manifest import RunManifest
 from fleetgen.base.redisconn import read_hash, text
 from fleetgen.base.runstate import run_complete
+from fleetgen.base.serverclock import server_time
 from fleetgen.base.wire import unrenewed_leases
 
 
@@ -122,6 +123,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         return None
     stats = read_hash(client, keys.stats)
     written = read_hash(client, keys.written)
+    # Heartbeats and leases are on Valkey's clock; a test passes its own `now` for both.
+    clock = now or server_time(client)
     now = now or time.time()
     state = manifest.state or "?"
     if state == STATE_PRODUCED and run_complete(client, run, manifest=manifest):
@@ -174,17 +177,19 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.empty, status.unfinished = outcome("empty"), outcome("reasoning_unfinished")
     status.stop_reason = manifest.stop_reason
     status.blocked = blocked
-    status.workers = _workers(client, stats, elapsed, now)
-    _lost_leases(client, status, now)
+    beats = live_workers(client)  # one SCAN and an HGETALL a worker, for both readings
+    status.workers = _workers(beats, stats, elapsed, clock)
+    _lost_leases(client, beats, status, clock)
     status.idle = idle_line(status)
     return status
 
 
-def _lost_leases(client: redis.Redis, status: RunStatus, now: float) -> None:
+def _lost_leases(client: redis.Redis, heartbeats: dict[str, dict[str, str]],
+                 status: RunStatus, now: float) -> None:
     """The run's prompts whose lease no live worker renews (kombu's index, not a heartbeat's
     snapshot: a dead worker may have taken more after its last beat), and when the last of
     them is back in the queue: its lease, then a sweep."""
-    beats = [Heartbeat.of(b) for b in live_workers(client).values()]
+    beats = [Heartbeat.of(b) for b in heartbeats.values()]
     interval_s = max((b.interval_s for b in beats), default=DEFAULT_INTERVAL_S)
     lease_s = max((b.lease_s for b in beats if b.lease_s), default=VISIBILITY_TIMEOUT_S.default)
     scores = unrenewed_leases(client, status.run, now - LOST_AFTER_BEATS * interval_s)
@@ -212,7 +217,7 @@ def live_workers(client: redis.Redis) -> dict[str, dict[str, str]]:
             for key in client.scan_iter(match=worker_key("*"), count=1000)}
 
 
-def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float,
+def _workers(beats: dict[str, dict[str, str]], stats: dict[str, str], elapsed: float,
              now: float) -> list[WorkerStatus]:
     by_name: dict[str, WorkerStatus] = {}
     for key, value in stats.items():
@@ -223,7 +228,7 @@ def _workers(client: redis.Redis, stats: dict[str, str], elapsed: float,
         if field_name in ("done", "failed", "completion_tokens"):
             setattr(w, field_name, int(value))
     # Idle workers show too: an online GPU that does nothing is what one wants to spot.
-    for name, beat in live_workers(client).items():
+    for name, beat in beats.items():
         _apply_heartbeat(by_name.setdefault(name, WorkerStatus(name)), beat, now)
     for w in by_name.values():
         w.rows_per_s = round(w.done / elapsed, 2)

@@ -18,7 +18,8 @@ from kombu.utils import json as kombu_json
 
 from fleetgen.base import broker
 from fleetgen.base.celeryconf import make_app
-from fleetgen.base.wire import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
+from fleetgen.base.serverclock import server_time
+from fleetgen.base.wire import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, held_key
 
 
 def _channel(url: str) -> broker.Channel:
@@ -130,30 +131,40 @@ def _held(channel: broker.Channel, tag: str) -> None:
     channel.qos.append(channel.Message(message, channel=channel), tag)
 
 
+def _zadds(rclient: redis.Redis) -> int:
+    return int(rclient.info("commandstats").get("cmdstat_zadd", {}).get("calls", 0))
+
+
 def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
                                                           rclient: redis.Redis) -> None:
-    """The heartbeat's `renew` moves the delivery time of what the channel holds to now, so
-    kombu's own sweep (`restore_visible`, 60 s timeout) leaves it; the same sweep hands back a
-    message whose holder stopped renewing. An acked tag is not put back in the index."""
-    channel = _channel(redis_url)
+    """Each channel holds its prompts under one lease (its holder's, in `wire.LEASES`), which
+    the heartbeat's `renew` moves to Valkey's now with one ZADD however many it holds (one a
+    prompt before: 64,500 a second at 1,000 workers of 129); the sweep (`restore_visible`, 60 s
+    timeout) hands back what a holder whose lease lapsed held and leaves a live one's."""
+    live, dead = _channel(redis_url), _channel(redis_url)
     rclient.delete("fleetgen")
-    for tag in ("live-1", "live-2", "acked", "dead"):
-        _held(channel, tag)
-    channel.qos.ack("acked")
-    long_ago = 1_000.0  # delivered long before any visibility timeout
-    rclient.zadd(KOMBU_UNACKED_INDEX, dict.fromkeys(["live-1", "live-2", "dead"], long_ago))
-    channel.qos._delivered.pop("dead")  # its holder: another channel, one that died
-    assert channel.qos.renew() == 2
-    scores = {tag: rclient.zscore(KOMBU_UNACKED_INDEX, tag) for tag in ("live-1", "live-2")}
-    assert all(s is not None and s > long_ago for s in scores.values()), scores
-    assert rclient.zscore(KOMBU_UNACKED_INDEX, "acked") is None
-    channel.qos.restore_visible(num=None, interval=1)
-    assert rclient.zrange(KOMBU_UNACKED_INDEX, 0, -1) == [b"live-1", b"live-2"]
+    tags = [f"live-{i}" for i in range(5)]
+    for tag in [*tags, "acked"]:
+        _held(live, tag)
+    live.qos.ack("acked")
+    _held(dead, "dead")
+    lapsed = server_time(rclient) - 61  # renewed last 61 s ago: past a 60 s lease
+    rclient.zadd(LEASES, {live.qos.holder: lapsed, dead.qos.holder: lapsed})
+    before = _zadds(rclient)
+    assert live.qos.renew() == 5
+    assert _zadds(rclient) - before == 1, "a renewal wrote more than the holder's lease"
+    renewed = rclient.zscore(LEASES, live.qos.holder)
+    assert renewed is not None and renewed == pytest.approx(server_time(rclient), abs=5)
+    live.qos.restore_visible(num=None, interval=1)
+    assert rclient.smembers(held_key(live.qos.holder)) == {t.encode() for t in tags}
+    assert sorted(rclient.hkeys(KOMBU_UNACKED)) == [t.encode() for t in tags]
     (back,) = rclient.lrange("fleetgen", 0, -1)
     assert json.loads(back)["properties"]["delivery_tag"] == "dead"
-    for tag in ("live-1", "live-2"):
-        channel.qos.ack(tag)
-    assert channel.qos.renew() == 0
+    assert rclient.zscore(LEASES, dead.qos.holder) is None
+    assert not rclient.exists(held_key(dead.qos.holder))
+    for tag in tags:
+        live.qos.ack(tag)
+    assert live.qos.renew() == 0 and not rclient.exists(held_key(live.qos.holder))
 
 
 def test_a_worker_takes_its_own_queue_before_the_shared_one(redis_url: str,

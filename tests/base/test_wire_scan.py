@@ -11,6 +11,7 @@ import redis
 
 from fleetgen.base.contract import QUEUE, TaskPayload
 from fleetgen.base.wire import (
+    IN_FLIGHT,
     KOMBU_UNACKED,
     KOMBU_UNACKED_INDEX,
     SCAN_PAGE,
@@ -18,6 +19,7 @@ from fleetgen.base.wire import (
     remove_tasks,
     requeue_unacked,
     task_message,
+    task_payload,
 )
 
 
@@ -95,3 +97,29 @@ def test_queued_counts_the_shared_queue_and_every_workers_own(rclient: redis.Red
     rclient.rpush(worker_queue("gpu0@h"), "c")
     rclient.rpush(worker_queue("gpu1@h"), "d", "e", "f")
     assert queued(rclient) == 6
+
+
+def test_held_lines_come_from_the_in_flight_index_not_the_copies(redis_url: str,
+                                                                 rclient: redis.Redis) -> None:
+    """Messages held through fleetgen's transport are found from `IN_FLIGHT` (~50 bytes each)
+    without reading their ~4.6 KB copies; an entry whose copy is gone (removed by a path that
+    left it) is neither counted nor kept; an ack removes the entry with the copy."""
+    from kombu import Connection
+
+    from fleetgen.base.broker import Transport
+
+    rclient.delete(QUEUE, KOMBU_UNACKED, KOMBU_UNACKED_INDEX, IN_FLIGHT)
+    rclient.lpush(QUEUE, *(_message("a", n) for n in range(1, 201)))
+    channel: Any = Connection(redis_url, transport=Transport).default_channel
+    held = [channel.basic_get(QUEUE, no_ack=False) for _ in range(150)]
+    assert rclient.hlen(IN_FLIGHT) == 150
+    channel.basic_ack(held[0].delivery_tag)
+    rclient.hset(IN_FLIGHT, "gone", "7 a")  # its copy is not in `unacked`
+    before = int(rclient.info("stats")["total_net_output_bytes"])
+    found = lines_in_flight(rclient, "a")
+    read = int(rclient.info("stats")["total_net_output_bytes"]) - before
+    assert found == set(range(1, 201)) - {task_payload(held[0]._raw)["line"]}  # type: ignore[index]
+    copy_bytes = len(_message("a", 1))
+    # The 50 queued messages are read whole; the 149 held ones only as their entries.
+    assert read < 50 * copy_bytes + 149 * 100, (read, copy_bytes)
+    assert not rclient.hexists(IN_FLIGHT, "gone") and rclient.hlen(IN_FLIGHT) == 149

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench import central, gpu_pool, guard
+from bench import central, fleet_scale, gpu_pool, guard
 from tests.support.figures import figures
 
 
@@ -50,3 +50,18 @@ def test_guard_records_then_fails_past_the_threshold(figures_dir: Path,
     assert figures(figures_dir, "guard")["cost_in_units"] == recorded["cost_in_units"]
     assert guard.verdict(1.0, 1.0) == ("ok", 1.0)
     assert guard.verdict(1.2, 1.0)[0] == "warn" and guard.verdict(1.3, 1.0)[0] == "fail"
+
+
+def test_fleet_scale_holds_every_workers_pool_and_measures_valkey(figures_dir: Path) -> None:
+    """Eight emulated workers in two processes: each holds its K + 1 prompts through kombu,
+    rows are written, and the figures say what Valkey did meanwhile."""
+    assert fleet_scale.main(["--workers", "8", "--window-s", "6", "--processes", "2"]) == 0
+    (r,) = figures(figures_dir, "fleet-scale")["results"]
+    # Each holds its pool, less at most one it is refilling at the end of the window.
+    pools = 8 * fleet_scale.SLOTS
+    assert r["workers"] == 8 and pools - 8 <= r["in_flight"] <= pools
+    assert r["rows_per_s"] > 0 and 0 < r["valkey_main_thread_busy"] < 1
+    assert r["ping_ms"]["count"] >= 10 and 0 < r["ping_ms"]["p50"] <= r["ping_ms"]["max"]
+    # Every worker beat (HSET of its heartbeat) and answered (the outcome's XADD).
+    assert r["commands_per_s"]["hset"] > 0 and r["commands_per_s"]["xadd"] > 0
+    assert r["valkey_memory_bytes"]["unacked_hash"] > 8 * fleet_scale.SLOTS * 1000

@@ -4,6 +4,8 @@ in a help text or a message."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,22 @@ def test_the_demo_says_how_it_starts_another_run(tmp_path: Path) -> None:
     plain = build_parser().parse_args(["produce", "p.jsonl", "--run", "r",
                                        "--context-length", "4096"])
     assert produce.settings_from(plain, "redis://x").new_run == "use a new --run name"
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_option_says_what_it_is(command: str) -> None:
+    bare = [a.option_strings[0] for a in subcommands()[command]._actions
+            if a.option_strings and not a.help]
+    assert not bare, f"fleetgen {command}: no help for {bare}"
+
+
+def test_a_mistyped_flag_shows_the_commands_usage_and_the_flag_meant(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "run", "p.jsonl", "--engine-url",
+                           "http://127.0.0.1:1", "--out", "out", "--max-ouput-tokens", "50"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("usage: fleetgen run "), done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "fleetgen run: error: unrecognized arguments: --max-ouput-tokens 50 (did you mean "
+        "--max-output-tokens?)")
+    assert not (tmp_path / "out").exists()

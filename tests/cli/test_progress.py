@@ -55,7 +55,7 @@ def test_drain_ends_with_a_short_table(rclient: redis.Redis, redis_url: str,
     assert "{" not in done.stdout and len(lines) < 20
     table = {line.split("  ")[1].strip(): line.rsplit("  ", 1)[1].strip() for line in lines}
     summary = orjson.loads((tmp_path / "out" / "summary.json").read_bytes())
-    assert table["rows"] == "5" == str(summary["total"]) and table["done"] == "5"
+    assert table["requests"] == "5" == str(summary["total"]) and table["done"] == "5"
     assert table["complete"] == "yes"
 
 
@@ -89,9 +89,10 @@ def test_drain_on_a_terminal_shows_a_bar_with_rate(rclient: redis.Redis, redis_u
     assert "rows written" in text and "5/5" in text and "rows/s" in text
 
 
-def test_without_a_terminal_a_line_a_minute(monkeypatch: pytest.MonkeyPatch,
+def test_without_a_terminal_a_line_every_ten_seconds(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # every figure, instead of a minute
+    assert progress.LINE_EVERY_S == 10.0
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # every figure, instead of 10 s
     terminal = Terminal("r", show_progress=False)
     terminal.read(0, 1000)
     terminal.read(400, 1000)

@@ -12,7 +12,7 @@ import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError
-from fleetgen.cli.run import expand_engine_urls
+from fleetgen.engine import engine_urls
 from fleetgen.local.ports import lease_port
 
 
@@ -29,12 +29,12 @@ def said(done: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def test_port_ranges_are_written_out() -> None:
-    assert expand_engine_urls(["http://10.0.0.2:30000-30002", "http://h:1"]) == [
+    assert engine_urls(["http://10.0.0.2:30000-30002", "http://h:1"]) == [
         "http://10.0.0.2:30000", "http://10.0.0.2:30001", "http://10.0.0.2:30002", "http://h:1"]
     with pytest.raises(ConfigError, match="a range names at most 64"):
-        expand_engine_urls(["http://127.0.0.1:30000-33999"])
+        engine_urls(["http://127.0.0.1:30000-33999"])
     with pytest.raises(ConfigError, match="named twice"):
-        expand_engine_urls(["http://h:1-2", "http://h:2"])
+        engine_urls(["http://h:1-2", "http://h:2"])
 
 
 def test_an_unreachable_server_is_one_line_before_anything_starts(tmp_path: Path) -> None:
@@ -44,7 +44,8 @@ def test_an_unreachable_server_is_one_line_before_anything_starts(tmp_path: Path
     assert done.returncode == exitcodes.UNAVAILABLE, done.stderr
     (line,) = said(done)
     assert f"http://127.0.0.1:{lease.port} unreachable" in line and "fleetgen doctor" in line
-    assert "starting run" not in done.stdout and not (tmp_path / "out" / ".fleetgen-state").exists()
+    assert "starting run" not in done.stdout
+    assert not (tmp_path / "out").exists()  # refused before anything: no empty --out left
 
 
 def test_a_run_name_other_than_the_one_out_holds_is_refused(tmp_path: Path) -> None:

@@ -38,13 +38,16 @@ def test_every_kind_of_bad_row_is_rejected_with_its_line_and_the_run_goes_on(
     prompts.write_bytes(b"\n".join(lines) + b"\n")
     summary = run_pipeline(fleet4, prompts, "bad-input", out_dir)
     data = read_output(out_dir)
-    assert summary["complete"] and summary["total"] == 10
+    assert summary["complete"] and summary["total"] == 10 and summary["input_rows"] == 10
     assert {r["id"] for r in data["results"]} == {"ok1", "ok2"}
     assert assert_fleet_content(fleet4, prompts, data) == 2  # ok1 answers line 1's prompt
     reasons = {r["line"]: r["reason"].split(":")[0] for r in data["rejected"]}
     assert reasons == {2: "invalid_json", 3: "no_prompt", 4: "empty_messages",
                        5: "bad_messages", 6: "invalid_utf8", 7: "duplicate_id",
                        8: "prompt_too_long", 9: "bad_messages"}
+    # A bad line's rejection shows where it breaks, not only its number.
+    broken = next(r for r in data["rejected"] if r["line"] == 2)
+    assert broken["reason"].endswith('; near: {"id": "j", "messages": ['), broken
     ok1 = next(r for r in data["results"] if r["id"] == "ok1")
     assert ok1["line"] == 1  # the first occurrence of a duplicated id wins ...
     dup = next(r for r in data["rejected"] if r["line"] == 7)

@@ -10,7 +10,9 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -126,6 +128,7 @@ def test_a_worker_started_by_hand_joins_a_listening_run(
     run, log = start_run(tmp_path, run_argv(prompts, urls[:1], "--listen", f"127.0.0.1:{port}"),
                          "run")
     worker: subprocess.Popen[bytes] | None = None
+    page: LivePage | None = None
     try:
         wait_until(lambda: "join with" in log.read_text() or run.poll() is not None, 120,
                    "the line for other hosts' workers")
@@ -137,12 +140,28 @@ def test_a_worker_started_by_hand_joins_a_listening_run(
         # The line as printed, with this "host's" own server and name (gpu1: the run named
         # its one worker gpu0).
         env = {**os.environ, "FLEETGEN_REDIS_URL": url, "FLEETGEN_ENGINE_URL": urls[1]}
-        worker = subprocess.Popen(celery_worker_argv("gpu1", None, "WARNING"), env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        worker_log = tmp_path / "worker.log"
+        with worker_log.open("wb") as wout:
+            worker = subprocess.Popen(celery_worker_argv("gpu1", None, "WARNING"), env=env,
+                                      stdout=wout, stderr=subprocess.STDOUT)
+        # And its live page, as docs/report.md starts it (the default --interval).
+        page = LivePage(tmp_path, env, run_named(log))
         assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
+        # The run it joined is complete: the worker ends by itself, 0, saying so once.
+        assert worker.wait(timeout=30) == 0, worker_log.read_text()[-3000:]
+        said = [line for line in worker_log.read_text().splitlines()
+                if "fleetgen worker" in line]
+        assert len(said) == 1 and "is complete" in said[0], worker_log.read_text()[-3000:]
+        assert "Trying again" not in worker_log.read_text()
+        last = page.snapshot()  # Redis is gone now: what the page keeps is the end
+        assert last["ended"] and last["error"] is None, last
+        assert last["status"]["state"] == "complete" and last["status"]["done"] == rows
+        assert last["status"]["in_flight"] == 0 and last["status"]["queued"] == 0
     finally:
-        if worker is not None:
-            worker.terminate()
+        if page is not None:
+            page.stop()
+        if worker is not None and worker.poll() is None:
+            worker.kill()
             worker.wait(timeout=60)
         if run.poll() is None:
             run.kill()
@@ -151,7 +170,41 @@ def test_a_worker_started_by_hand_joins_a_listening_run(
     assert_fleet_content(fleet, prompts, data)
     by_hand = sum(r["worker"] == worker_name(1) for r in data["results"])
     assert by_hand > 0, "the worker started by hand wrote nothing"
-    print(f"\nfleetgen run --listen: the worker started by hand wrote {by_hand} of {rows}")
+    print(f"\nfleetgen run --listen: the worker started by hand wrote {by_hand} of {rows}, "
+          f"left by itself when the run was complete; the live page ended at "
+          f"{last['status']['done']} done")
+
+
+def run_named(log: Path) -> str:
+    found = re.search(r"fleetgen run: (?:starting|resuming) run (\S+):", log.read_text())
+    assert found, log.read_text()[-3000:]
+    return found.group(1)
+
+
+class LivePage:
+    """`fleetgen status --run NAME --serve 0` in a process of its own, read over HTTP."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], run: str) -> None:
+        self.log = cwd / "status.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(fleetgen_cli("status", "--run", run, "--serve", "0"),
+                                         cwd=cwd, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        wait_until(lambda: "live page of run" in self.log.read_text()
+                   or self.proc.poll() is not None, 60, "the live page's line")
+        found = re.search(r"at (http://\S+) \(user (\S+), password (\S+)\)",
+                          self.log.read_text())
+        assert found, self.log.read_text()
+        self.url, self.auth = found.group(1), (found.group(2), found.group(3))
+
+    def snapshot(self) -> dict[str, Any]:
+        reply = httpx.get(f"{self.url.rstrip('/')}/status.json", auth=self.auth, timeout=10)
+        reply.raise_for_status()
+        return dict(reply.json())
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=10)
 
 
 def test_a_changed_setting_on_resume_is_one_line_before_the_workers_start(

@@ -11,7 +11,13 @@ import redis
 
 from fleetgen.base.contract import RunKeys, TaskPayload, worker_key
 from fleetgen.base.heartbeat import fields
-from fleetgen.base.wire import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, task_message
+from fleetgen.base.wire import (
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    LEASES,
+    held_key,
+    task_message,
+)
 from fleetgen.monitor.status import gather, render
 
 
@@ -36,16 +42,24 @@ def test_unrenewed_leases_are_what_lost_workers_hold(redis_url: str) -> None:
     held(client, "dead-a", run, 2, now - 20)
     held(client, "dead-b", run, 3, now - 25)  # taken after its worker's last beat, or before
     held(client, "other-run", "another", 1, now - 30)
+    # fleetgen's own transport: a tag under its holder's lease (fleetgen/base/broker.py), the
+    # holder's last renewal 22 s ago; and a live holder's, renewed a second ago.
+    for holder, tag, line, renewed in (("dead-holder", "dead-c", 4, now - 22),
+                                       ("live-holder", "live-c", 5, now - 1)):
+        held(client, tag, run, line, float("inf"))
+        client.sadd(held_key(holder), tag)
+        client.zadd(LEASES, {holder: renewed})
     status = gather(client, run, now=now)
     assert status is not None
-    assert status.lost_held == 2  # not the live one, not another run's
+    assert status.lost_held == 3  # not the live ones, not another run's
     # The later of the two leases lapses 60 s after it was renewed, then one sweep (6 s).
     assert status.lost_back_in_s == 46.0
     lost = {w.name: w.health for w in status.workers}
     assert lost["gpu1@h"].startswith("LOST") and lost["gpu0@h"] == "ok"
     text = render(status)
-    waiting = "WAITING 2 prompt(s) held by lost worker(s) gpu1@h: back in the queue within"
+    waiting = "WAITING 3 prompt(s) held by lost worker(s) gpu1@h: back in the queue within"
     assert waiting in text, text
-    for tag in ("live", "dead-a", "dead-b", "other-run"):
+    client.delete(LEASES, held_key("dead-holder"), held_key("live-holder"))
+    for tag in ("live", "dead-a", "dead-b", "other-run", "dead-c", "live-c"):
         client.hdel(KOMBU_UNACKED, tag)
         client.zrem(KOMBU_UNACKED_INDEX, tag)

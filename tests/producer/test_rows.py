@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleetgen.base.errors import InputError
-from producer.rows import BadRow, Row, read_rows
+from producer.rows import BadRow, Row, parse_line, read_rows
 from tests.support.pipeline import write_lines
 
 
@@ -131,3 +131,10 @@ def test_count_rows_matches_what_read_rows_yields(tmp_path: Path, content: bytes
     f = tmp_path / "in.jsonl"
     f.write_bytes(content)
     assert count_rows(f) == len(rows_of(f))
+
+
+def test_a_bad_json_line_is_shown_where_it_breaks() -> None:
+    bad = parse_line(4, b'{"id": "x", "prompt": "' + b"a" * 300 + b'" oops}')
+    assert isinstance(bad, BadRow) and bad.reason.startswith("invalid_json: ")
+    near = bad.reason.split("; near: ", 1)[1]
+    assert near.startswith("…") and near.endswith('" oops}') and len(near) == 61

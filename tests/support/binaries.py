@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import NoReturn
 
 import pytest
 
@@ -20,7 +21,18 @@ def require_binary(name: str, path: str | None = None, why: str = "") -> str:
     found = path if path and os.access(path, os.X_OK) else (None if path else shutil.which(name))
     if found:
         return found
-    reason = f"{path or name} missing{': ' + why if why else ''} (.ci/run installs it)"
+    _missing(path or name, why)
+
+
+def require_file(path: str, why: str = "") -> str:
+    """`path` (a library, a data file of a system package); missing: as `require_binary`."""
+    if not os.path.exists(path):
+        _missing(path, why)
+    return path
+
+
+def _missing(what: str, why: str) -> NoReturn:
+    reason = f"{what} missing{': ' + why if why else ''} (.ci/run installs it)"
     if os.environ.get(CI_FLAG) == "1":
         pytest.fail(f"{reason}; {CI_FLAG}=1 turns this skip into a failure", pytrace=False)
     pytest.skip(reason)

@@ -58,7 +58,8 @@ window.fleetgenLive = function (root, d) {
     if (!st) return;
     if (!snap.error) {
       state.textContent = "state " + st.state + " · updated " +
-        new Date(st.at * 1000).toLocaleTimeString() + (snap.idle ? " · NOT MOVING: " + snap.idle : "");
+        new Date(st.at * 1000).toLocaleTimeString() + (snap.idle ? " · NOT MOVING: " + snap.idle : "") +
+        (snap.ended ? " · the run has ended: these are its final figures" : "");
       state.className = snap.idle ? "warn" : "ok";
     }
     banner.textContent = [st.stop_reason ? "STOPPED EARLY: " + st.stop_reason : "",

@@ -1,0 +1,398 @@
+"""What N workers cost one Valkey whether or not they produce rows (docs/scale.md): N emulated
+workers, packed many to a process, each on its own kombu connection through fleetgen's
+transport (fleetgen/base/broker.py), holding K + 1 prompts as a GPU's worker does, at the
+seed's row rate (~0.9 rows/s a GPU), with `status` and the live page polled as an operator
+would and the producer's reconciliation scan every 30 s.
+
+Each emulated worker runs the worker's own code on each path: a task fetched through kombu
+(`basic_get`: RPOP, then `QoS.append`, the unacked copy and its lease), the worker's
+`generate_one` with the real `StreamSink` (the outcome's script) against an engine that
+answers at once, the ack (`QoS.ack`), the heartbeat with its lease renewal every 2 s
+(`QoS.renew`, `heartbeat.fields`), kombu's sweep every `sweep_interval_s` (`restore_visible`)
+and, at the end, the hand-back (`QoS.restore_unacked`). What it does not run: Celery's
+consumer loop and an idle worker's BRPOP (a worker whose slots are full does not poll).
+Measured per N: Valkey's main-thread CPU (INFO cpu deltas), a bystander's PING every 100 ms
+(its own process), commands/s by command (INFO commandstats deltas), memory, rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.central import InstantEngine
+from bench.common import save, table
+from fleetgen.base.contract import QUEUE, STATE_PRODUCED, RunKeys, TaskPayload, worker_key
+from fleetgen.base.redisconn import connect
+from fleetgen.base.wire import lines_in_flight, task_message, task_payload
+from fleetgen.local.valkey import EmbeddedValkey
+
+RUN = "scale"
+STOP_KEY = "bench:scale:stop"
+READY_KEY = "bench:scale:ready"
+ROWS_PER_S_A_GPU = 0.9  # the seed: ~2,700-token answers (523 M tokens / 193,010 answers)
+SLOTS = 129  # K + 1 of a 128-slot server
+HEALTH_S = 2.0  # FLEETGEN_HEALTH_INTERVAL_S's default
+LEASE_S = 60.0  # FLEETGEN_VISIBILITY_TIMEOUT_S's default
+PROMPT_TOKENS = 300
+HAND_BACK = 4  # workers of each process that hand back what they hold at the end
+
+
+def payload(line: int) -> TaskPayload:
+    return TaskPayload(run=RUN, line=line, id=f"r{line}", input_ids=list(range(PROMPT_TOKENS)),
+                       max_tokens=4096, sampling={"temperature": 0.7}, row={"i": line})
+
+
+class Worker:
+    """One emulated worker: its own kombu connection, channel and QoS (fleetgen's)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        from kombu import Connection
+
+        from fleetgen.base.broker import Transport
+        from fleetgen.base.celeryconf import celery_config
+        from workers.sink import StreamSink
+
+        options = celery_config(url, visibility_timeout_s=LEASE_S)["broker_transport_options"]
+        self.conn = Connection(url, transport=Transport, transport_options=options)
+        self.channel: Any = self.conn.default_channel
+        self.name = name
+        self.sink = StreamSink(self.channel.client, worker=name)
+        self.held = 0
+
+    def fetch(self) -> Any:
+        message = self.channel.basic_get(QUEUE, no_ack=False)
+        if message is not None:
+            self.held += 1
+        return message
+
+    def fill(self, count: int) -> list[Any]:
+        """Up to `count` fetches as `basic_get` makes them (RPOP, then `QoS.append`), in one
+        round trip of RPOPs and one of appends: the fill is not measured, and 129,000 fetches
+        one round trip each took minutes of these 2 cores."""
+        pipe = self.channel.client.pipeline(transaction=False)
+        for _ in range(count):
+            pipe.rpop(QUEUE)
+        messages = [self.channel.Message(orjson.loads(raw), channel=self.channel)
+                    for raw in pipe.execute() if raw is not None]
+        pipe = self.channel.client.pipeline(transaction=False)
+        for message in messages:
+            self.channel.qos.append(message, message.delivery_tag, pipe=pipe)
+        pipe.execute()
+        self.held += len(messages)
+        return messages
+
+    def finish(self, message: Any, engine: InstantEngine) -> None:
+        from workers.generate import RetryPolicy, generate_one
+
+        data = task_payload(message._raw)
+        assert data is not None
+        generate_one(data, engine, self.sink, RetryPolicy(), worker=self.name)  # type: ignore[arg-type]
+        self.channel.basic_ack(message.delivery_tag)
+        self.held -= 1
+
+    def beat(self) -> None:
+        """The gate's heartbeat (workers/gate.py `_heartbeat`): renew, then the hash."""
+        from fleetgen.base import heartbeat
+        from fleetgen.base.celeryconf import sweep_interval_s
+
+        qos = self.channel.qos
+        held = qos.renew()
+        sweep_s = sweep_interval_s(LEASE_S)
+        fields: dict[Any, Any] = {"engine": "instant://", "healthy": 1, "engine_state": "ready",
+                                  "consuming": 1, "concurrency": SLOTS, "inflight": held}
+        fields.update(heartbeat.fields(interval_s=HEALTH_S, lease_s=LEASE_S, sweep_s=sweep_s,
+                                       held=held, now=qos.renewed_at, skew_s=qos.clock_skew_s))
+        pipe = self.channel.client.pipeline()
+        pipe.hset(worker_key(self.name), mapping=fields)
+        pipe.expire(worker_key(self.name), heartbeat.ttl_s(HEALTH_S, LEASE_S, sweep_s))
+        pipe.execute()
+
+    def sweep(self) -> None:
+        self.channel.qos.restore_visible(num=self.channel.unacked_restore_limit, interval=1)
+
+
+def host(url: str, first: int, count: int) -> None:
+    """A process of `count` emulated workers, one thread, events in time order: each held
+    prompt is answered after an exponential time of mean SLOTS / 0.9 s (so each worker makes
+    0.9 rows/s), beats every 2 s and sweeps every sweep interval, staggered."""
+    from fleetgen.base.celeryconf import sweep_interval_s
+
+    rng = random.Random(first)
+    engine = InstantEngine(20)
+    workers = [Worker(url, f"w{first + i}@scale") for i in range(count)]
+    client = connect(url)
+    events: list[tuple[float, int, str, Any]] = []  # the rows' answers
+    ticks: list[tuple[float, int, str, Any]] = []  # beats and sweeps
+    now = time.monotonic()
+    mean_s = SLOTS / ROWS_PER_S_A_GPU
+    beaten = [now] * count
+    for i, w in enumerate(workers):
+        heapq.heappush(ticks, (now + rng.uniform(0, HEALTH_S), i, "beat", None))
+        heapq.heappush(ticks, (now + rng.uniform(0, sweep_interval_s(LEASE_S)), i, "sweep",
+                               None))
+        while w.held < SLOTS:
+            _keep_beating(workers[:i], beaten)
+            taken = w.fill(SLOTS - w.held)
+            if not taken:
+                time.sleep(0.05)  # the producer refills the queue
+            # Spread over a generation's length: the steady state from the start.
+            for message in taken:
+                heapq.heappush(events, (time.monotonic() + rng.uniform(0, mean_s), i, "done",
+                                        message))
+    client.incr(READY_KEY, count)
+    _loop(workers, events, ticks, engine, client, rng, mean_s)
+    # The SIGTERM hand-back of what they hold, by a few of them: every one's would be minutes
+    # of restores after the measured window (the path is the same for each).
+    for w in workers[:HAND_BACK]:
+        w.channel.qos.restore_unacked()
+
+
+def _keep_beating(filled: list[Worker], beaten: list[float]) -> None:
+    """The filled workers beat while the others fill: a fill of minutes on a loaded machine
+    must not let their leases lapse (the others' sweeps would take their prompts back)."""
+    for j, w in enumerate(filled):
+        if time.monotonic() - beaten[j] >= HEALTH_S:
+            w.beat()
+            beaten[j] = time.monotonic()
+
+
+def _loop(workers: list[Worker], rows: list[tuple[float, int, str, Any]],
+          ticks: list[tuple[float, int, str, Any]], engine: InstantEngine, client: Any,
+          rng: random.Random, mean_s: float) -> None:
+    """Beats and sweeps (`ticks`) before any row that is due: on a machine too loaded to make
+    every row in time, the rows fall behind (rows/s says by how much) and the per-worker
+    traffic stays on time, as a real worker's timer thread keeps it."""
+    from fleetgen.base.celeryconf import sweep_interval_s
+
+    next_look = 0.0
+    period = {"beat": HEALTH_S, "sweep": float(sweep_interval_s(LEASE_S))}
+    while True:
+        now = time.monotonic()
+        if now >= next_look:
+            if client.exists(STOP_KEY):
+                return
+            next_look = now + 1.0
+        heap = ticks if ticks[0][0] <= max(now, rows[0][0] if rows else now) else rows
+        at, i, kind, message = heapq.heappop(heap)
+        if at > now:
+            time.sleep(at - now)
+        w = workers[i]
+        if kind in period:
+            w.beat() if kind == "beat" else w.sweep()
+            heapq.heappush(ticks, (at + period[kind], i, kind, None))
+            continue
+        if kind == "done":
+            w.finish(message, engine)
+        message = w.fetch()
+        again = time.monotonic() + (rng.expovariate(1 / mean_s) if message else 0.2)
+        heapq.heappush(rows, (again, i, "done" if message else "refill", message))
+
+
+def pinger(url: str, out: Path) -> None:
+    """The bystander: a PING every 100 ms on its own connection, each latency in ms."""
+    client = connect(url)
+    latencies: list[float] = []
+    while not client.exists(STOP_KEY):
+        started = time.perf_counter()
+        client.ping()
+        latencies.append(1000 * (time.perf_counter() - started))
+        time.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
+    out.write_bytes(orjson.dumps(latencies))
+
+
+class Producer(threading.Thread):
+    """Keeps the shared queue at `depth` messages (LPUSH in batches, as the producer does)."""
+
+    def __init__(self, url: str, depth: int) -> None:
+        super().__init__(daemon=True)
+        self.client = connect(url)
+        self.depth, self.line, self.stop = depth, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            missing = self.depth - int(self.client.llen(QUEUE))
+            for start in range(0, max(missing, 0), 500):
+                pipe = self.client.pipeline(transaction=False)
+                batch = [task_message(payload(self.line + j + 1))
+                         for j in range(min(500, missing - start))]
+                self.line += len(batch)
+                pipe.lpush(QUEUE, *batch).execute()
+
+
+class Operator(threading.Thread):
+    """The live page's sample every 2 s, `status` every 10 s, the producer's reconciliation
+    scan every 30 s, and a stand-in drainer trimming the stream; each call's time kept."""
+
+    def __init__(self, url: str) -> None:
+        from fleetgen.monitor.live import Sampler
+
+        super().__init__(daemon=True)
+        self.client = connect(url)
+        self.sampler = Sampler(self.client, RUN)
+        self.stop = threading.Event()
+        self.seconds: dict[str, list[float]] = {"live page": [], "status": [],
+                                                "lines_in_flight": []}
+
+    def run(self) -> None:
+        from fleetgen.monitor.status import gather, render
+
+        started = time.monotonic()
+        jobs = [("live page", 2.0, self.sampler.sample),
+                ("status", 10.0, lambda: render(gather(self.client, RUN))),  # type: ignore[arg-type]
+                ("lines_in_flight", 30.0, lambda: lines_in_flight(self.client, RUN))]
+        due = {name: started for name, _, _ in jobs}
+        while not self.stop.wait(0.5):
+            self.client.xtrim(RunKeys(RUN).stream, maxlen=1000, approximate=True)
+            for name, every_s, job in jobs:
+                if time.monotonic() >= due[name]:
+                    t = time.perf_counter()
+                    job()
+                    self.seconds[name].append(time.perf_counter() - t)
+                    due[name] = time.monotonic() + every_s
+
+
+def _main_thread_cpu_s(client: Any) -> float:
+    cpu = client.info("cpu")
+    if "used_cpu_sys_main_thread" in cpu:
+        return float(cpu["used_cpu_sys_main_thread"]) + float(cpu["used_cpu_user_main_thread"])
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+def _commands(client: Any) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in client.info("commandstats").items()}
+
+
+def _spawn(*args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.Popen([sys.executable, "-m", "bench.fleet_scale", *args], env=env)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def run(n: int, processes: int, window_s: float, work: Path) -> dict[str, Any]:
+    valkey = EmbeddedValkey(work / f"valkey{n}").start()
+    hosts: list[subprocess.Popen[bytes]] = []
+    try:
+        client = connect(valkey.url)
+        client.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCED, "total": 10**9,
+                                                    "started_at": time.time()})
+        producer = Producer(valkey.url, depth=5000)
+        producer.start()
+        share = -(-n // processes)
+        hosts = [_spawn("host", "--redis", valkey.url, "--first", str(first),
+                        "--count", str(min(share, n - first)))
+                 for first in range(0, n, share)]
+        fill_started = time.monotonic()
+        while int(client.get(READY_KEY) or 0) < n:
+            if any(h.poll() is not None for h in hosts):
+                raise RuntimeError("an emulated worker process exited during the fill")
+            time.sleep(0.5)
+        fill_s = time.monotonic() - fill_started
+        producer.depth = max(200, int(2 * n * ROWS_PER_S_A_GPU))  # ~2 s of rows queued
+        return _measure(client, valkey.url, n, window_s, work, producer, fill_s)
+    finally:
+        client.set(STOP_KEY, 1)
+        for h in hosts:
+            try:
+                h.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                h.kill()
+        valkey.stop()
+
+
+def _measure(client: Any, url: str, n: int, window_s: float, work: Path, producer: Producer,
+             fill_s: float) -> dict[str, Any]:
+    pings = work / f"pings{n}.json"
+    operator = Operator(url)
+    client.config_resetstat()
+    cpu0, done0 = _main_thread_cpu_s(client), int(client.hget(RunKeys(RUN).stats, "done") or 0)
+    started = time.monotonic()
+    bystander = _spawn("ping", "--redis", url, "--out", str(pings))
+    operator.start()
+    memory: list[int] = []
+    while time.monotonic() - started < window_s:
+        time.sleep(2.0)
+        memory.append(int(client.info("memory")["used_memory"]))
+    seconds = time.monotonic() - started
+    cpu = _main_thread_cpu_s(client) - cpu0
+    done = int(client.hget(RunKeys(RUN).stats, "done") or 0) - done0
+    commands = _commands(client)
+    unacked = int(client.memory_usage("unacked", samples=5) or 0)
+    in_flight = int(client.hlen("unacked"))
+    operator.stop.set()
+    operator.join()
+    producer.stop.set()
+    client.set(STOP_KEY, 1)
+    bystander.wait(timeout=30)
+    latencies = orjson.loads(pings.read_bytes())
+    return {"workers": n, "seconds": seconds, "fill_s": fill_s, "in_flight": in_flight,
+            "rows_per_s": done / seconds, "rows_per_s_target": n * ROWS_PER_S_A_GPU,
+            "valkey_main_thread_busy": cpu / seconds,
+            "ping_ms": {"p50": _percentile(latencies, 0.5), "p99": _percentile(latencies, 0.99),
+                        "max": max(latencies, default=0.0), "count": len(latencies)},
+            "commands_per_s": {k: v / seconds for k, v in sorted(commands.items())
+                               if v / seconds >= 0.1},
+            "valkey_memory_bytes": {"peak": max(memory or [0]), "unacked_hash": unacked},
+            "operator_call_s": {k: max(v, default=0.0) for k, v in operator.seconds.items()}}
+
+
+def _print(results: list[dict[str, Any]]) -> None:
+    print(table("fleet at scale: N emulated workers, K + 1 = 129 held each, 0.9 rows/s a GPU",
+                ["N", "in flight", "rows/s", "target", "Valkey main thread", "PING p50 ms",
+                 "p99 ms", "max ms", "Valkey MiB", "lines_in_flight s"],
+                [[r["workers"], r["in_flight"], r["rows_per_s"], r["rows_per_s_target"],
+                  f"{100 * r['valkey_main_thread_busy']:.1f} %", r["ping_ms"]["p50"],
+                  r["ping_ms"]["p99"], r["ping_ms"]["max"],
+                  r["valkey_memory_bytes"]["peak"] / (1 << 20),
+                  r["operator_call_s"]["lines_in_flight"]] for r in results]))
+    for r in results:
+        top = sorted(r["commands_per_s"].items(), key=lambda kv: -kv[1])[:10]
+        print(f"N={r['workers']} commands/s:", ", ".join(f"{k} {v:,.0f}" for k, v in top))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench fleet_scale", description=__doc__)
+    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "host", "ping"])
+    parser.add_argument("--workers", default="100,300,1000", help="the Ns, comma-separated")
+    parser.add_argument("--window-s", type=float, default=20.0, help="measured seconds per N")
+    parser.add_argument("--processes", type=int, default=4, help="emulated workers' processes")
+    parser.add_argument("--redis", help="host/ping mode: the Valkey URL")
+    parser.add_argument("--first", type=int, default=0, help="host mode: first worker number")
+    parser.add_argument("--count", type=int, default=1, help="host mode: workers")
+    parser.add_argument("--out", type=Path, help="ping mode: where the latencies go")
+    parser.add_argument("--figure", default="fleet-scale", help="the figures' file name")
+    args = parser.parse_args(argv)
+    if args.mode == "host":
+        host(args.redis, args.first, args.count)
+        return 0
+    if args.mode == "ping":
+        pinger(args.redis, args.out)
+        return 0
+    ns = [int(n) for n in args.workers.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        results = [run(n, args.processes, args.window_s, Path(tmp)) for n in ns]
+    _print(results)
+    save(args.figure, {"results": results, "slots": SLOTS,
+                       "rows_per_s_a_gpu": ROWS_PER_S_A_GPU},
+         {"workers": args.workers, "window_s": args.window_s, "processes": args.processes})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

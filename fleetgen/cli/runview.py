@@ -1,0 +1,173 @@
+"""What `fleetgen run` and the demo say while their run goes, in the terminal (or log) they were
+started from: an engine that stops answering, that its prompts go back to the queue, when it
+answers again; the engines up in the progress line; and, in a log, a line every few seconds
+with an ETA that counts the answers still running. Read from the workers' heartbeats as
+`fleetgen status` reads them (fleetgen/monitor/status.py, fleetgen/base/heartbeat.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from fleetgen.cli.progress import LINE_EVERY_S, duration
+from fleetgen.monitor import status
+
+# How often the run reads its workers' heartbeats: they beat every FLEETGEN_HEALTH_INTERVAL_S
+# (2 s by default), so reading faster shows nothing new.
+LOOK_EVERY_S = 2.0
+
+
+@dataclass
+class Engine:
+    """One server as the run sees it: up while a live worker reports it answering."""
+
+    url: str
+    up: bool = True
+    since: float = 0.0  # when it went down or came back (epoch s)
+    in_flight: int = 0  # what its workers held at the last look while it was up
+
+
+class FleetView:
+    """The run's engines from its workers' heartbeats: `look()` says each change once (down,
+    lost, back), and `engines_up` / `in_flight` feed the progress line."""
+
+    def __init__(self, client: redis.Redis, run: str, engines: list[str],
+                 say: Callable[[str], None], *, clock: Callable[[], float] = time.time) -> None:
+        self._client, self._run, self._say, self._clock = client, run, say, clock
+        self.engines = {_key(u): Engine(_key(u)) for u in engines}
+        self.in_flight: int | None = None
+        self._due = 0.0
+
+    @property
+    def engines_up(self) -> tuple[int, int]:
+        return sum(e.up for e in self.engines.values()), len(self.engines)
+
+    def look(self) -> None:
+        """At most every LOOK_EVERY_S: the run's status, each engine's change said once."""
+        now = self._clock()
+        if now < self._due:
+            return
+        self._due = now + LOOK_EVERY_S
+        try:
+            s = status.gather(self._client, self._run, now)
+        except redis.RedisError:  # the drainer rides out an outage and says so itself
+            return
+        if s is None:
+            return
+        self.in_flight = s.in_flight
+        self._update(s.workers, now)
+
+    def _update(self, workers: list[status.WorkerStatus], now: float) -> None:
+        by_engine: dict[str, list[status.WorkerStatus]] = {}
+        for w in workers:
+            if w.engine:
+                by_engine.setdefault(_key(w.engine), []).append(w)
+        for url in by_engine:  # a worker joined from another host: its engine too
+            self.engines.setdefault(url, Engine(url, since=now))
+        for engine in self.engines.values():
+            ws = by_engine.get(engine.url, [])
+            answering = [w for w in ws if _answering(w)]
+            if answering:
+                engine.in_flight = sum(w.in_flight or 0 for w in answering)
+            if bool(answering) == engine.up:
+                continue
+            if answering:
+                self._say(f"engine {engine.url} answers again at {_clock(now)} (down "
+                          f"{duration(now - engine.since)}): worker "
+                          f"{', '.join(w.name for w in answering)} takes prompts again")
+            else:
+                self._say(self._gone_line(engine, ws, now))
+            engine.up, engine.since = bool(answering), now
+
+    @staticmethod
+    def _gone_line(engine: Engine, workers: list[status.WorkerStatus], now: float) -> str:
+        if not workers:
+            return (f"engine {engine.url} has no worker alive since {_clock(now)}: nothing is "
+                    "sent to it")
+        names = ", ".join(w.name for w in workers)
+        held = engine.in_flight
+        prompts = f"the {held} prompt(s) it was answering go" if held else "its prompts go"
+        lost = [w for w in workers if w.lost]
+        if lost:
+            back = max((w.back_in_s or 0.0) for w in lost)
+            when = "at the next sweep" if not back else f"within {duration(back)}"
+            return (f"worker {names} of engine {engine.url} stopped at {_clock(now)} (no "
+                    f"heartbeat): {prompts} back to the queue {when}, when its leases lapse")
+        return (f"engine {engine.url} stopped answering at {_clock(now)} (worker {names}: "
+                f"{workers[0].health}): {prompts} back to the queue for the other engines; "
+                "its worker takes prompts again once it answers")
+
+
+def _answering(w: status.WorkerStatus) -> bool:
+    """A live worker whose engine answers (taking prompts or about to: `paused` is a gate
+    that opens at its next beat)."""
+    return not w.lost and bool(w.healthy)
+
+
+def _key(url: str) -> str:
+    return url.rstrip("/")
+
+
+def _clock(epoch_s: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch_s))
+
+
+def eta_s(remaining: int, in_flight: int | None, rate: float,
+          answer_s: float | None) -> float | None:
+    """Seconds until the last request is written: the ones not started yet at the fleet's
+    rate, then about one answer's time for those still running (a rate alone says "0 min"
+    while the last long answers still generate). None while there is no rate."""
+    if remaining <= 0:
+        return 0.0
+    if rate <= 0:
+        return None
+    if in_flight is None or answer_s is None:
+        return remaining / rate
+    waiting = max(remaining - in_flight, 0)
+    return waiting / rate + (answer_s if min(in_flight, remaining) > 0 else 0.0)
+
+
+class LogLine:
+    """Where no bar is drawn: every LINE_EVERY_S, the requests written of the total, the rate
+    since the first figure (a resumed run's earlier rows do not make it look fast), the
+    engines up and the ETA. An answer's time comes from Little's law: the mean in flight over
+    the mean rate."""
+
+    def __init__(self, say: Callable[[str], None], *, show: bool | None = None,
+                 every_s: float = LINE_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._say, self._every_s, self._clock = say, every_s, clock
+        self._show = not sys.stderr.isatty() if show is None else show
+        self._first: tuple[float, int] | None = None
+        self._due = clock() + every_s
+        self._flight_area = 0.0  # in flight x seconds since the first figure
+        self._last_at: float | None = None
+
+    def tick(self, written: int, total: int | None, *, in_flight: int | None = None,
+             engines: tuple[int, int] | None = None) -> None:
+        now = self._clock()
+        if self._first is None:
+            self._first = (now, written)
+        if in_flight is not None and self._last_at is not None:
+            self._flight_area += in_flight * (now - self._last_at)
+        self._last_at = now
+        if not self._show or now < self._due:
+            return
+        self._due = now + self._every_s
+        self._say(self.line(now, written, total, in_flight, engines))
+
+    def line(self, now: float, written: int, total: int | None, in_flight: int | None,
+             engines: tuple[int, int] | None) -> str:
+        since, n0 = self._first or (now, written)
+        elapsed = max(now - since, 1e-9)
+        rate = (written - n0) / elapsed
+        answer_s = self._flight_area / elapsed / rate if rate > 0 and self._flight_area else None
+        left = None if total is None else eta_s(total - written, in_flight, rate, answer_s)
+        of = "?" if total is None else f"{total:,}"
+        up = f", engines {engines[0]}/{engines[1]}" if engines else ""
+        return (f"{written:,}/{of} requests written, {rate:,.1f}/s{up}, ETA "
+                f"{'-' if left is None else duration(left)}")

@@ -1,0 +1,66 @@
+"""What `fleetgen run` says of its engines, from heartbeats written as workers write them into a
+real Valkey (fleetgen/cli/runview.py FleetView): a fall and a return said once each, a worker
+whose beats stop said with when its prompts are back, a joined host's engine counted."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from fleetgen.base.contract import STATE_PRODUCING, RunKeys, worker_key
+from fleetgen.cli.runview import LOOK_EVERY_S, FleetView
+
+RUN = "view"
+A, B = "http://127.0.0.1:31000", "http://127.0.0.1:31001"
+
+
+def beat(client: redis.Redis, name: str, engine: str, *, healthy: bool, at: float,
+         inflight: int = 0) -> None:
+    client.hset(worker_key(name), mapping={
+        "engine": engine, "healthy": int(healthy), "consuming": int(healthy), "at": at,
+        "interval_s": 2.0, "lease_s": 60.0, "sweep_s": 5.0, "held": inflight,
+        "inflight": inflight, "concurrency": 9})
+
+
+def test_falls_and_returns_are_said_once(rclient: redis.Redis) -> None:
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    said: list[str] = []
+    now = [time.time()]
+    view = FleetView(rclient, RUN, [A, B + "/"], said.append, clock=lambda: now[0])
+
+    def look(step_s: float = LOOK_EVERY_S) -> None:
+        now[0] += step_s
+        view.look()
+
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0], inflight=7)
+    beat(rclient, "gpu1@h", B, healthy=True, at=now[0], inflight=3)
+    look()
+    assert said == [] and view.engines_up == (2, 2)
+    beat(rclient, "gpu0@h", A, healthy=False, at=now[0])
+    look()
+    beat(rclient, "gpu1@h", B, healthy=True, at=now[0], inflight=3)
+    look()  # said once, not at every look
+    assert len(said) == 1 and view.engines_up == (1, 2)
+    assert said[0].startswith(f"engine {A} stopped answering at ")
+    assert "(worker gpu0@h: ENGINE DOWN): the 7 prompt(s) it was answering go back to the " \
+           "queue for the other engines" in said[0]
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0])
+    beat(rclient, "gpu1@h", B, healthy=True, at=now[0], inflight=3)
+    look()
+    assert said[1].startswith(f"engine {A} answers again at ") and "(down 0m04s)" in said[1]
+    assert view.engines_up == (2, 2)
+
+    # gpu1's process dies: its beats stop (its hash stays until its prompts are back).
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 10)
+    look(10)
+    assert len(said) == 3 and view.engines_up == (1, 2)
+    assert said[2].startswith(f"worker gpu1@h of engine {B} stopped at ")
+    assert "(no heartbeat): the 3 prompt(s) it was answering go back to the queue within" \
+           in said[2]
+
+    # A worker that joined from another host brings its engine into the count.
+    beat(rclient, "gpu0@other", "http://10.0.0.9:30000", healthy=True, at=now[0] + 2)
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 2)
+    look()
+    assert view.engines_up == (2, 3) and len(said) == 3
