@@ -10,11 +10,13 @@ from typing import Any
 import redis
 
 from fleetgen.base.contract import (
+    KIND_HOLDOUT,
     KIND_REJECTED,
     QUEUE,
     RunKeys,
     TaskPayload,
     slot_of,
+    slots_of,
     worker_key,
 )
 from fleetgen.base.outcomes import stream_entry
@@ -73,6 +75,22 @@ class Enqueuer:
             count += 1
         if count:
             pipe.hincrby(self.keys.stats, "rejected", count)
+            pipe.execute()
+
+    def hold_out(self, records: Iterable[dict[str, Any]]) -> None:
+        """A held-out row is an outcome too, never sent: XADD its line and mark every request
+        it stands for done and sent, atomically (a resume skips them; Redis losing the bits
+        sends the line again, and the drainer keeps the first)."""
+        pipe = self.redis.pipeline(transaction=True)
+        count = 0
+        for record in records:
+            slots = list(slots_of(record))
+            pipe.xadd(self.keys.stream, stream_entry(KIND_HOLDOUT, record))
+            set_bits(pipe, self.keys.done, slots)
+            set_bits(pipe, self.keys.sent, slots)
+            count += len(slots)
+        if count:
+            pipe.hincrby(self.keys.stats, "holdout", count)
             pipe.execute()
 
     # -- backpressure ---------------------------------------------------------------------

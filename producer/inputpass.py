@@ -12,6 +12,7 @@ from typing import Any
 from fleetgen.base.contract import TaskPayload
 from fleetgen.base.outcomes import duplicate_record
 from producer.dedup import SeenIds
+from producer.holdout import HoldOut
 from producer.inputs import Inputs
 from producer.manifest import RunManifest
 from producer.options import Request
@@ -25,7 +26,7 @@ from producer.turnmode import TurnMode
 class InputPass:
     def __init__(self, inputs: Inputs, batch_size: int, default_n: int, prompts: Prompts,
                  outbox: Outbox, turns: TurnMode, manifest: RunManifest,
-                 seen_ids: SeenIds) -> None:
+                 seen_ids: SeenIds, holdout: HoldOut | None = None) -> None:
         self.inputs = inputs
         self.batch_size = batch_size
         self.default_n = default_n  # --n: samples of a row that does not say
@@ -34,6 +35,7 @@ class InputPass:
         self.turns = turns
         self.manifest = manifest
         self.seen_ids = seen_ids  # ~8 bytes a row (bench/memory.py)
+        self.holdout = holdout or HoldOut(0.0)
         self.next_slot = 1
 
     @property
@@ -54,7 +56,8 @@ class InputPass:
             self.outbox.wait_for_room(should_stop, while_full=self.turns.follow)
             if should_stop():
                 break
-            payloads, rejections = self._prepare(chunk, wanted, progress)
+            payloads, rejections, held = self._prepare(chunk, wanted, progress)
+            self.outbox.hold_out(held)
             self.outbox.send_first(payloads, rejections)
             self.manifest.record_read(self.slots_read)
             self.turns.follow()
@@ -63,18 +66,26 @@ class InputPass:
         return progress
 
     def _prepare(self, chunk: list[Row | BadRow], wanted: Callable[[int], bool],
-                 progress: Progress) -> tuple[list[TaskPayload], list[dict[str, Any]]]:
+                 progress: Progress
+                 ) -> tuple[list[TaskPayload], list[dict[str, Any]], list[dict[str, Any]]]:
         batch = self.prompts.batch()
+        held: list[dict[str, Any]] = []
         for item in chunk:
             progress.read += 1
             duplicate = self._is_duplicate(item.id)
+            row = item  # as it was read: a held-out conversation is written whole
             item, requests = self.turns.requests(item, self.next_slot, self.default_n)
             self.next_slot += len(requests)
             pending = [r for r in requests if wanted(r.slot)]
             progress.skipped += len(requests) - len(pending)
-            if pending:
+            if not pending:
+                continue
+            if isinstance(row, Row) and not duplicate and self.holdout.takes(row):
+                # One line for all the row's requests (its samples, its turns).
+                held.append(self.holdout.record(row, requests))
+            else:
                 self._add(batch, item, pending, duplicate)
-        return batch.payloads(), batch.rejections
+        return batch.payloads(), batch.rejections, held
 
     @staticmethod
     def _add(batch: PromptBatch, item: Row | BadRow, pending: list[Request],

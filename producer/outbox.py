@@ -45,6 +45,11 @@ class Outbox:
         self.enqueuer.send(payloads, self.affinity.first_routes(payloads))
         self._count(payloads, rejections)
 
+    def hold_out(self, records: list[dict[str, Any]]) -> None:
+        """Held-out rows (--holdout): their lines to the stream, never to a queue."""
+        self.enqueuer.hold_out(records)
+        self.progress.held_out += sum(int(r.get("slots", 1)) for r in records)
+
     def send_next(self, payloads: list[TaskPayload], rejections: list[dict[str, Any]],
                   answered_by: Mapping[int, str | None]) -> int:
         """Next turns, each to the worker that answered the turn before where it has room

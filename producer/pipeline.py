@@ -20,6 +20,7 @@ from producer.budget import Limits
 from producer.dedup import SeenIds
 from producer.earlystop import EarlyStop, parse_rule
 from producer.enqueue import Enqueuer
+from producer.holdout import HoldOut
 from producer.inputpass import InputPass
 from producer.inputs import resolve_input
 from producer.manifest import RunManifest, recorded_in
@@ -61,7 +62,8 @@ class Producer:
         self.turns = self._turn_mode()
         self._seen_ids = SeenIds()  # ~8 bytes a row (bench/memory.py weighs it)
         self.input_pass = InputPass(self.inputs, settings.batch_size, settings.n, self.prompts,
-                                    self.outbox, self.turns, self.run_manifest, self._seen_ids)
+                                    self.outbox, self.turns, self.run_manifest, self._seen_ids,
+                                    HoldOut(settings.holdout))
         self._settings: dict[str, Any] = {}
         self.total: int | None = None  # rows in the input, once all of it has been read
 

@@ -51,6 +51,8 @@ class ProducerSettings:
     max_req_input_len: int | None = _option("max_req_input_len")
     sampling: Sampling = field(default_factory=lambda: Sampling())
     n: int = _option("n")  # a row's own `n` wins
+    # The share of rows held out (producer/holdout.py): never sent, written to holdout.jsonl.
+    holdout: float = _option("holdout")
     logprobs: int = _option("logprobs")
     token_ids: bool = _option("token_ids")
     json_schema: str | None = _option("json_schema")  # the schema as compact JSON
@@ -119,6 +121,8 @@ class ProducerSettings:
     def _check_request_options(self) -> None:
         if not 1 <= self.n <= MAX_SAMPLES:
             raise ConfigError(f"--n must be in 1..{MAX_SAMPLES}, got {self.n}")
+        if not 0 <= self.holdout < 1:
+            raise ConfigError(f"--holdout must be a fraction in [0, 1), got {self.holdout}")
         if not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ConfigError(f"--logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
         if self.stop_after < 1:

@@ -26,7 +26,9 @@ PREFIX: Final = "fleetgen"
 KIND_RESULT: Final = "result"
 KIND_FAILURE: Final = "failure"
 KIND_REJECTED: Final = "rejected"
-KINDS: Final = (KIND_RESULT, KIND_FAILURE, KIND_REJECTED)
+# A held-out row (--holdout): never sent; its one line in holdout.jsonl is its outcome.
+KIND_HOLDOUT: Final = "holdout"
+KINDS: Final = (KIND_RESULT, KIND_FAILURE, KIND_REJECTED, KIND_HOLDOUT)
 
 DRAINER_GROUP: Final = "drainer"
 
@@ -156,6 +158,13 @@ class TaskPayload(TypedDict):
 def slot_of(item: TaskPayload | dict[str, Any]) -> int:
     """The bit of a task payload or an outcome record in the run's bitmaps."""
     return int(item.get("slot", item["line"]))
+
+
+def slots_of(record: dict[str, Any]) -> range:
+    """The slots an outcome record stands for: its own, or a holdout line's every request
+    (`slots` of them from its first)."""
+    first = slot_of(record)
+    return range(first, first + int(record.get("slots", 1)))
 
 
 def request_key(item: TaskPayload | dict[str, Any]) -> str:

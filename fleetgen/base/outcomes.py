@@ -33,7 +33,8 @@ RESULT_FIELDS: Final = frozenset({
     "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
     "max_tokens", "latency_s", "attempts", "worker", "line", "reasoning", "reasoning_tokens",
     "reasoning_unfinished", "logprobs", "json_valid", "json_error", "output_ids",
-    "prompt_ids_digest", "finished_at", "spec", "spec_counters", *_REQUEST_FIELDS, SHADOWED})
+    "prompt_ids_digest", "finished_at", "slots", "spec", "spec_counters", *_REQUEST_FIELDS,
+    SHADOWED})
 
 
 class ResultParts(NamedTuple):
@@ -228,3 +229,18 @@ def duplicate_record(row_id: str, line: int, *, file: str | None = None,
                              position=position)
     record["duplicate_of"] = row_id
     return record
+
+
+def holdout_record(row_id: str, fields: dict[str, Any], line: int, first_slot: int,
+                   slots: int) -> dict[str, Any]:
+    """The holdout.jsonl line of a held-out row: the input row as it was (so `fleetgen run
+    holdout.jsonl` takes it; a field named like one of fleetgen's under SHADOWED, as in a
+    result), its `id` and `line`, and, where the row has several requests (--n, --turns all),
+    the first one's `slot` and how many `slots` the line stands for."""
+    record: dict[str, Any] = {"id": row_id, **carry_row(fields), "line": line}
+    if first_slot != line:
+        record["slot"] = first_slot
+    if slots > 1:
+        record["slots"] = slots
+    return record
+

@@ -16,12 +16,14 @@ from typing import Any, BinaryIO, Final
 import orjson
 
 from fleetgen.base import diskfull
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
+from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 
-# One JSONL file per outcome kind; every input row ends in exactly one of them.
+# One JSONL file per outcome kind; every input row ends in exactly one of them. The holdout
+# (--holdout) is there only in a run that holds rows out: the others are always created.
 FILES: Final = {KIND_RESULT: "results.jsonl", KIND_FAILURE: "failures.jsonl",
-                KIND_REJECTED: "rejected.jsonl"}
+                KIND_REJECTED: "rejected.jsonl", KIND_HOLDOUT: "holdout.jsonl"}
+ALWAYS: Final = (KIND_RESULT, KIND_FAILURE, KIND_REJECTED)
 # Written first by the drainer, holding the run's name: it ties the directory to one run.
 RUN_MARKER: Final = ".fleetgen-run"
 SUMMARY: Final = "summary.json"
@@ -186,16 +188,20 @@ class DrainDir:
         return size - keep
 
     def open_appends(self) -> None:
-        """Open every outcome file for appending (creating it): `append` writes to these."""
-        for kind in FILES:
+        """Open every outcome file for appending (creating it): `append` writes to these (and
+        opens the holdout's at its first line)."""
+        for kind in ALWAYS:
             if kind not in self._appends:
-                self._appends[kind] = self.file(kind).open("ab", buffering=0)
+                self._appends[kind] = self._open_append(kind)
+
+    def _open_append(self, kind: str) -> BinaryIO:
+        return self.file(kind).open("ab", buffering=0)
 
     def append(self, kind: str, lines: Iterable[bytes]) -> None:
         """Append whole lines (each without its newline) to `kind`'s file, then fsync: when
         this returns they survive a crash, so the caller may ack them. A full disk (or the
         file-size limit) is a DiskFull, with the file cut back to its whole lines before."""
-        f = self._appends[kind]
+        f = self._appends.get(kind) or self._appends.setdefault(kind, self._open_append(kind))
         data = memoryview(b"".join(line + b"\n" for line in lines))
         before = os.fstat(f.fileno()).st_size
         try:

@@ -221,6 +221,12 @@ TABLE: tuple[RunOption, ...] = (
     RunOption("n", "integer", "samples per prompt, each its own request with its own seed; one "
               "output row per (id, sample) (%(default)s)", default=1, flags=("--n",), type=int,
               metavar="N", pinned=True, summary=True),
+    RunOption("holdout", "fraction", "hold this share of the rows out of the run: chosen by "
+              "a hash of each row's id (the same rows on every resume and every machine), "
+              "written as they were to holdout.jsonl in the output directory and never sent, "
+              "for measuring a drafter on prompts it never trained on (%(default)s: none)",
+              default=0.0, flags=("--holdout",), type=float, metavar="FRACTION", pinned=True,
+              summary=True),
     RunOption("logprobs", "integer", "store the top-K log-probabilities of every output token "
               f"(0..{MAX_LOGPROBS}; %(default)s)", default=0, flags=("--logprobs",), type=int,
               metavar="K", pinned=True, summary=True),

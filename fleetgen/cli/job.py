@@ -309,6 +309,7 @@ def summary_table(s: dict[str, Any], out: Path) -> str:
         rows.append(("input lines", s["input_rows"]))
     rows += [("done", s["done"]),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
+            *([("held out (holdout.jsonl)", s["holdout"])] if s.get("holdout") else []),
             ("truncated (finish=length)", s["truncated"]),
             ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),
             ("wall time", f"{s['wall_s']} s"), ("rows/s", s["rows_per_s"]),

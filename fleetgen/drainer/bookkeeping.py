@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from fleetgen.base.acceptance import pooled_summary
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, RunKeys
+from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT, RunKeys
 from fleetgen.base.manifest import Manifest, RunManifest
 from fleetgen.base.redisconn import read_hash
 from fleetgen.base.runoptions import SUMMARY_SETTINGS
@@ -66,6 +66,7 @@ class RunBook:
             "done": self.tally.by_kind[KIND_RESULT],
             "failed": self.tally.by_kind[KIND_FAILURE],
             "rejected": self.tally.by_kind[KIND_REJECTED],
+            "holdout": self.tally.by_kind[KIND_HOLDOUT],  # never sent: holdout.jsonl
             **({"blocked": self.tally.held_back} if self.tally.turns else {}),
             "truncated": self.tally.truncated,
             "prompt_tokens": self.tally.prompt_tokens,

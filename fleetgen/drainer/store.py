@@ -14,18 +14,20 @@ import orjson
 from fleetgen.base.acceptance import CounterSessions, Pool
 from fleetgen.base.contract import (
     KIND_FAILURE,
+    KIND_HOLDOUT,
     KIND_REJECTED,
     KIND_RESULT,
     KINDS,
     blocked_by,
     slot_of,
+    slots_of,
 )
 from fleetgen.base.outcomes import QUALITY_COUNTS, quality_counts
 from fleetgen.base.outdir import DrainDir
 
 log = logging.getLogger("fleetgen.drainer")
 
-CODES = {KIND_RESULT: 1, KIND_FAILURE: 2, KIND_REJECTED: 3}
+CODES = {KIND_RESULT: 1, KIND_FAILURE: 2, KIND_REJECTED: 3, KIND_HOLDOUT: 4}
 
 
 @dataclass
@@ -63,17 +65,11 @@ class Tally:
         return KINDS[code - 1] if code else None
 
     def add(self, kind: str, record: dict[str, Any]) -> None:
-        line = slot_of(record)  # the request's slot: a line, or one sample of it
-        if line >= len(self.kinds):
-            self.kinds.extend(bytes(max(line + 1 - len(self.kinds), len(self.kinds))))
-        previous = self.kind_of(line)
-        if previous is not None:
-            self.by_kind[previous] -= 1
-        self.kinds[line] = CODES[kind]
-        self.by_kind[kind] += 1
-        if (line >> 3) >= len(self.bits):
-            self.bits.extend(bytes((line >> 3) + 1 - len(self.bits)))
-        self.bits[line >> 3] |= 0x80 >> (line & 7)
+        # A holdout line stands for every request of its row; any other record for one.
+        slots = slots_of(record) if kind == KIND_HOLDOUT else (slot_of(record),)
+        for line in slots:
+            self._mark(line, kind)
+        line = slots[0]
         self.blocked.pop(line, None)
         self.turns = self.turns or "turn" in record
         if kind == KIND_FAILURE and blocked_by(record):
@@ -88,6 +84,19 @@ class Tally:
             if self.spec.add(record):
                 worker = str(record.get("worker") or "?")
                 self.spec_by_worker.setdefault(worker, Pool()).add(record)
+
+    def _mark(self, line: int, kind: str) -> None:
+        """The request of slot `line` is held in `kind`'s file (moved there, if elsewhere)."""
+        if line >= len(self.kinds):
+            self.kinds.extend(bytes(max(line + 1 - len(self.kinds), len(self.kinds))))
+        previous = self.kind_of(line)
+        if previous is not None:
+            self.by_kind[previous] -= 1
+        self.kinds[line] = CODES[kind]
+        self.by_kind[kind] += 1
+        if (line >> 3) >= len(self.bits):
+            self.bits.extend(bytes((line >> 3) + 1 - len(self.bits)))
+        self.bits[line >> 3] |= 0x80 >> (line & 7)
 
     def lines_of(self, kind: str) -> list[int]:
         """The lines (slots) whose outcome in the files is `kind`."""
@@ -128,7 +137,8 @@ class FileStore:
         """Claim the directory, repair torn tails, rebuild the tally, and drop failures that a
         later retry turned into results."""
         self.dir.claim(self.run)
-        for kind in (KIND_FAILURE, KIND_REJECTED, KIND_RESULT):  # results last: they win
+        # results last: they win
+        for kind in (KIND_FAILURE, KIND_REJECTED, KIND_HOLDOUT, KIND_RESULT):
             cut = self.dir.repair(kind)
             if cut:
                 log.warning("%s: removed a torn last line (%d bytes)", self.dir.file(kind), cut)

@@ -166,7 +166,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
         queued=queued, in_flight=max(sent - finished - queued, 0), done=done, failed=failed,
         rejected=rejected, truncated=outcome("truncated"), retries=n(stats, "retries"),
         prompt_tokens=outcome("prompt_tokens"), completion_tokens=outcome("completion_tokens"),
-        written=n(written, "done") + n(written, "failed") + n(written, "rejected") + blocked,
+        written=(n(written, "done") + n(written, "failed") + n(written, "rejected")
+                 + n(written, "holdout") + blocked),
         elapsed_s=round(elapsed, 1), rows_per_s=round(rate, 2),
         tokens_per_s=round(outcome("completion_tokens") / elapsed, 1),
         eta_s=(round(remaining / rate, 1) if rate > 0 and remaining > 0

@@ -44,8 +44,8 @@ def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
 def test_the_names_are_the_public_contract(tmp_path: Path) -> None:
     d = DrainDir(tmp_path)
     assert [p.name for p in d.own_files()] == ["results.jsonl", "failures.jsonl",
-                                               "rejected.jsonl", ".fleetgen-run",
-                                               "summary.json"]
+                                               "rejected.jsonl", "holdout.jsonl",
+                                               ".fleetgen-run", "summary.json"]
     assert d.file(KIND_FAILURE) == tmp_path / "failures.jsonl"
 
 

@@ -116,7 +116,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 def read_output(out: Path) -> dict[str, list[dict[str, Any]]]:
     """Parse every output file; a torn or invalid line fails the test here."""
     data: dict[str, list[dict[str, Any]]] = {}
-    for kind in ("results", "failures", "rejected"):
+    for kind in ("results", "failures", "rejected", "holdout"):
         path = out / f"{kind}.jsonl"
         raw = path.read_bytes() if path.exists() else b""
         assert raw == b"" or raw.endswith(b"\n"), f"{path} ends with a torn line"
@@ -125,7 +125,7 @@ def read_output(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def assert_exactly_once(out: Path, expected_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """Every expected request once across results/failures/rejected, nothing else, no
+    """Every expected request once across results/failures/rejected/holdout, nothing else, no
     duplicate. A request is its id, or `id#sample` for one sample of several."""
     data = read_output(out)
     assert not [r for kind in data.values() for r in kind if r.get("id") is None], \
