@@ -162,6 +162,10 @@ LLAMA_SERVER: EnvVar[str | None] = EnvVar(
     "FLEETGEN_LLAMA_SERVER", "path", None, _optional_text, "tests",
     "a llama.cpp `llama-server` build of your own for `tests/real_engines`",
     default_text="the `engines` extra's")
+TEST_VLLM_URL: EnvVar[str | None] = EnvVar(
+    "FLEETGEN_TEST_VLLM_URL", "URL", None, _optional_text, "tests",
+    "a vLLM server you started for `tests/real_engines/test_vllm.py` (its kill test skips)",
+    default_text="the tier's own server")
 BENCH_FIGURES: EnvVar[str | None] = EnvVar(
     "FLEETGEN_BENCH_FIGURES", "path", None, _optional_text, "bench",
     "where the benches write their figures", default_text="bench/figures")
@@ -174,5 +178,5 @@ TABLE: tuple[EnvVar[Any], ...] = (
     REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
     BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
     VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, CACHE_DIR, SIM_API_KEY,
-    STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, BENCH_FIGURES, BENCH_RUN,
+    STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, TEST_VLLM_URL, BENCH_FIGURES, BENCH_RUN,
 )

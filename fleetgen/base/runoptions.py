@@ -191,8 +191,8 @@ TABLE: tuple[RunOption, ...] = (
               summary=True),
     RunOption("affinity", "flag", "no prefix affinity: a row's samples, prompts that share "
               "a system prompt and (with --turns all) each next turn go to any server, not "
-              "preferably to the one that holds their prefix in cache", default=True, flags=("--no-affinity",), dest="affinity",
-              action="store_false"),
+              "preferably to the one that holds their prefix in cache", default=True,
+              flags=("--no-affinity",), dest="affinity", action="store_false"),
     RunOption("tokenizer", "PATH|qwen3.6", "a local Hugging Face tokenizer directory, or "
               f"{DEFAULT_TOKENIZER} (built offline; default)", default=DEFAULT_TOKENIZER,
               flags=("--tokenizer",), metavar=f"PATH|{DEFAULT_TOKENIZER}", pinned=True,

@@ -41,7 +41,7 @@ BLOCK_SIZE = 128
 # A server a developer started by hand (`python -m vllm.entrypoints.openai.api_server` as
 # VllmServer.argv starts it, on this model): the tests use it instead of starting one, which
 # takes over a minute, minutes on a busy machine; the tests that kill the server skip.
-URL_ENV = "FLEETGEN_TEST_VLLM_URL"
+URL_ENV = "FLEETGEN_TEST_VLLM_URL"  # fleetgen/base/envvars.py TEST_VLLM_URL
 
 # head_dim 32: 16 starts, then the first request dies ("Unsupported CPU attention
 # configuration: head_dim=16"). The vocabulary is rounded up to 64 as vLLM pads it anyway.
