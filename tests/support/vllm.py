@@ -84,11 +84,9 @@ def model_cache_dir() -> Path:
 
 
 def _tokenizer_dir() -> Path:
-    from producer.tokenizer import QwenTokenizer, load_tokenizer
+    from tests.support.pipeline import qwen_tokenizer
 
-    tok = load_tokenizer("qwen3.6")
-    assert isinstance(tok, QwenTokenizer)
-    return tok.cache_path
+    return qwen_tokenizer().cache_path
 
 
 def _model_key(tokenizer_dir: Path) -> str:
