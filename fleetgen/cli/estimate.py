@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base import envvars, exitcodes, runoptions
+from fleetgen.base import exitcodes, runoptions
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir, atomic_file, usable_dir
@@ -47,16 +47,8 @@ def add_parser(sub: Any) -> None:
         "GPU-hours and output size, with 95% intervals. A table here, estimate.json in --out.")
     p.add_argument("input", type=Path, metavar="INPUT", help="prompts, as `fleetgen run` reads")
     # The servers and how the sample's run reaches them, as `fleetgen run` takes them.
-    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
-                   "for a range of ports); one worker each")
-    p.add_argument("--redis", metavar="URL", help="a Redis of your own for the sample's run "
-                   "(default: $FLEETGEN_REDIS_URL, else an embedded Valkey)")
-    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
-                   help="worker processes per engine, as `fleetgen run` (1)")
-    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=envvars.ENGINE_PROTOCOL.value(),
-                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    run_command.add_fleet_options(p, "a Redis of your own for the sample's run (default: "
+                                  "$FLEETGEN_REDIS_URL, else an embedded Valkey)")
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="where estimate.json and the sample's run go (the working directory)")
     p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
