@@ -283,10 +283,7 @@ def test_a_request_timeout_aborts_on_the_server(vllm: VllmServer) -> None:
         except errors.EngineError as exc:
             failed.append(exc)
 
-    def in_server() -> float:
-        return metric(vllm.url, RUNNING) + metric(vllm.url, WAITING)
-
-    wait_for(lambda: in_server() == 0, 30, "the server to be idle before the test")
+    wait_for(lambda: in_server(vllm) == 0, 30, "the server to be idle before the test")
     tokens_before = metric(vllm.url, GENERATED)
     started = time.monotonic()
     thread = threading.Thread(target=generate)
@@ -294,11 +291,11 @@ def test_a_request_timeout_aborts_on_the_server(vllm: VllmServer) -> None:
     try:
         # Seen in the server (running or, on a loaded machine, still waiting for its slot):
         # the gauges are sampled, so a request the client has already given up on counts too.
-        wait_for(lambda: in_server() >= 1 or not thread.is_alive(), 20,
+        wait_for(lambda: in_server(vllm) >= 1 or not thread.is_alive(), 20,
                  "the request to reach the server")
         thread.join(30)
         assert failed and isinstance(failed[0], errors.RetryableError), failed
-        wait_for(lambda: in_server() == 0, 10, "vLLM to abort the request")
+        wait_for(lambda: in_server(vllm) == 0, 10, "vLLM to abort the request")
     finally:
         thread.join(30)
         client.close()
@@ -308,6 +305,11 @@ def test_a_request_timeout_aborts_on_the_server(vllm: VllmServer) -> None:
     assert aborted_after < 15, aborted_after
     print(f"\nrequest timeout 3 s: the server aborted it after {aborted_after:.1f} s "
           f"({generated:.0f} of 900 tokens generated)")
+
+
+def in_server(vllm: VllmServer) -> float:
+    """The requests the server holds now: running, or waiting for a slot."""
+    return metric(vllm.url, RUNNING) + metric(vllm.url, WAITING)
 
 
 def wait_for(condition: Any, timeout_s: float, what: str) -> None:
@@ -346,6 +348,9 @@ def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: 
     try:
         for signum, after in ((signal.SIGTERM, 2), (signal.SIGKILL, 6)):
             wait_for(lambda n=after: written(out) >= n, 600, f"{after} rows written")
+            # The fault lands on work: the server holds requests (running or waiting) when
+            # it is signalled, so their answers are cut and must be asked again.
+            wait_for(lambda: in_server(vllm) >= 1, 60, "requests in the server")
             at_signal = written(out)
             ended[signum.name] = vllm.signal(signum)
             vllm.restart()
