@@ -140,8 +140,15 @@ class QoS(kombu_redis.QoS):
             encoded: bytes | str = orjson.dumps(copy)
         except TypeError:  # a value orjson cannot write: kombu's encoder can
             encoded = kombu_json.dumps(copy)
+        # `message.payload` is kombu's decode of the body, cached on the message: Celery's
+        # strategy reads the same cache next (`'args' not in message.payload`), so the
+        # prompt's token ids are parsed once per take, not twice (~110 µs for 3,000 ids).
+        try:
+            entry = in_flight_entry(message.payload) if message.content_type == JSON else None
+        except Exception:  # a body kombu cannot decode: Celery rejects it its own way next
+            entry = None
         keys = [self.unacked_index_key, self.unacked_key, self.held_key, LEASES, IN_FLIGHT]
-        args = [delivery_tag, encoded, self.holder, in_flight_entry(message._raw) or ""]
+        args = [delivery_tag, encoded, self.holder, entry or ""]
         if pipe is not None:
             self._script(pipe, _APPEND, keys, args)
         else:

@@ -44,10 +44,14 @@ def held_key(holder: str) -> str:
     return f"{PREFIX}:held:{holder}"
 
 
-def in_flight_entry(message: Any) -> str | None:
-    """The IN_FLIGHT value of a kombu message dict, or None if it is not fleetgen's task."""
-    payload = task_payload(message)
-    if payload is None or "run" not in payload:
+def in_flight_entry(body: Any) -> str | None:
+    """The IN_FLIGHT value of a task's decoded body (protocol 2: [args, kwargs, embed]), or None
+    if it is not fleetgen's task."""
+    try:
+        payload = body[0][0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(payload, dict) or "run" not in payload:
         return None
     return f"{slot_of(payload)} {payload['run']}"
 

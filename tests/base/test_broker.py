@@ -11,6 +11,7 @@ import math
 import uuid
 from datetime import UTC, datetime
 
+import orjson
 import pytest
 import redis
 from kombu import serialization
@@ -19,7 +20,14 @@ from kombu.utils import json as kombu_json
 from fleetgen.base import broker
 from fleetgen.base.celeryconf import make_app
 from fleetgen.base.serverclock import server_time
-from fleetgen.base.wire import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, held_key
+from fleetgen.base.wire import (
+    IN_FLIGHT,
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    LEASES,
+    held_key,
+    task_message,
+)
 
 
 def _channel(url: str) -> broker.Channel:
@@ -197,3 +205,18 @@ def test_a_worker_takes_its_own_queue_before_the_shared_one(redis_url: str,
             while len(taken) < 6:
                 conn.drain_events(timeout=5)
     assert taken == ["own"] * 3 + ["shared"] * 3
+
+
+def test_a_take_parses_the_prompt_once_for_the_index_and_celery(redis_url: str,
+                                                                rclient: redis.Redis) -> None:
+    """The in-flight entry ("<slot> <run>") is read from kombu's decode of the body, cached on
+    the message, which Celery's strategy reads next: the token ids are parsed once per take."""
+    channel = _channel(redis_url)
+    payload = {"run": "r", "line": 7, "id": "x", "input_ids": [1, 2, 3], "max_tokens": 5}
+    message = channel.Message(orjson.loads(task_message(payload)), channel=channel)  # type: ignore[arg-type]
+    channel.qos.append(message, message.delivery_tag)
+    assert rclient.hget(IN_FLIGHT, message.delivery_tag) == b"7 r"
+    assert message._decoded_cache is not None, "the body was parsed outside kombu's cache"
+    assert message.payload[0][0] == payload
+    channel.qos.ack(message.delivery_tag)
+    assert not rclient.hexists(IN_FLIGHT, message.delivery_tag)

@@ -15,8 +15,10 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
 import redis
 
+from fleetgen.base.wire import KOMBU_UNACKED, LEASES, held_key, task_payload
 from fleetgen.monitor.status import gather
 from tests.support import held
 from tests.support.binaries import require_file
@@ -37,6 +39,28 @@ def skewed(offset_s: int) -> dict[str, str]:
     leaves it)."""
     return {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"{offset_s:+d}s",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def leases(client: redis.Redis) -> dict[bytes, float]:
+    """Each holder (a worker's channel) -> Valkey's time of its last renewal."""
+    pairs: list[tuple[bytes, float]] = client.zrange(LEASES, 0, -1, withscores=True)  # type: ignore[assignment]
+    return dict(pairs)
+
+
+def lines_held_by(client: redis.Redis, holder: bytes) -> set[int]:
+    """The lines whose unacked copy is in `holder`'s set."""
+    tags = list(client.smembers(held_key(holder.decode())))
+    copies = client.hmget(KOMBU_UNACKED, tags) if tags else []
+    payloads = [task_payload(orjson.loads(raw)[0]) for raw in copies if raw is not None]
+    return {int(p["line"]) for p in payloads if p is not None}
+
+
+def dead_holder(client: redis.Redis, at_kill: dict[bytes, float]) -> bytes:
+    """The one holder of `at_kill` that has not renewed since, once every other one has (b""
+    until then)."""
+    now = leases(client)
+    stale = [h for h, renewed in at_kill.items() if now.get(h, renewed) <= renewed]
+    return stale[0] if len(stale) == 1 else b""
 
 
 def served(stats: dict[str, object]) -> int:
@@ -79,7 +103,13 @@ def test_skewed_clocks_neither_redeliver_live_prompts_nor_keep_dead_ones(
     killed_at = time.monotonic()
     assert fleet.workers[1].proc.wait(timeout=10) == -signal.SIGKILL
     before = held.worker_done(client, "skew", ahead)
-    at_kill = held.unacked_lines(client, "skew") - held.done_lines(client, "skew", rows)
+    # The fault landed on a worker holding prompts: its lease is the one no beat renews (the
+    # live ones renew every 2 s, far inside the 60 s lease), and its set names what it held.
+    at_kill = leases(client)
+    dead = wait_until(lambda: dead_holder(client, at_kill), 30,
+                      "every live worker to renew its lease")
+    lost = lines_held_by(client, dead) - held.done_lines(client, "skew", rows)
+    assert lost, "the worker ahead held nothing unwritten when it died: the test proves nothing"
     drain(fleet, "skew", out, timeout_s=150)
     recovered_s = time.monotonic() - killed_at
     data = assert_exactly_once(out, set(kinds["good"]))
@@ -91,6 +121,11 @@ def test_skewed_clocks_neither_redeliver_live_prompts_nor_keep_dead_ones(
     by_worker = {g: sum(r["worker"] == worker_name(g) for r in data["results"])
                  for g in range(3)}
     assert by_worker[1] == before, "the killed worker wrote results after its death"
+    # The recovery ran: the sweep restored the dead holder's prompts (and dropped its lease),
+    # and the live workers wrote them.
+    assert dead not in leases(client), "the dead worker's lease was never swept"
+    by_line = {int(r["line"]): r["worker"] for r in data["results"]}
+    assert all(by_line[line] != ahead for line in lost), lost
     # No row generated twice while its worker lived: each live worker's engine served exactly
     # the rows its worker wrote (a live prompt swept to another worker is asked twice), and
     # no worker answered a row another had written.
@@ -104,4 +139,4 @@ def test_skewed_clocks_neither_redeliver_live_prompts_nor_keep_dead_ones(
                                                                           before)
     print(f"\nclocks {skews[ahead]:+.0f} s and {skews[behind]:+.0f} s: {rows} rows, "
           f"{sum(served(s) for s in stats)} requests; the worker ahead killed holding "
-          f"{len(at_kill)}, run complete {recovered_s:.1f} s after the kill")
+          f"{len(lost)}, run complete {recovered_s:.1f} s after the kill")
