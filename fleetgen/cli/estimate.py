@@ -154,8 +154,12 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
     from producer.rows import BadRow, count_rows, read_rows
 
     prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))
-    survey, seen, total = Survey(), SeenIds(), count_rows(settings.input)
-    bar = Bar("prompts tokenized", show=sys.stderr.isatty(), total=total)
+    # The total only feeds the bar: counting is a whole extra pass over the input, so it is
+    # taken only where a bar is shown.
+    show = sys.stderr.isatty()
+    survey, seen = Survey(), SeenIds()
+    total = count_rows(settings.input) if show else None
+    bar = Bar("prompts tokenized", show=show, total=total)
     batch, samples = prompts.batch(), {}
     for item in read_rows(settings.input):
         survey.rows += 1
