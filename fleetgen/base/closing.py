@@ -15,6 +15,7 @@ import redis
 from fleetgen.base.contract import closing_key, watcher_key, worker_key
 from fleetgen.base.heartbeat import Heartbeat
 from fleetgen.base.redisconn import read_hash, text
+from fleetgen.base.serverclock import LUA_NOW, server_time
 
 # Periods of its own a watcher's mark outlives its last read: a page stopped by Ctrl-C is no
 # longer waited for.
@@ -22,12 +23,19 @@ WATCHER_TTL_PERIODS = 3
 # The longest a closing run waits for a slow page (its --interval) or a joined worker's
 # warm shutdown: past it the Valkey stops anyway, and the run says who did not see the end.
 MAX_WAIT_S = 30.0
+# A page's read on Valkey's clock, as the announcement's time: a page on a host whose clock is
+# ahead must not look as if it had read the end (nor one behind as if it never would).
+_MARK = LUA_NOW + """
+redis.call('SET', KEYS[1], now .. ' ' .. ARGV[1], 'EX', ARGV[2])
+return 1
+"""
 
 
 def announce(client: redis.Redis, run: str) -> float:
-    """The run is complete and this Redis stops next; returns when it was said (epoch s)."""
+    """The run is complete and this Redis stops next; returns when it was said (epoch s,
+    Valkey's clock)."""
     client.set(closing_key(), run)
-    return time.time()
+    return server_time(client)  # read after the SET: a read marked later saw the key
 
 
 def closing(value: bytes | str | None) -> str | None:
@@ -38,7 +46,7 @@ def closing(value: bytes | str | None) -> str | None:
 def mark_watcher(pipe: redis.client.Pipeline, watcher: str, interval_s: float) -> None:
     """A live page's read, added to its sampling pipeline."""
     ttl_s = max(int(WATCHER_TTL_PERIODS * interval_s) + 1, 2)
-    pipe.set(watcher_key(watcher), f"{time.time()} {interval_s}", ex=ttl_s)
+    pipe.eval(_MARK, 1, watcher_key(watcher), interval_s, ttl_s)
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,8 @@ class Pending:
 def pending(client: redis.Redis, own: Iterable[str], announced_at: float,
             now: float | None = None) -> Pending:
     """Who has not seen the end yet: joined (not `own`) workers still beating, and pages
-    whose last read is older than the announcement."""
-    now = time.time() if now is None else now
+    whose last read is older than the announcement (all on Valkey's clock)."""
+    now = server_time(client) if now is None else now
     own_names = set(own)
     workers, wait_s = [], 0.0
     for key in client.scan_iter(match=worker_key("*"), count=1000):

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base import envvars, exitcodes, runoptions
+from fleetgen.base import exitcodes, runoptions
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir, atomic_file, usable_dir
@@ -47,16 +47,8 @@ def add_parser(sub: Any) -> None:
         "GPU-hours and output size, with 95% intervals. A table here, estimate.json in --out.")
     p.add_argument("input", type=Path, metavar="INPUT", help="prompts, as `fleetgen run` reads")
     # The servers and how the sample's run reaches them, as `fleetgen run` takes them.
-    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
-                   "for a range of ports); one worker each")
-    p.add_argument("--redis", metavar="URL", help="a Redis of your own for the sample's run "
-                   "(default: $FLEETGEN_REDIS_URL, else an embedded Valkey)")
-    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
-                   help="worker processes per engine, as `fleetgen run` (1)")
-    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=envvars.ENGINE_PROTOCOL.value(),
-                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    run_command.add_fleet_options(p, "a Redis of your own for the sample's run (default: "
+                                  "$FLEETGEN_REDIS_URL, else an embedded Valkey)")
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="where estimate.json and the sample's run go (the working directory)")
     p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
@@ -107,8 +99,8 @@ def estimate(args: argparse.Namespace) -> int:
     if not survey.lines:
         raise ConfigError(f"{args.input}: no row fits the servers' budget "
                           f"({sum(survey.rejected.values())} rejected); nothing to estimate")
-    strata, chosen = draw(survey, args.sample, args.sample_seed)
-    sample_path = write_sample(args, settings.input, chosen, strata)
+    chosen, sizes = draw(survey, args.sample, args.sample_seed)
+    sample_path, stratum_of = write_sample(args, settings.input, chosen)
     run_out = sample_path.parent / "run"
     say(f"generating {len(chosen)} sampled rows on {len(urls)} server(s) (`fleetgen run` "
         f"into {run_out})")
@@ -120,8 +112,7 @@ def estimate(args: argparse.Namespace) -> int:
     if code != exitcodes.OK:
         raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
                           "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
-    answers, failed = read_answers(run_out, {row_id: h for h, row_id in strata})
-    sizes = stratum_sizes(survey, len({h for h, _ in strata}))
+    answers, failed = read_answers(run_out, stratum_of)
     fleet = Fleet(len(urls), args.gpus_per_engine, fleet_slots(settings))
     result = project(answers, sizes, sorted(set(args.cap or DEFAULT_CAPS)), fleet, failed)
     result = {"input": input_part(survey, args), "sample": {
@@ -193,43 +184,36 @@ def _tally(survey: Survey, batch: Any, samples: dict[int, int]) -> None:
         survey.rejected[str(record["reason"]).split(":", 1)[0]] += 1
 
 
-def draw(survey: Survey, n: int, seed: int) -> tuple[list[tuple[int, str]], set[int]]:
+def draw(survey: Survey, n: int, seed: int) -> tuple[dict[int, int], list[int]]:
     """The sample: the accepted rows in equal-count strata of prompt length, each sampled in
-    proportion to its size (seeded). Returns (stratum, line) pairs as `(h, str(line))` and the
-    lines chosen."""
+    proportion to its size (seeded). Returns each chosen line's stratum, and the requests
+    (rows x samples) each stratum stands for."""
     order = sorted(range(len(survey.lines)), key=lambda i: survey.prompt_tokens[i])
     count = max(1, min(STRATA, n // MIN_PER_STRATUM, len(order)))
     rng = random.Random(seed)
-    chosen: list[tuple[int, str]] = []
+    chosen: dict[int, int] = {}
+    sizes: list[int] = []
     for h in range(count):
         members = order[h * len(order) // count:(h + 1) * len(order) // count]
         take = min(len(members), round(n * len(members) / len(order)))
-        chosen += [(h, str(survey.lines[i])) for i in rng.sample(members, max(take, 1))]
-    return chosen, {int(line) for _, line in chosen}
+        chosen.update((survey.lines[i], h) for i in rng.sample(members, max(take, 1)))
+        sizes.append(sum(survey.requests[i] for i in members))
+    return chosen, sizes
 
 
-def stratum_sizes(survey: Survey, count: int) -> list[int]:
-    """The requests (rows x samples) each stratum of `draw` stands for."""
-    order = sorted(range(len(survey.lines)), key=lambda i: survey.prompt_tokens[i])
-    return [sum(survey.requests[i] for i in order[h * len(order) // count:
-                                                   (h + 1) * len(order) // count])
-            for h in range(count)]
-
-
-def write_sample(args: argparse.Namespace, source: Path, lines: set[int],
-                 strata: list[tuple[int, str]]) -> Path:
+def write_sample(args: argparse.Namespace, source: Path,
+                 chosen: dict[int, int]) -> tuple[Path, dict[str, int]]:
     """The sampled rows as they were (their ids written out), in a directory named by their
     bytes and the settings: the same sample is the same run, resumed; another is a new one.
-    The strata are kept as ids: each (h, line) pair becomes (h, id)."""
+    Returns the sample's path and each sampled id's stratum (what its answer is filed by)."""
     from producer.rows import Row, read_rows
 
-    by_line = {int(line): h for h, line in strata}
-    strata.clear()
+    stratum_of: dict[str, int] = {}
     body = bytearray()
     for item in read_rows(source):
-        if item.line in lines and isinstance(item, Row):
+        if item.line in chosen and isinstance(item, Row):
             body += orjson.dumps({"id": item.id, **item.fields}) + b"\n"
-            strata.append((by_line[item.line], item.id))
+            stratum_of[item.id] = chosen[item.line]
     pinned = {o.attr: getattr(args, o.attr, None) for o in runoptions.TABLE
               if o.pinned and o.flags}
     key = hashlib.blake2b(bytes(body) + json.dumps(pinned, sort_keys=True, default=str)
@@ -238,7 +222,7 @@ def write_sample(args: argparse.Namespace, source: Path, lines: set[int],
     if not path.exists():
         with atomic_file(path) as f:
             f.write(bytes(body))
-    return path
+    return path, stratum_of
 
 
 def read_answers(out: Path, stratum_of: dict[str, int]) -> tuple[list[Answer], int]:

@@ -40,24 +40,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("input", type=Path, metavar="INPUT",
                    help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
                    "quoted glob")
-    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
-                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
-                   "for a range of ports); one worker each")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output dir")
     p.add_argument("--run", metavar="NAME",
                    help="run name (default: the one recorded in --out, else run-TIMESTAMP)")
-    p.add_argument("--redis", metavar="URL",
-                   help="a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
-                   f"under DIR/{STATE_DIR})")
+    add_fleet_options(p, f"a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
+                      f"under DIR/{STATE_DIR})")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the embedded Valkey also listens there (with its password), so "
                    "workers on other hosts can join the run; the line they need is printed")
-    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
-                   help="worker processes per engine, sharing its K + 1 slots "
-                   "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
-    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=envvars.ENGINE_PROTOCOL.value(),
-                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
     p.add_argument("--retry-failures", action="store_true",
                    help="send the rows in DIR/failures.jsonl again (also once the run is "
                    "complete): a success moves the row to results.jsonl")
@@ -70,6 +60,21 @@ def add_parser(sub: Any) -> None:
                    help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
     p.set_defaults(handler=run)
+
+
+def add_fleet_options(p: argparse.ArgumentParser, redis_help: str) -> None:
+    """The servers and how the run's workers reach them: `run`'s, and `estimate`'s for the
+    `fleetgen run` of its sample."""
+    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+                   help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
+                   "for a range of ports); one worker each")
+    p.add_argument("--redis", metavar="URL", help=redis_help)
+    p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
+                   help="worker processes per engine, sharing its K + 1 slots "
+                   "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
+    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
+                   default=envvars.ENGINE_PROTOCOL.value(),
+                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
 
 
 def listen_address(value: str | None) -> tuple[str, int] | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from fleetgen.base.serverclock import ServerClock
 from fleetgen.cli.progress import LINE_EVERY_S, duration
 from fleetgen.monitor import status
 
@@ -36,8 +37,12 @@ class FleetView:
     lost, back), and `engines_up` / `in_flight` feed the progress line."""
 
     def __init__(self, client: redis.Redis, run: str, engines: list[str],
-                 say: Callable[[str], None], *, clock: Callable[[], float] = time.time) -> None:
-        self._client, self._run, self._say, self._clock = client, run, say, clock
+                 say: Callable[[str], None], *,
+                 clock: Callable[[], float] | None = None) -> None:
+        self._client, self._run, self._say = client, run, say
+        # Heartbeats are written on Valkey's clock: read them on it too (a --redis on a host
+        # whose clock differs from this one's must not make a live worker look lost).
+        self._clock = clock or ServerClock(client).now
         self.engines = {_key(u): Engine(_key(u)) for u in engines}
         self.in_flight: int | None = None
         self._due = 0.0

@@ -45,10 +45,6 @@ class Interval:
     low: float
     high: float
 
-    def rounded(self, digits: int) -> dict[str, float]:
-        return {"value": round(self.value, digits), "low": round(self.low, digits),
-                "high": round(self.high, digits)}
-
 
 def stratified_mean(answers: Sequence[Answer], sizes: Sequence[int],
                     value: Callable[[Answer], float]) -> Interval:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 
 from fleetgen.base.contract import STATE_PRODUCING, RunKeys, worker_key
+from fleetgen.base.serverclock import server_time
 from fleetgen.cli.runview import LOOK_EVERY_S, FleetView
 
 RUN = "view"
@@ -64,3 +66,17 @@ def test_falls_and_returns_are_said_once(rclient: redis.Redis) -> None:
     beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 2)
     look()
     assert view.engines_up == (2, 3) and len(said) == 3
+
+
+def test_heartbeats_are_read_on_valkeys_clock(rclient: redis.Redis,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's host's clock 120 s ahead of its Redis (a --redis on another host): a worker
+    that beat a moment ago on Valkey's clock, as workers write their beats, is up, not lost."""
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    beat(rclient, "gpu0@h", A, healthy=True, at=server_time(rclient), inflight=2)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 120.0)
+    said: list[str] = []
+    view = FleetView(rclient, RUN, [A], said.append)  # the default clock, as `run` builds it
+    view.look()
+    assert said == [] and view.engines_up == (1, 1) and view.in_flight is not None

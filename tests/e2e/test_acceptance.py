@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
+from fleetgen.local.fleet import FleetSpec
 from tests.support.cli import fleetgen_cli
-from tests.support.waiting import wait_until
+from tests.support.sims import engine_flags, separate_sims
 
 # Rates in an order that is not the URLs' own, so the by-server order proves the mapping.
 RATES = (0.55, 0.85, 0.25)
@@ -32,18 +32,8 @@ SPEC = FleetSpec(gpus=1, context_length=4096, max_running_requests=16, tpot_ms=1
 @contextmanager
 def sim(tmp_path: Path, name: str, extra: list[str]) -> Iterator[str]:
     """One `fleetgen sim` server in a process of its own, as a user starts it."""
-    log = tmp_path / f"{name}.log"
-    argv = LocalFleet(tmp_path / name, SPEC).sim_argv(1, extra)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        wait_until(lambda: len(sim_ports_reported(log.read_text())) == 1, 60,
-                   f"simulator {name}'s ready line")
-        yield f"http://127.0.0.1:{sim_ports_reported(log.read_text())[0]}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with separate_sims(tmp_path, SPEC, *extra, name=name, count=1) as urls:
+        yield urls[0]
 
 
 def write_prompts(path: Path) -> None:
@@ -76,7 +66,7 @@ def spec_args(rate: float) -> list[str]:
 
 def test_measure_acceptance_on_three_drafters(servers: list[str], tmp_path: Path) -> None:
     write_prompts(tmp_path / "holdout.jsonl")
-    argv = fleetgen_cli("run", "holdout.jsonl", *(a for u in servers for a in ("--engine-url", u)),
+    argv = fleetgen_cli("run", "holdout.jsonl", *engine_flags(servers),
                         "--out", "out/acceptance", "--measure-acceptance", "--group-by", "source")
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

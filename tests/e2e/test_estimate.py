@@ -8,7 +8,6 @@ reach the 8,192-token context: the cut share is then the figure a team needs to 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -17,7 +16,7 @@ import pytest
 from fleetgen.local.fleet import FleetSpec
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import make_prompts
-from tests.support.sims import separate_sims
+from tests.support.sims import engine_flags, sims_fixture
 
 # Fast servers (2 ms to the first token, 20 µs a token, 32 slots each): the 2,000 rows' ~5 M
 # tokens cost the simulator's CPU, not its clock.
@@ -27,10 +26,7 @@ ROWS = 2000
 SAMPLE = 300
 
 
-@pytest.fixture()
-def urls(tmp_path: Path) -> Iterator[list[str]]:
-    with separate_sims(tmp_path, SPEC) as found:
-        yield found
+urls = sims_fixture(SPEC)
 
 
 def fleetgen(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +38,7 @@ def fleetgen(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) -> None:
     make_prompts(tmp_path / "p.jsonl", ROWS)
-    servers = [a for u in urls for a in ("--engine-url", u)]
+    servers = engine_flags(urls)
     shown = fleetgen(tmp_path, "estimate", "p.jsonl", *servers, "--sample", str(SAMPLE))
     assert "--max-output-tokens" in shown.stdout and "4096" in shown.stdout
     est = orjson.loads((tmp_path / "estimate.json").read_bytes())  # the working directory

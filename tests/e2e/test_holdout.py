@@ -8,17 +8,15 @@ from __future__ import annotations
 import math
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.local.fleet import FleetSpec
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts
-from tests.support.sims import separate_sims
+from tests.support.sims import engine_flags, sims_fixture
 from tests.support.waiting import wait_until
 
 # Answers of ~150 tokens at 1 ms a token on 2 x 8 slots: 600 rows take ~6 s, long enough to
@@ -29,14 +27,11 @@ ROWS = 600
 FRACTION = 0.2
 
 
-@pytest.fixture()
-def urls(tmp_path: Path) -> Iterator[list[str]]:
-    with separate_sims(tmp_path, SPEC) as found:
-        yield found
+urls = sims_fixture(SPEC)
 
 
 def run_argv(prompts: str, urls: list[str], out: str, *extra: str) -> list[str]:
-    return fleetgen_cli("run", prompts, *(a for u in urls for a in ("--engine-url", u)),
+    return fleetgen_cli("run", prompts, *engine_flags(urls),
                         "--out", out, *extra)
 
 

@@ -17,13 +17,14 @@ import psutil
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import celery_worker_argv
 from tests.support.cli import fleetgen_cli
 from tests.support.content import assert_fleet_content
 from tests.support.held import worker_name
 from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.sims import engine_flags, separate_sims
 from tests.support.waiting import wait_until
 
 # Slow enough that the run is still going when it is interrupted or joined: 8 slots a server,
@@ -37,23 +38,13 @@ def servers(tmp_path: Path) -> Iterator[tuple[LocalFleet, list[str]]]:
     """Two simulated servers in a process of their own, as a user starts `fleetgen sim`; the
     fleet object only names their config (never started)."""
     spec_fleet = LocalFleet(tmp_path / "spec", SPEC)
-    log = tmp_path / "sim.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(spec_fleet.sim_argv(2, []), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: len(sim_ports_reported(log.read_text())) == 2, 60,
-                   "the simulators' ready line")
-        ports = sim_ports_reported(log.read_text())
-        spec_fleet.sim_ports = ports
-        yield spec_fleet, [f"http://127.0.0.1:{p}" for p in ports]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with separate_sims(tmp_path, SPEC) as urls:
+        spec_fleet.sim_ports = [int(url.rsplit(":", 1)[1]) for url in urls]
+        yield spec_fleet, urls
 
 
 def run_argv(prompts: Path, urls: list[str], *extra: str) -> list[str]:
-    return fleetgen_cli("run", str(prompts), *(a for u in urls for a in ("--engine-url", u)),
+    return fleetgen_cli("run", str(prompts), *engine_flags(urls),
                         "--out", "out/run", *extra)
 
 

@@ -112,6 +112,9 @@ def test_a_dead_engine_is_said_in_the_runs_own_output(servers: Servers,
     text = log.read_text()
     (down,) = [line for line in text.splitlines() if f"engine {dead} stopped" in line]
     assert down.startswith("fleetgen run: ") and "back to the queue" in down, down
+    # The kill landed on work: the engine held prompts when it died (its worker's count).
+    held = re.search(r"the (\d+) prompt\(s\) it was answering go back", down)
+    assert held and int(held.group(1)) > 0, down
     (back,) = [line for line in text.splitlines() if f"engine {dead} answers again" in line]
     assert re.search(r"answers again at \d\d:\d\d:\d\d \(down \d+m\d\ds\)", back), back
     assert re.search(r"requests written, [\d.]+/s, engines 3/3, ETA \d+m\d\ds", text), text

@@ -21,13 +21,14 @@ from tests.support.cli import fleetgen_cli
 from tests.support.disk import small_disk
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.simproc import sim_process
+from tests.support.sims import engine_flags
 
 OUT = "out/run"  # relative, as a user types it: every run below starts in its own directory
 
 
 def fleetgen_run(cwd: Path, prompts: Path, urls: list[str], *extra: str,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    argv = fleetgen_cli("run", str(prompts), *(a for u in urls for a in ("--engine-url", u)),
+    argv = fleetgen_cli("run", str(prompts), *engine_flags(urls),
                         "--out", OUT, *extra)
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})

@@ -6,37 +6,19 @@ its edge: n_ctx - 1 tokens (1 left), a few under, n_ctx (rejected before sending
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
-from typing import Any
 
 from fleetgen.local.fleet import LocalFleet
-from producer.tokenizer import QwenTokenizer, load_tokenizer
 from tests.support.llama import LlamaServer
-from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
+from tests.support.pipeline import (
+    assert_exactly_once,
+    make_prompts,
+    row_of,
+    run_pipeline,
+)
 
 OVER_LIMIT = "exceeds the available context size"  # llama.cpp's log line for the 400
-
-
-@functools.lru_cache(maxsize=1)
-def _tokenizer() -> QwenTokenizer:
-    tok = load_tokenizer("qwen3.6")
-    assert isinstance(tok, QwenTokenizer)
-    return tok
-
-
-def row_of(tokens: int, row_id: str) -> dict[str, Any]:
-    """A chat row whose rendered prompt is exactly `tokens` tokens (' the' is one token)."""
-    tok = _tokenizer()
-    words = max(1, tokens - 20)
-    for _ in range(10):
-        messages = [{"role": "user", "content": "the" + " the" * (words - 1)}]
-        count = tok.count(tok.render(messages))
-        if count == tokens:
-            return {"id": row_id, "messages": messages}
-        words += tokens - count
-    raise AssertionError(f"cannot build a row of {tokens} tokens")
 
 
 def prompts_around(path: Path, n_ctx: int, sizes: dict[str, int], ordinary: int) -> set[str]:

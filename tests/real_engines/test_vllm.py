@@ -27,12 +27,18 @@ from fleetgen.base import errors, exitcodes
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.openai import PROTOCOL
 from fleetgen.engine.preflight import refuses_long_input
-from producer.tokenizer import QwenTokenizer, load_tokenizer
+from producer.tokenizer import QwenTokenizer
 from tests.support.binaries import require_binary
 from tests.support.cli import fleetgen_cli
 from tests.support.content import input_rows
 from tests.support.fleet import written
-from tests.support.pipeline import assert_exactly_once, make_prompts, write_jsonl
+from tests.support.pipeline import (
+    assert_exactly_once,
+    make_prompts,
+    qwen_tokenizer,
+    row_of,
+    write_jsonl,
+)
 from tests.support.sim import StartSim
 from tests.support.trainer_judge import run_judge
 from tests.support.trainer_runs import Run, answers
@@ -76,25 +82,6 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
         server.stop()
 
 
-def tokenizer() -> QwenTokenizer:
-    tok = load_tokenizer("qwen3.6")
-    assert isinstance(tok, QwenTokenizer)
-    return tok
-
-
-def row_of(tokens: int, row_id: str) -> dict[str, Any]:
-    """A chat row whose rendered prompt is exactly `tokens` tokens (' the' is one token)."""
-    tok = tokenizer()
-    words = max(1, tokens - 20)
-    for _ in range(10):
-        messages = [{"role": "user", "content": "the" + " the" * (words - 1)}]
-        count = tok.count(tok.render(messages))
-        if count == tokens:
-            return {"id": row_id, "messages": messages}
-        words += tokens - count
-    raise AssertionError(f"cannot build a row of {tokens} tokens")
-
-
 def run_prompts(path: Path, n: int, seed: int, edges: dict[str, int]) -> set[str]:
     """`n` varied rows of the e2e generator, shortened to fit the small context, plus rows of
     exact sizes."""
@@ -134,7 +121,7 @@ def test_doctor_run_and_exports_as_a_user_runs_them(vllm: VllmServer, tmp_path: 
     assert not data["failures"]
     results = {r["id"]: r for r in data["results"]}
     sent = input_rows(prompts, set(results))
-    tok = tokenizer()
+    tok = qwen_tokenizer()
     for row_id, r in results.items():
         assert r["prompt_tokens"] == len(sent[row_id][0]), row_id
         assert r["max_tokens"] == MAX_MODEL_LEN - r["prompt_tokens"], row_id
@@ -193,7 +180,7 @@ def assert_the_trainers_take_the_tokens_export(out: Path, prompts: Path, work: P
     ids as returned, the loss mask over exactly those."""
     rows = [orjson.loads(line) for line in prompts.read_bytes().splitlines()]
     found = answers(Run("vllm", rows, (), {}), out)
-    path, tok = str(out / "export.tokens.jsonl"), str(tokenizer().cache_path)
+    path, tok = str(out / "export.tokens.jsonl"), str(qwen_tokenizer().cache_path)
     jobs = [{"trainer": trainer, "path": path, "tokenizer_dir": tok}
             for trainer in ("specforge", "speculators")]
     for job, result in zip(jobs, run_judge(jobs, work), strict=True):

@@ -14,6 +14,8 @@ conftest (tests/layout/test_test_imports.py). Conftests declare fixtures built f
 - simproc: `fleetgen sim` in a process of its own, on a port it keeps when started again;
   disk: a small tmpfs grown in place, and the file-size limit, for the full-disk tests.
 - specforge, trainers: the trainers' own rules and loaders; llama: a real llama-server;
+  vllm: a real vLLM server, vllm_probes: the probes it and `--flavor vllm` both answer;
+  engine_proc: what the two servers' processes share (leased port, log, readiness wait);
   ops: the venv's executables and Prometheus scrapes.
 - tiers: the folders of the fleet tier (tests/conftest.py marks by them).
 """

@@ -7,7 +7,6 @@ that goes into it, so a change of vocabulary, recipe or gguf version builds a ne
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -17,13 +16,11 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import Any, ClassVar
 
 from fleetgen.base.envvars import CACHE_DIR, LLAMA_SERVER
-from fleetgen.local.ports import PortInUse, PortLease, lease_port, on_leased_port
-from tests.support.waiting import wait_until
+from fleetgen.local.ports import PortLease
+from tests.support.engine_proc import EngineProcess
 
 # The model: llama architecture, as small as llama.cpp accepts and still fast on 2 cores.
 # Weights are random (seeded); only the vocabulary is real. `context_length` is the training
@@ -235,8 +232,14 @@ def write_model(path: Path) -> None:
 
 
 @dataclass
-class LlamaServer:
+class LlamaServer(EngineProcess):
     """One llama-server process; `args` are its flags after the model and the port."""
+
+    name: ClassVar[str] = "llama-server"
+    ready_path: ClassVar[str] = "/health"  # 503 while the model loads, 200 once it serves
+    poll_s: ClassVar[float] = 0.1
+    start_timeout_s: ClassVar[float] = 120.0
+    bind_markers: ClassVar[tuple[str, ...]] = ("couldn't bind",)
 
     binary: Path
     model: Path
@@ -247,63 +250,9 @@ class LlamaServer:
     port: int = 0
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def argv(self) -> list[str]:
         return [str(self.binary), "-m", str(self.model), *self.args,
                 "--host", "127.0.0.1", "--port", str(self.port)]
-
-    def start(self, timeout_s: float = 120.0) -> LlamaServer:
-        def start_on(lease: PortLease) -> None:
-            self._start_on(lease.port, timeout_s)
-
-        self.lease, _ = on_leased_port(start_on, lease=lease_port)
-        return self
-
-    def _start_on(self, port: int, timeout_s: float) -> None:
-        self.port = port
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        try:
-            self._wait_healthy(timeout_s, offset)
-        except BaseException:
-            self.kill()
-            raise
-
-    def log_text(self, offset: int = 0) -> str:
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_bytes()[offset:].decode(errors="replace")
-
-    def _wait_healthy(self, timeout_s: float, offset: int) -> None:
-        proc = self.proc
-        assert proc is not None
-
-        def alive() -> None:
-            if proc.poll() is None:
-                return
-            output = self.log_text(offset)
-            if "couldn't bind" in output or "Address already in use" in output:
-                raise PortInUse(f"llama-server could not bind port {self.port}")
-            raise RuntimeError(f"llama-server exited with {proc.returncode}:\n{output[-3000:]}")
-
-        def healthy() -> bool:
-            with contextlib.suppress(httpx.TransportError):
-                # 503 while the model loads, 200 once it serves
-                return client.get(f"{self.url}/health").status_code == 200
-            return False
-
-        with httpx.Client(timeout=2.0) as client:
-            try:
-                wait_until(healthy, timeout_s, "llama-server to be healthy", poll_s=0.1,
-                           check=alive)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}:\n{self.log_text(offset)[-3000:]}") from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -314,9 +263,3 @@ class LlamaServer:
                 self.proc.kill()
                 self.proc.wait(timeout=20)
         self.proc = None
-
-    def stop(self) -> None:
-        self.kill()
-        if self.lease is not None:
-            self.lease.close()
-            self.lease = None

@@ -3,6 +3,7 @@ output read back: every request exactly once."""
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ from fleetgen.local.fleet import LocalFleet
 from producer.pipeline import Progress
 from producer.runner import produce as produce_run
 from producer.settings import ProducerSettings
+from producer.tokenizer import QwenTokenizer, load_tokenizer
 
 WORDS = ["alpha", "beta", "gamma", "数据", "模型", "😀", "def f(x):\n    return x * 2\n",
          "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "\t", "\n\n"]
@@ -47,6 +49,27 @@ def make_prompts(path: Path, n: int, *, too_long: int = 0, malformed: int = 0,
         kinds["malformed"].append(f"bad{j}")
     path.write_bytes(b"\n".join(lines) + b"\n")
     return kinds
+
+
+@functools.lru_cache(maxsize=1)
+def qwen_tokenizer() -> QwenTokenizer:
+    """Qwen3.6's tokenizer as `fleetgen run` loads it by default (its offline build)."""
+    tok = load_tokenizer("qwen3.6")
+    assert isinstance(tok, QwenTokenizer)
+    return tok
+
+
+def row_of(tokens: int, row_id: str) -> dict[str, Any]:
+    """A chat row whose rendered prompt is exactly `tokens` tokens (' the' is one token)."""
+    tok = qwen_tokenizer()
+    words = max(1, tokens - 20)
+    for _ in range(10):
+        messages = [{"role": "user", "content": "the" + " the" * (words - 1)}]
+        count = tok.count(tok.render(messages))
+        if count == tokens:
+            return {"id": row_id, "messages": messages}
+        words += tokens - count
+    raise AssertionError(f"cannot build a row of {tokens} tokens")
 
 
 def produce(fleet: LocalFleet, prompts: Path, run: str, *, wait: bool = False,

@@ -21,10 +21,18 @@ SIM_ARGS = ("--context-length", "4096", "--output-tokens-mean", "60")
 @contextmanager
 def sim_process(log: Path, *extra: str, port: int = 0, count: int = 1) -> Iterator[list[str]]:
     """`fleetgen sim --port PORT --count COUNT ...`; yields its servers' URLs."""
+    with sim_child(fleetgen_cli("sim", "--port", str(port), "--count", str(count), *SIM_ARGS,
+                                *extra), log, count) as urls:
+        yield urls
+
+
+@contextmanager
+def sim_child(argv: list[str], log: Path, count: int) -> Iterator[list[str]]:
+    """The simulator process `argv` (`count` servers), its output in `log`; yields their URLs
+    once its ready line names them all, and stops it on the way out."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(fleetgen_cli("sim", "--port", str(port), "--count", str(count),
-                                             *SIM_ARGS, *extra),
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         wait_until(lambda: len(sim_ports_reported(log.read_text())) == count
                    or proc.poll() is not None, 60, "the simulators' ready line")

@@ -1,29 +1,41 @@
-"""Simulated servers started as a user starts `fleetgen sim`: a process of their own, their
-ports read from its ready line, for tests that run `fleetgen run` (or `estimate`) against them."""
+"""Simulated servers of a FleetSpec started as a user starts `fleetgen sim`: a process of their
+own, their ports read from its ready line, for tests that run `fleetgen run` (or `estimate`)
+against them."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
-from tests.support.waiting import wait_until
+import pytest
+
+from fleetgen.local.fleet import FleetSpec, LocalFleet
+from tests.support.simproc import sim_child
 
 
 @contextmanager
-def separate_sims(work: Path, spec: FleetSpec) -> Iterator[list[str]]:
-    """`spec.gpus` servers of `spec` in one `fleetgen sim` process; yields their URLs."""
+def separate_sims(work: Path, spec: FleetSpec, *extra: str, name: str = "sim",
+                  count: int | None = None) -> Iterator[list[str]]:
+    """`count` (default `spec.gpus`) servers of `spec` in one `fleetgen sim` process, its
+    output in NAME.log; yields their URLs."""
+    count = spec.gpus if count is None else count
     fleet = LocalFleet(work / "spec", spec)  # names their flags only; never started
-    log = work / "sim.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(fleet.sim_argv(spec.gpus, []), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: len(sim_ports_reported(log.read_text())) == spec.gpus, 60,
-                   "the simulators' ready line")
-        yield [f"http://127.0.0.1:{p}" for p in sim_ports_reported(log.read_text())]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with sim_child(fleet.sim_argv(count, list(extra)), work / f"{name}.log", count) as urls:
+        yield urls
+
+
+def sims_fixture(spec: FleetSpec) -> Callable[..., Iterator[list[str]]]:
+    """A module's `urls` fixture (`urls = sims_fixture(SPEC)`): its servers, one set a test."""
+
+    @pytest.fixture()
+    def urls(tmp_path: Path) -> Iterator[list[str]]:
+        with separate_sims(tmp_path, spec) as found:
+            yield found
+
+    return urls
+
+
+def engine_flags(urls: Iterable[str]) -> list[str]:
+    """`--engine-url U` for each server, as `fleetgen run` and `estimate` take them."""
+    return [a for u in urls for a in ("--engine-url", u)]

@@ -19,12 +19,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
 from fleetgen.base.envvars import CACHE_DIR
-from fleetgen.local.ports import PortInUse, PortLease, lease_port, on_leased_port
+from fleetgen.local.ports import PortLease
+from tests.support.engine_proc import EngineProcess
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,11 +84,9 @@ def model_cache_dir() -> Path:
 
 
 def _tokenizer_dir() -> Path:
-    from producer.tokenizer import QwenTokenizer, load_tokenizer
+    from tests.support.pipeline import qwen_tokenizer
 
-    tok = load_tokenizer("qwen3.6")
-    assert isinstance(tok, QwenTokenizer)
-    return tok.cache_path
+    return qwen_tokenizer().cache_path
 
 
 def _model_key(tokenizer_dir: Path) -> str:
@@ -138,9 +137,15 @@ def server_env() -> dict[str, str]:
 
 
 @dataclass
-class VllmServer:
+class VllmServer(EngineProcess):
     """One `vllm.entrypoints.openai.api_server` (its API process and engine core, one process
     group); `start` leases a port, `restart` starts it again on the same port."""
+
+    name: ClassVar[str] = "vLLM"
+    ready_path: ClassVar[str] = "/v1/models"
+    poll_s: ClassVar[float] = 0.5
+    start_timeout_s: ClassVar[float] = 600.0
+    own_session: ClassVar[bool] = True
 
     python: Path
     model: Path
@@ -151,10 +156,6 @@ class VllmServer:
     port: int = 0
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def argv(self) -> list[str]:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(self.model), "--served-model-name", SERVED_NAME,
@@ -162,59 +163,12 @@ class VllmServer:
                 "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
                 "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"]
 
-    def start(self, timeout_s: float = 600.0) -> VllmServer:
-        def start_on(lease: PortLease) -> None:
-            self._start_on(lease.port, timeout_s)
+    def env(self) -> dict[str, str]:
+        return server_env()
 
-        self.lease, _ = on_leased_port(start_on, lease=lease_port)
-        return self
-
-    def restart(self, timeout_s: float = 600.0) -> None:
+    def restart(self, timeout_s: float | None = None) -> None:
         """Start again on the port it had (after `signal` ended it)."""
-        self._start_on(self.port, timeout_s)
-
-    def _start_on(self, port: int, timeout_s: float) -> None:
-        self.port = port
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=server_env(),
-                                         start_new_session=True)
-        try:
-            self._wait_ready(timeout_s, offset)
-        except BaseException:
-            self.kill()
-            raise
-
-    def log_text(self, offset: int = 0) -> str:
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_bytes()[offset:].decode(errors="replace")
-
-    def _wait_ready(self, timeout_s: float, offset: int) -> None:
-        proc = self.proc
-        assert proc is not None
-
-        def alive() -> None:
-            if proc.poll() is None:
-                return
-            output = self.log_text(offset)
-            if "Address already in use" in output:
-                raise PortInUse(f"vLLM could not bind port {self.port}")
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{output[-3000:]}")
-
-        def ready() -> bool:
-            with contextlib.suppress(httpx.TransportError):
-                return client.get(f"{self.url}/v1/models").status_code == 200
-            return False
-
-        with httpx.Client(timeout=2.0) as client:
-            try:
-                wait_until(ready, timeout_s, "vLLM to serve /v1/models", poll_s=0.5,
-                           check=alive)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}:\n{self.log_text(offset)[-3000:]}") from None
+        self._start_on(self.port, timeout_s or self.start_timeout_s)
 
     def signal(self, signum: int, grace_s: float = 30.0) -> bool:
         """`signum` to the API process (SIGTERM: vLLM's own shutdown), or to the whole group
@@ -271,10 +225,7 @@ class VllmServer:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.signal(signal.SIGTERM)
-        self.kill()
-        if self.lease is not None:
-            self.lease.close()
-            self.lease = None
+        super().stop()
 
 
 def metric(url: str, name: str) -> float:
