@@ -3,6 +3,7 @@ server and SGLang's own `/v1`. The protocol is shared; each engine's length rule
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -34,7 +35,7 @@ from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
 from fleetgen.engine.sglang import parse_context_error as sglang_context_error
 from fleetgen.engine.sglang import read_limits as sglang_limits
-from fleetgen.engine.speculation import CounterDeltas, VllmCounters, parse_vllm_counters
+from fleetgen.engine.speculation import CounterDeltas, get_vllm_counters
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
@@ -187,18 +188,12 @@ class OpenAIClient:
                                       timeout=timeout)
         # vLLM reports acceptance only on /metrics: each result carries the counters' growth
         # since this worker began (fleetgen/engine/speculation.py), off for other engines.
-        self._spec = CounterDeltas(self._spec_counters if engine == VLLM else lambda: None)
+        self._spec = CounterDeltas(functools.partial(get_vllm_counters, self._http)
+                                   if engine == VLLM else lambda: None)
 
     def close(self) -> None:
         self._posts.close()
         self._http.close()
-
-    def _spec_counters(self) -> VllmCounters | None:
-        try:
-            response = self._http.get("/metrics")
-        except httpx.HTTPError:
-            return None
-        return parse_vllm_counters(response.text) if response.status_code == 200 else None
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any], rid: str,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetgen.base import errors
+from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import probe_url
 
@@ -106,12 +107,10 @@ def returns_token_ids(engine: Engine) -> Check:
     back, one per completion token. Checked once per server at start, so a server that cannot
     is refused before the run, not found out row by row."""
     name = "token ids"
-    try:
-        answer = engine.generate([PROBE_TOKEN] * TINY_PROMPT_TOKENS, TINY_MAX_NEW_TOKENS, {},
-                                 _rid(), GenerateOptions(token_ids=True))
-    except errors.EngineError as exc:
+    answer = _ask_token_ids(engine)
+    if isinstance(answer, str):
         return Check(name, False, f"a {TINY_PROMPT_TOKENS}-token request asking for token ids "
-                     f"failed: {exc.message}")
+                     f"failed: {answer}")
     ids = answer.output_ids
     if ids is None:
         return Check(name, False, "the answer holds no output token ids")
@@ -121,17 +120,24 @@ def returns_token_ids(engine: Engine) -> Check:
     return Check(name, True, f"{len(ids)} output token id(s) returned")
 
 
+def _ask_token_ids(engine: Engine) -> Generation | str:
+    """One tiny generation asking for its token ids: the answer, or the engine's error."""
+    try:
+        return engine.generate([PROBE_TOKEN] * TINY_PROMPT_TOKENS, TINY_MAX_NEW_TOKENS, {},
+                               _rid(), GenerateOptions(token_ids=True))
+    except errors.EngineError as exc:
+        return exc.message
+
+
 def keeps_verbose(engine: Engine, needs: Sequence[str] = ()) -> Check:
     """llama.cpp only: an answer asked for `verbose` must carry `__verbose`, the only place its
     token ids (without logprobs) and its stop word are; `needs` names the run's options that
     read it (`--token-ids`, `--stop`). Without them a missing `__verbose` is a note."""
     name = "__verbose"
-    try:
-        answer = engine.generate([PROBE_TOKEN] * TINY_PROMPT_TOKENS, TINY_MAX_NEW_TOKENS, {},
-                                 _rid(), GenerateOptions(token_ids=True))
-    except errors.EngineError as exc:
+    answer = _ask_token_ids(engine)  # llama.cpp's client asks `verbose` for token ids
+    if isinstance(answer, str):
         return Check(name, False, f"a {TINY_PROMPT_TOKENS}-token request asking for "
-                     f"`verbose` failed: {exc.message}")
+                     f"`verbose` failed: {answer}")
     if answer.output_ids is not None:
         return Check(name, True, "llama.cpp answers `verbose` with `__verbose` (token ids "
                      "and stop words)")

@@ -61,9 +61,16 @@ def parse_vllm_counters(text: str) -> VllmCounters | None:
 def read_vllm_counters(url: str, *, api_key: str | None = None,
                        timeout_s: float = 10.0) -> VllmCounters | None:
     """GET /metrics; None when it cannot be read or carries no spec_decode counters."""
+    with httpx.Client(base_url=url.rstrip("/"), headers=auth_headers(api_key),
+                      timeout=timeout_s) as client:
+        return get_vllm_counters(client, timeout_s)
+
+
+def get_vllm_counters(client: httpx.Client, timeout_s: float = 10.0) -> VllmCounters | None:
+    """GET /metrics through `client` (its base URL and headers), bounded by `timeout_s`
+    rather than the client's generation timeout; None as `read_vllm_counters`."""
     try:
-        response = httpx.get(url.rstrip("/") + "/metrics", headers=auth_headers(api_key),
-                             timeout=timeout_s)
+        response = client.get("/metrics", timeout=timeout_s)
     except httpx.HTTPError:
         return None
     return parse_vllm_counters(response.text) if response.status_code == 200 else None
@@ -123,7 +130,10 @@ class CounterDeltas:
         """The deltas since the baseline, re-read if the last reading is EVERY_S old."""
         if self._off or self._start is None:
             return None
-        with self._lock:
+        # A pool thread never waits behind another's /metrics read: the latest reading will do.
+        if not self._lock.acquire(blocking=False):
+            return self._latest
+        try:
             if self._clock() - self._last_at >= self.EVERY_S:
                 self._last_at = self._clock()
                 now = self._read()
@@ -135,3 +145,5 @@ class CounterDeltas:
                                     "draft_tokens": int(delta.draft_tokens),
                                     "accepted": int(delta.accepted)}
             return self._latest
+        finally:
+            self._lock.release()

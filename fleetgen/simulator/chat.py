@@ -123,16 +123,18 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
                   "min_tokens", "skip_special_tokens", "rid")
 
 
-def parse_chat(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
+def parse_chat(body: Any, config: SimConfig, in_flight: InFlight,
+               ids: list[int] | None = None) -> Job:
     """Render the messages, then run the ids as `/v1/completions` runs a token-id prompt: the
     same length rules, capacity and faults. `max_new_tokens` is `max_completion_tokens or
     max_tokens` (protocol.py `ChatCompletionRequest.to_sampling_params`); the grammar is the
     `response_format`'s or the `regex`'s (`constraint`), and waits for the reasoning's end
-    when the request thinks (`require_reasoning`)."""
+    when the request thinks (`require_reasoning`). `ids`: the messages already rendered."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     grammar = constraint(body)
-    ids = prompt_ids(config, body)
+    if ids is None:
+        ids = prompt_ids(config, body)
     completion = {key: body[key] for key in _SAMPLING_KEYS if key in body}
     completion.update(grammar)
     completion["prompt"] = ids

@@ -67,15 +67,16 @@ def parse_chat_vllm(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     `max_tokens` is the room the prompt leaves (ChatCompletionRequest's default None, then
     `get_max_tokens`), and a rendered prompt is tokenized to at most max_model_len + 1 ids
     (`TokenizeParams.get_encode_kwargs`), so a long one is refused as "at least" one over."""
+    ids = None
     if isinstance(body, dict):
         context = config.context_length
-        rendered = len(prompt_ids(config, body))
+        ids = prompt_ids(config, body)  # rendered once: parse_chat takes these ids
         wanted = body.get("max_completion_tokens") or body.get("max_tokens")
-        if rendered > context:
+        if len(ids) > context:
             vllm_limit(context + 1, wanted, config)  # raises
         if wanted is None:
-            body = {**body, "max_tokens": max(0, context - rendered)}
-    job = parse_chat(body, config, in_flight)
+            body = {**body, "max_tokens": max(0, context - len(ids))}
+    job = parse_chat(body, config, in_flight, ids)
     return replace(job, extras=replace(job.extras,
                                        token_ids=body.get("return_token_ids") is True))
 

@@ -116,3 +116,37 @@ def test_a_server_without_counters_is_never_read_again() -> None:
     deltas.prime()
     deltas.prime()
     assert deltas.snapshot() is None and len(reads) == 1
+
+
+def test_a_pool_thread_never_waits_behind_another_metrics_read() -> None:
+    """While one thread reads /metrics (a slow page), another finishing its generation gets
+    the latest reading at once instead of queueing on the lock."""
+    import threading
+
+    from fleetgen.engine.speculation import CounterDeltas, VllmCounters
+    from tests.support.waiting import wait_until
+
+    release, inside = threading.Event(), threading.Event()
+    pages = iter([VllmCounters(0, 0, 0), VllmCounters(10, 30, 8)])
+
+    def read() -> VllmCounters | None:
+        page = next(pages)
+        if page.drafts:  # the second reading: hold it
+            inside.set()
+            release.wait(10)
+        return page
+
+    now = [0.0]
+    deltas = CounterDeltas(read, clock=lambda: now[0])
+    deltas.prime()
+    now[0] = 5.0
+    slow = threading.Thread(target=deltas.snapshot)
+    slow.start()
+    try:
+        wait_until(inside.is_set, what="the first thread inside its /metrics read")
+        assert deltas.snapshot() is None  # no reading yet, and no wait for the slow one
+    finally:
+        release.set()
+        slow.join(10)
+    latest = deltas.snapshot()
+    assert latest is not None and latest["drafts"] == 10

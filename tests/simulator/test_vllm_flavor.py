@@ -165,3 +165,25 @@ def test_a_stop_string_ends_the_answer_and_is_its_stop_reason(start_sim: StartSi
     assert hidden == shown
     assert shown["stop_reason"] == "</think>" and shown["text"] == text[:text.index("</think>")]
     assert shown["token_ids"][-1] == 248069
+
+
+def test_a_vllm_chat_request_renders_its_messages_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM chat route sizes the budget from the rendered prompt and hands those ids on:
+    the template is rendered (and encoded) once per request, not again by the chat path."""
+    from fleetgen.simulator import chat
+    from fleetgen.simulator.config import SimConfig
+    from fleetgen.simulator.vllm_api import parse_chat_vllm
+
+    encoded: list[str] = []
+    real_encode = chat.encode
+
+    def counting_encode(text: str) -> list[int]:
+        encoded.append(text)
+        return real_encode(text)
+
+    monkeypatch.setattr(chat, "encode", counting_encode)
+    config = SimConfig(flavor="vllm", context_length=4096)
+    job = parse_chat_vllm({"messages": [{"role": "user", "content": "hello there"}]}, config,
+                          lambda rid: False)
+    assert len(encoded) == 1
+    assert job.items[0].prompt == real_encode(encoded[0])
