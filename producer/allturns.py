@@ -15,10 +15,10 @@ import redis
 
 from fleetgen.base.contract import slot_of
 from producer.affinity import Affinity
-from producer.options import Request
 from producer.outbox import Outbox
 from producer.prompts import PromptBatch, Prompts
 from producer.reconcile import Reconciler
+from producer.request import Request
 from producer.rows import BadRow, Row, parse_row
 from producer.turnmode import samples
 from producer.turns import WrittenTurns, answer_message, row_object, turn_messages, user_turns

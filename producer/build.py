@@ -18,8 +18,8 @@ from fleetgen.engine.preflight import combine, returns_token_ids
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
-from producer.options import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
 from producer.pipeline import Producer
+from producer.request import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 
@@ -141,7 +141,7 @@ def refuse_unwaitable_schema(settings: ProducerSettings, tokenizer: PromptTokeni
                              limits: Limits) -> None:
     """`--json-schema` on a run whose template leaves the think block open, against servers
     whose grammar cannot wait for `</think>`: refused before anything is sent (a row's own
-    schema is refused when its row comes, producer/options.py)."""
+    schema is refused when its row comes, producer/request.py)."""
     if settings.json_schema is None or limits.grammar_cannot_wait is None:
         return
     options = RequestOptions(settings, tokenizer, limits)

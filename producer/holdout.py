@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from fleetgen.base.outcomes import holdout_record
-from producer.options import Request
+from producer.request import Request
 from producer.rows import Row
 
 __all__ = ["HoldOut", "held_out", "holdout_record"]

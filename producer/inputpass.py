@@ -15,10 +15,10 @@ from producer.dedup import SeenIds
 from producer.holdout import HoldOut
 from producer.inputs import Inputs
 from producer.manifest import RunManifest
-from producer.options import Request
 from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import PromptBatch, Prompts, rejected
+from producer.request import Request
 from producer.rows import BadRow, Row, read_rows
 from producer.turnmode import TurnMode
 

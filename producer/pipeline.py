@@ -24,11 +24,11 @@ from producer.holdout import HoldOut
 from producer.inputpass import InputPass
 from producer.inputs import resolve_input
 from producer.manifest import RunManifest, recorded_in
-from producer.options import RequestOptions
 from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import Prompts
 from producer.reconcile import Reconciler
+from producer.request import RequestOptions
 from producer.rows import count_rows
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer

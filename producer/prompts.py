@@ -8,7 +8,7 @@ from typing import Any
 from fleetgen.base.contract import TaskPayload
 from fleetgen.base.outcomes import rejected_record
 from producer.budget import Limits, budget
-from producer.options import Request, RequestOptions
+from producer.request import Request, RequestOptions
 from producer.rows import BadRow, Row
 from producer.tokenizer import PromptTokenizer
 

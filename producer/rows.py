@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 
 from fleetgen.base.errors import InputError
-from producer.batch import batch_id, batch_request, is_batch_line
 from producer.conversation import conversation, kind
 from producer.inputs import InputFile, Inputs, count_lines, iter_lines, resolve_input
-from producer.rowoptions import OptionError, Options, json_schema, sampling_object
+from producer.openai_batch import batch_id, batch_request, is_batch_line
+from producer.rowsampling import OptionError, Options, json_schema, sampling_object
 
 # A line longer than this is rejected unread-as-JSON: it would cost more memory than the
 # prompt could ever fit in a context anyway. 64 MiB leaves room for huge multi-turn rows.

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from producer.affinity import Affinity
-from producer.options import Request
 from producer.reconcile import Reconciler
+from producer.request import Request
 from producer.rows import BadRow, Row
 
 

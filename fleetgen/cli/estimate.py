@@ -149,8 +149,8 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
     prompts/s on one core: 3 minutes for 654,676, against a run of hours; exact, where a
     projection from the sample would carry its error into the rejections)."""
     from producer.dedup import SeenIds
-    from producer.options import Request, RequestOptions
     from producer.prompts import Prompts
+    from producer.request import Request, RequestOptions
     from producer.rows import BadRow, count_rows, read_rows
 
     prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))

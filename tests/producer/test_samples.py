@@ -15,7 +15,7 @@ import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, slot_of
 from producer.build import build_producer
-from producer.options import Request, RequestOptions, opens_reasoning, sample_seed
+from producer.request import Request, RequestOptions, opens_reasoning, sample_seed
 from producer.rows import Row
 from producer.settings import ProducerSettings
 from tests.support.content import tokenizer

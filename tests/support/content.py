@@ -41,7 +41,7 @@ from fleetgen.simulator.cli import add_arguments, config_from_args
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import STOP_TOKEN_ID, Completion, request_key
 from fleetgen.simulator.protocol import schedule_limit, vllm_limit
-from producer.options import sample_seed
+from producer.request import sample_seed
 from producer.rows import Row, read_rows
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 
@@ -204,7 +204,7 @@ def _round(value: float) -> float:
 
 def row_sampling(row: Mapping[str, Any], sampling: Mapping[str, Any]) -> dict[str, Any]:
     """The sampling options the producer sent for this result: one sample of several has a
-    seed of its own (producer/options.py `sample_seed`)."""
+    seed of its own (producer/request.py `sample_seed`)."""
     if "sample" not in row:
         return dict(sampling)
     return {**sampling, "seed": sample_seed(row["id"], row["sample"], sampling.get("seed"))}
@@ -223,7 +223,7 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
     by_id = input_rows(prompts, {str(r.get("id")) for r in results}, tokenizer_name,
                        json.dumps(dict(template_kwargs or {}), sort_keys=True))
     # The producer's default (`--reasoning auto`) splits whenever `</think>` is one token of
-    # the vocabulary (producer/options.py `_wants_split`): a test that says nothing expects it.
+    # the vocabulary (producer/request.py `_wants_split`): a test that says nothing expects it.
     options = {"think": splits(tokenizer_name), **(options or {})}
     bad: list[str] = []
     for row in results:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from producer.conversation import kind, messages, prompt_text
-from producer.rowoptions import Options, body_options
+from producer.rowsampling import Options, body_options
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
