@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import redis
 
 from fleetgen.base.contract import RunKeys
-from fleetgen.base.wire import lines_in_flight
+from fleetgen.base.wire import slots_in_flight
 
 log = logging.getLogger("fleetgen.producer")
 
@@ -48,7 +48,7 @@ class Reconciler:
         return Bits(self.redis.get(self.keys.done))
 
     def in_flight(self) -> set[int]:
-        return lines_in_flight(self.redis, self.run)
+        return slots_in_flight(self.redis, self.run)
 
     def retrying(self) -> int:
         """Slots `fleetgen retry` sent back: failed in the files, but not done."""

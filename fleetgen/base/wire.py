@@ -36,7 +36,7 @@ LEASES = f"{PREFIX}:leases"
 
 # ... and what each unacked message is, by delivery tag: "<slot> <run>", ~50 bytes where the
 # unacked copy is ~4.6 KB, so the reconciliation reads what is in flight without reading the
-# messages (`lines_in_flight`).
+# messages (`slots_in_flight`).
 IN_FLIGHT = f"{PREFIX}:inflight"
 
 
@@ -109,27 +109,45 @@ def task_payload(message: Any) -> dict[str, Any] | None:
         return None
 
 
-def lines_in_flight(client: redis.Redis, run: str) -> set[int]:
+def slots_in_flight(client: redis.Redis, run: str) -> set[int]:
     """Slots (requests) of `run` now in the queue or held unacked by a worker. Both are bounded
-    by the high-water mark and the fleet's concurrency, so this scan is small whatever the
-    run's size. The held ones come from IN_FLIGHT (fleetgen's transport writes it with each
-    unacked copy): at 129,000 in flight that is ~6 MB read, not the copies' ~600 MB; the
-    copies are read only while some held message has no entry there (a worker of an older
-    version)."""
+    by the high-water mark and the fleet's concurrency, and both are read in pages (LRANGE of
+    SCAN_PAGE messages, scripts of 1,024 entries), so no reply and no step of Valkey's is the
+    whole of either. The held ones come from IN_FLIGHT (fleetgen's transport writes it with
+    each unacked copy): at 129,000 in flight that is ~6 MB read, not the copies' ~600 MB. A
+    copy without an entry there (held by a worker of an older version) is found by a scan of
+    the unacked hash's tags, and only such copies are read."""
     queued = {slot_of(payload) for _, _, payload in _queued_of(client, run)}
-    pipe = client.pipeline(transaction=False)
-    pipe.hlen(KOMBU_UNACKED)
-    pipe.hlen(IN_FLIGHT)
-    unacked, indexed = pipe.execute()
-    if int(indexed) < int(unacked):
-        return queued | {slot_of(payload) for _, payload in _unacked_of(client, run)}
+    unacked = int(client.hlen(KOMBU_UNACKED))
+    short = int(client.hlen(IN_FLIGHT)) < unacked
     suffix, held, cursor = f" {run}", set[int](), "0"
     page = client.register_script(_IN_FLIGHT_PAGE)
     while True:
         cursor, *values = page(keys=[IN_FLIGHT, KOMBU_UNACKED], args=[cursor, 1024])
         held |= {int(v[:-len(suffix)]) for raw in values if (v := text(raw)).endswith(suffix)}
         if text(cursor) == "0":
-            return queued | held
+            break
+    # Again after the scan, which dropped the entries whose copy is gone: they could have
+    # hidden as many copies without an entry from the count before it.
+    if short or int(client.hlen(IN_FLIGHT)) < int(client.hlen(KOMBU_UNACKED)):
+        held |= {slot_of(payload) for _, payload in _unindexed_of(client, run)}
+    return queued | held
+
+
+def _unindexed_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """(delivery tag, payload) of each task of `run` held unacked without an IN_FLIGHT entry:
+    the tags found a page at a time by a script, then only their copies read."""
+    page = client.register_script(_UNINDEXED_PAGE)
+    cursor = "0"
+    while True:
+        cursor, *tags = page(keys=[KOMBU_UNACKED, IN_FLIGHT], args=[cursor, SCAN_PAGE])
+        copies = client.hmget(KOMBU_UNACKED, tags) if tags else []
+        for tag, raw in zip(tags, copies, strict=True):
+            payload = task_payload(orjson.loads(raw)[0]) if raw is not None else None
+            if payload is not None and payload.get("run") == run:
+                yield tag, payload
+        if text(cursor) == "0":
+            return
 
 
 # A page of IN_FLIGHT's values whose message is still unacked, and the entries of any other
@@ -143,6 +161,17 @@ local kv = r[2]
 for i = 1, #kv, 2 do
   if redis.call('HEXISTS', KEYS[2], kv[i]) == 1 then out[#out + 1] = kv[i + 1]
   else redis.call('HDEL', KEYS[1], kv[i]) end
+end
+return out
+"""
+# A page of the unacked hash's tags that have no IN_FLIGHT entry: the copies stay in Valkey
+# (HSCAN's values are dropped inside the script), only the tags are replied.
+_UNINDEXED_PAGE = """
+local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+local out = {r[1]}
+local kv = r[2]
+for i = 1, #kv, 2 do
+  if redis.call('HEXISTS', KEYS[2], kv[i]) == 0 then out[#out + 1] = kv[i] end
 end
 return out
 """
@@ -224,13 +253,26 @@ def unrenewed_leases(client: redis.Redis, run: str, since: float) -> list[float]
         stale += [(tag, renewed) for tag in tags]
     if not stale:
         return []
-    copies = client.hmget(KOMBU_UNACKED, [tag for tag, _ in stale])
-    scores = []
-    for (_, score), raw in zip(stale, copies, strict=True):
-        payload = task_payload(orjson.loads(raw)[0]) if raw is not None else None
-        if payload is not None and payload.get("run") == run:
-            scores.append(float(score))
-    return scores
+    # Each tag's run from its IN_FLIGHT entry (~50 bytes), for a tag whose copy is still there;
+    # the copy is read only where there is no entry (a worker of an older version).
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(IN_FLIGHT, [tag for tag, _ in stale])
+    for tag, _ in stale:
+        pipe.hexists(KOMBU_UNACKED, tag)
+    indexed, *present = pipe.execute()
+    entries = [entry if there else None for entry, there in zip(indexed, present, strict=True)]
+    bare = [tag for (tag, _), entry in zip(stale, entries, strict=True) if entry is None]
+    runs = {tag: _run_of(raw) for tag, raw in
+            zip(bare, client.hmget(KOMBU_UNACKED, bare) if bare else [], strict=True)}
+    suffix = f" {run}"
+    return [float(score) for (tag, score), entry in zip(stale, entries, strict=True)
+            if (text(entry).endswith(suffix) if entry is not None else runs[tag] == run)]
+
+
+def _run_of(copy: Any) -> str | None:
+    """The run of an unacked copy's task, or None if it is gone or not fleetgen's task."""
+    payload = task_payload(orjson.loads(copy)[0]) if copy is not None else None
+    return payload.get("run") if payload is not None else None
 
 
 def requeue_unacked(client: redis.Redis) -> int:

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
-from fleetgen.base.wire import KOMBU_UNACKED, lines_in_flight, task_message
+from fleetgen.base.wire import KOMBU_UNACKED, slots_in_flight, task_message
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.support.waiting import wait_until
@@ -62,7 +62,7 @@ def test_purge_removes_queued_tasks_a_later_worker_would_run(
     purged = cli("purge", "--run", "gone", "--force", "--redis", redis_url)
     assert purged.returncode == 0, purged.stderr
     assert "40 queued and 0 unacked task(s) removed" in purged.stdout, purged.stdout
-    assert lines_in_flight(client, "gone") == set() and client.llen(QUEUE) == 5
+    assert slots_in_flight(client, "gone") == set() and client.llen(QUEUE) == 5
 
     proc = start_worker(redis_url, fast_sim.url, "late", tmp_path / "w.log", concurrency=2)
     try:
