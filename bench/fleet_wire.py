@@ -160,7 +160,7 @@ class _Sink(StreamSink):
 class WireWorker:
     """One emulated worker: its connection, its holder (one lease) and the tags it holds."""
 
-    __slots__ = ("name", "wire", "holder", "held_key", "held", "sink", "renewed_at", "skew_s")
+    __slots__ = ("held", "held_key", "holder", "name", "renewed_at", "sink", "skew_s", "wire")
 
     def __init__(self, name: str, wire: Wire) -> None:
         self.name, self.wire = name, wire

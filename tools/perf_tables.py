@@ -382,10 +382,15 @@ def fleet_scale_table(figs: Figures, name: str = "fleet-scale") -> str:
                      num(r["operator_call_s"].get("slots_in_flight",
                                                   r["operator_call_s"].get("lines_in_flight")), 2),
                      num(r["operator_call_s"]["status"], 2)])
+    placement = figs[name].get("placement", "unpinned")
+    loads = ", ".join(f"{r['workers']:,}: {r['load_average']}" for r in figs[name]["results"]
+                      if "load_average" in r)
     return md_table(["workers", "in flight", "rows/s (target)", "Valkey main thread",
                      "at the target rates (estimate)", "PING p50 ms", "p99 ms", "max ms",
                      "Valkey memory",
-                     "unacked copies", "slots_in_flight s", "status s"], "rrrrrrrrrrrr", rows)
+                     "unacked copies", "slots_in_flight s", "status s"], "rrrrrrrrrrrr", rows) + \
+        f"\n\nPlacement: {placement}." + \
+        (f" Load average (1, 5, 15 min) as each N's window opened: {loads}." if loads else "")
 
 
 def fleet_scale_commands_table(figs: Figures) -> str:

@@ -118,8 +118,7 @@ def slots_in_flight(client: redis.Redis, run: str) -> set[int]:
     copy without an entry there (held by a worker of an older version) is found by a scan of
     the unacked hash's tags, and only such copies are read."""
     queued = {slot_of(payload) for _, _, payload in _queued_of(client, run)}
-    unacked = int(client.hlen(KOMBU_UNACKED))
-    short = int(client.hlen(IN_FLIGHT)) < unacked
+    short = _index_short(client)
     suffix, held, cursor = f" {run}", set[int](), "0"
     page = client.register_script(_IN_FLIGHT_PAGE)
     while True:
@@ -129,9 +128,20 @@ def slots_in_flight(client: redis.Redis, run: str) -> set[int]:
             break
     # Again after the scan, which dropped the entries whose copy is gone: they could have
     # hidden as many copies without an entry from the count before it.
-    if short or int(client.hlen(IN_FLIGHT)) < int(client.hlen(KOMBU_UNACKED)):
+    if short or _index_short(client):
         held |= {slot_of(payload) for _, payload in _unindexed_of(client, run)}
     return queued | held
+
+
+def _index_short(client: redis.Redis) -> bool:
+    """Fewer IN_FLIGHT entries than unacked copies, both counted in one MULTI: a take or an ack
+    between two separate counts (each changes both at once) would look like a missing entry
+    and cost a scan of every copy's tag."""
+    pipe = client.pipeline(transaction=True)
+    pipe.hlen(IN_FLIGHT)
+    pipe.hlen(KOMBU_UNACKED)
+    indexed, unacked = pipe.execute()
+    return int(indexed) < int(unacked)
 
 
 def _unindexed_of(client: redis.Redis, run: str) -> Iterator[tuple[Any, dict[str, Any]]]:

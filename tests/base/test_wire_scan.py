@@ -15,9 +15,9 @@ from fleetgen.base.wire import (
     KOMBU_UNACKED,
     KOMBU_UNACKED_INDEX,
     SCAN_PAGE,
-    slots_in_flight,
     remove_tasks,
     requeue_unacked,
+    slots_in_flight,
     task_message,
     task_payload,
 )

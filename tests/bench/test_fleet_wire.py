@@ -10,8 +10,8 @@ from typing import Any
 import redis
 
 from bench import fleet_scale
-from bench.fleet_wire import Wire, WireWorker, load_scripts
 from bench.central import InstantEngine
+from bench.fleet_wire import Wire, WireWorker, load_scripts
 from fleetgen.base.contract import QUEUE, STATE_PRODUCED, RunKeys
 from fleetgen.base.wire import task_message
 
