@@ -18,8 +18,8 @@ from fleetgen.engine.preflight import combine, returns_token_ids
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
-from producer.pipeline import Producer
 from producer.request import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
+from producer.run import Plan, Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 
@@ -150,14 +150,17 @@ def refuse_unwaitable_schema(settings: ProducerSettings, tokenizer: PromptTokeni
 
 
 def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,
-                   limits: Limits | None = None) -> Producer:
+                   limits: Limits | None = None, plan: Plan | None = None) -> Producer:
     """A producer ready to run; InputError for a missing input, a bad setting or an engine
-    that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in."""
-    resolve_input(settings.input)  # InputError, before connecting or loading anything
+    that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in, and
+    the run's Plan (its input resolved by the caller, whether it waits for the run)."""
+    # InputError, before connecting or loading anything; resolved here only if not given.
+    plan = Plan(plan.inputs if plan and plan.inputs else resolve_input(settings.input),
+                plan.waits if plan else False)
     client = connect(settings.redis_url)
     limits = limits or resolve_limits(settings)
     tokenizer = tokenizer or load_tokenizer(
         settings.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
     refuse_unwaitable_schema(settings, tokenizer, limits)
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
-    return Producer(settings, tokenizer, client, enqueuer, limits)
+    return Producer(settings, tokenizer, client, enqueuer, limits, plan)

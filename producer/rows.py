@@ -13,7 +13,7 @@ import orjson
 
 from fleetgen.base.errors import InputError
 from producer.conversation import conversation, kind
-from producer.inputs import InputFile, Inputs, count_lines, iter_lines, resolve_input
+from producer.inputs import InputFile, Inputs, Meter, count_lines, iter_lines, resolve_input
 from producer.openai_batch import batch_id, batch_request, is_batch_line
 from producer.rowsampling import OptionError, Options, json_schema, sampling_object
 
@@ -68,8 +68,11 @@ def read_rows(spec: Path | str | Inputs) -> Iterator[Row | BadRow]:
     offset = 0
     for file in inputs.files:
         source = file.name if inputs.several else None
-        read = _read_parquet if file.format == "parquet" else _read_jsonl
-        offset += yield from read(file, offset, source)
+        if file.format == "parquet":
+            offset += yield from _read_parquet(file, offset, source)
+            inputs.meter.finished_bytes += file.path.stat().st_size
+        else:
+            offset += yield from _read_jsonl(file, offset, source, inputs.meter)
 
 
 def count_rows(spec: Path | str | Inputs) -> int:
@@ -80,10 +83,10 @@ def count_rows(spec: Path | str | Inputs) -> int:
                else count_lines(f) for f in resolve_input(spec).files)
 
 
-def _read_jsonl(file: InputFile, offset: int,
-                source: str | None) -> Generator[Row | BadRow, None, int]:
+def _read_jsonl(file: InputFile, offset: int, source: str | None,
+                meter: Meter) -> Generator[Row | BadRow, None, int]:
     position = 0
-    for position, raw in enumerate(iter_lines(file), start=1):
+    for position, raw in enumerate(iter_lines(file, meter), start=1):
         line_no = offset + position
         if len(raw) > MAX_LINE_BYTES:
             yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit {MAX_LINE_BYTES})",
@@ -135,7 +138,7 @@ def _parquet_file(file: InputFile) -> Any:
     try:
         # pre_buffer (pyarrow's default) reads ahead across row groups: memory grows with the
         # file (tests/producer/test_inputs.py measures it); off, one row group at a time.
-        pf = pq.ParquetFile(file.path, pre_buffer=False)
+        pf = pq.ParquetFile(file.held.take() or file.path, pre_buffer=False)
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
         raise InputError(f"cannot read Parquet file {file.path}: {exc}") from exc
     names = set(pf.schema_arrow.names)

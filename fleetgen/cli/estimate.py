@@ -149,9 +149,10 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
     prompts/s on one core: 3 minutes for 654,676, against a run of hours; exact, where a
     projection from the sample would carry its error into the rejections)."""
     from producer.dedup import SeenIds
+    from producer.inputpass import add_to_batch
     from producer.prompts import Prompts
     from producer.request import Request, RequestOptions
-    from producer.rows import BadRow, count_rows, read_rows
+    from producer.rows import Row, count_rows, read_rows
 
     prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))
     # The total only feeds the bar: counting is a whole extra pass over the input, so it is
@@ -163,13 +164,11 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
     batch, samples = prompts.batch(), {}
     for item in read_rows(settings.input):
         survey.rows += 1
-        if not seen.add(hash(item.id)):
-            survey.rejected["duplicate_id"] += 1
-        elif isinstance(item, BadRow):
-            survey.rejected[item.reason.split(":", 1)[0]] += 1
-        else:
+        duplicate = not seen.add(hash(item.id))
+        if isinstance(item, Row) and not duplicate:
             samples[item.line] = item.n or settings.n
-            batch.add(item, [Request(item.line, None, item.line)])
+        # As the producer's pass adds a row (one request: the projection multiplies by n).
+        add_to_batch(batch, item, [Request(item.line, None, item.line)], duplicate)
         if survey.rows % settings.batch_size == 0:
             _tally(survey, batch, samples)
             batch, samples = prompts.batch(), {}
