@@ -34,15 +34,20 @@ class Request:
     turn: int | None = None
     turns: int | None = None
 
-    def mark(self, record: dict[str, Any]) -> dict[str, Any]:
-        """An outcome record of this request: `sample` when there are several, and `slot`
-        where it is not the line (the drainer and the bitmaps key on it)."""
-        if self.sample is not None:
-            record["sample"] = self.sample
+    def fields(self) -> dict[str, int]:
+        """What a payload and an outcome record carry of this request: `sample` when there
+        are several, `slot` where it is not the line (the drainer and the bitmaps key on
+        it), and its turn of `turns` with --turns all."""
+        fields = {} if self.sample is None else {"sample": self.sample}
         if self.slot != self.line:
-            record["slot"] = self.slot
+            fields["slot"] = self.slot
         if self.turn is not None and self.turns is not None:
-            record["turn"], record["turns"] = self.turn, self.turns
+            fields["turn"], fields["turns"] = self.turn, self.turns
+        return fields
+
+    def mark(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An outcome record of this request (its `fields`)."""
+        record.update(self.fields())
         return record
 
     def later(self) -> list[Request]:
@@ -70,12 +75,7 @@ class RequestOptions:
         payload = TaskPayload(run=self.s.run, line=row.line, id=row.id, input_ids=input_ids,
                               max_tokens=max_tokens, sampling=self.sampling(row, request),
                               row=row.fields)
-        if request.sample is not None:
-            payload["sample"] = request.sample
-        if request.slot != row.line:
-            payload["slot"] = request.slot
-        if request.turn is not None and request.turns is not None:
-            payload["turn"], payload["turns"] = request.turn, request.turns
+        payload.update(request.fields())  # type: ignore[typeddict-item]
         if row.source is not None and row.position is not None:
             payload["file"], payload["position"] = row.source, row.position
         if self.split_reasoning:
