@@ -26,9 +26,16 @@ from producer.tokenizer import PromptTokenizer, load_tokenizer
 log = logging.getLogger("fleetgen.producer")
 
 
-def read_servers(s: ProducerSettings, proto: EngineProtocol) -> dict[str, ServerLimits]:
-    """Every --engine-url's limits. A server that does not answer is EngineUnreachable (exit 4);
-    one that answers without a context length is a ConfigError (exit 3)."""
+def read_servers(s: ProducerSettings) -> tuple[EngineProtocol, dict[str, ServerLimits]]:
+    """The engines' protocol, and every --engine-url's limits (none without one). A server
+    that does not answer is EngineUnreachable (exit 4); one that answers without a context
+    length is a ConfigError (exit 3)."""
+    first = s.engine_url[0] if s.engine_url else None
+    try:
+        proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
+    except EngineUnreachable as exc:
+        raise EngineUnreachable(f"cannot read limits from {first}: {exc.message}; is the "
+                                "server up? (`fleetgen doctor --engine-url URL`)") from exc
     servers = {}
     for url in s.engine_url:
         try:
@@ -40,24 +47,18 @@ def read_servers(s: ProducerSettings, proto: EngineProtocol) -> dict[str, Server
                                     "server up? (`fleetgen doctor --engine-url URL`)") from exc
         except RetryableError as exc:  # a timeout, a 503 while loading: not there yet either
             raise EngineUnreachable(f"cannot read limits from {url}: {exc.message}") from exc
-    return servers
+    return proto, servers
 
 
 def resolve_limits(s: ProducerSettings) -> Limits:
     """The limits every server allows: from the flags, and from each --engine-url (the smallest
     context and input limit, the largest speculative reserve win)."""
-    first = s.engine_url[0] if s.engine_url else None
-    try:
-        proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
-    except EngineUnreachable as exc:
-        raise EngineUnreachable(f"cannot read limits from {first}: {exc.message}; is the "
-                                "server up? (`fleetgen doctor --engine-url URL`)") from exc
+    proto, servers = read_servers(s)
     rule = proto.rule
     context, max_total, input_limit = s.context_length, None, s.max_req_input_len
     cannot_wait: str | None = None
     reserve = s.reserved_tokens
-    if s.engine_url:
-        servers = read_servers(s, proto)
+    if servers:
         rule = proto.rule_for(next(iter(servers.values())))
         fleet = combine(list(servers.values()), rule)
         if context is not None and context > fleet.context_length:
@@ -157,8 +158,8 @@ def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | N
     # InputError, before connecting or loading anything; resolved here only if not given.
     plan = Plan(plan.inputs if plan and plan.inputs else resolve_input(settings.input),
                 plan.waits if plan else False)
-    client = connect(settings.redis_url)
     limits = limits or resolve_limits(settings)
+    client = connect(settings.redis_url)
     tokenizer = tokenizer or load_tokenizer(
         settings.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
     refuse_unwaitable_schema(settings, tokenizer, limits)

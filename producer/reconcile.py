@@ -12,10 +12,10 @@ from fleetgen.base.wire import lines_in_flight
 
 
 class Reconciler:
-    def __init__(self, client: redis.Redis, run: str) -> None:
+    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.redis = client
-        self.run = run
-        self.keys = RunKeys(run)
+        self.run = keys.run
+        self.keys = keys
 
     def done(self) -> Bits:
         return Bits(self.redis.get(self.keys.done))

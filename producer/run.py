@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from fleetgen.base.contract import RunKeys
 from producer.affinity import Affinity
 from producer.allturns import AllTurns
 from producer.budget import Limits
@@ -63,13 +64,14 @@ class Producer:
         self.inputs = plan.inputs or resolve_input(settings.input)
         self.run_manifest = RunManifest(client, settings.run, settings.new_run,
                                         recorded_in(settings.out, settings.run))
-        self.reconciler = Reconciler(client, settings.run)
         self.affinity = Affinity(client, enabled=settings.affinity,
                                  wait_s=settings.affinity_wait_s, route_first=plan.waits)
+        keys = RunKeys(settings.run)  # the run's Redis keys, named once for its parts
+        self.reconciler = Reconciler(client, keys)
         self.prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))
         self.outbox = Outbox(enqueuer, self.affinity)
         rules = [] if settings.ignore_stop else [parse_rule(r) for r in settings.stop_if]
-        self.early = EarlyStop(client, settings.run, rules, settings.stop_after)
+        self.early = EarlyStop(client, keys, rules, settings.stop_after)
         self.turns = self._turn_mode()
         parts = PassParts(self.prompts, self.outbox, self.turns, self.run_manifest)
         self.input_pass = InputPass(self.inputs, settings.batch_size, settings.n, parts,
@@ -82,8 +84,7 @@ class Producer:
             return LastTurn(self.reconciler)
         # The drainer's files, followed for the answers each next turn is built from.
         assert self.s.out is not None
-        written = WrittenTurns(self.s.out, self.s.run)
-        written.check_owner()
+        written = WrittenTurns.of_run(self.s.out, self.s.run)
         return AllTurns(written, self.reconciler, self.prompts, self.outbox)
 
     @property

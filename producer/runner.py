@@ -39,19 +39,20 @@ def check_resume(settings: ProducerSettings, inputs: Inputs | None = None) -> Re
     first, so a mismatch is one line before anything else is started. `inputs`: the input
     as the caller resolved it (else resolved here)."""
     inputs = inputs or resolve_input(settings.input)
+    size = inputs.size_bytes()
+    pinned = settings.manifest_settings(files=inputs.names)
+    recorded = recorded_in(settings.out, settings.run)
     # Closed at once: an idle connection held for the whole run would keep a dead Redis's
     # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
     with connect(settings.redis_url) as client:
         # Before "already complete": a finished run given a new file or other settings must
         # say so, also once its Redis state is gone (then its files' summary holds them).
-        manifest = RunManifest(client, settings.run, settings.new_run,
-                               recorded_in(settings.out, settings.run))
+        manifest = RunManifest(client, settings.run, settings.new_run, recorded)
         manifest.check_files(inputs.names)
-        manifest.check_settings(settings.manifest_settings(files=inputs.names))
+        manifest.check_settings(pinned)
+        changed = manifest.input_changed(size)
         complete = run_complete(client, settings.run)
-        size = inputs.size_bytes()
-        then = manifest.input_changed(size) if complete else None
-    return Resume(complete, size, then)
+    return Resume(complete, size, changed if complete else None)
 
 
 class Hooks(Protocol):

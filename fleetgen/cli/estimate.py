@@ -250,12 +250,9 @@ def read_answers(out: Path, stratum_of: dict[str, int]) -> tuple[list[Answer], i
 
 def fleet_slots(settings: Any) -> int | None:
     """The requests all the servers run at once, as they report it; None if one does not."""
-    from fleetgen import engine
     from producer.build import read_servers
 
-    proto = engine.resolve(settings.engine_protocol, settings.engine_url[0],
-                           settings.engine_api_key)
-    slots = [limits.max_running_requests for limits in read_servers(settings, proto).values()]
+    slots = [limits.max_running_requests for limits in read_servers(settings)[1].values()]
     return None if any(s is None for s in slots) else sum(s for s in slots if s is not None)
 
 
