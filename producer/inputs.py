@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -46,6 +47,7 @@ class Held:
 
     def __init__(self, raw: io.FileIO | None = None) -> None:
         self._raw = raw
+        self.parquet: Any = None  # a Parquet file's reader, opened on this handle once
 
     def take(self) -> io.FileIO | None:
         """The handle, rewound, once; None after (or if nothing was held)."""

@@ -132,13 +132,25 @@ def _bad_utf8(raw: bytes) -> bool:
     return False
 
 
+def check_readable(inputs: Inputs) -> None:
+    """InputError now for what would fail the pass before its rows could be read: a Parquet
+    file without a prompt column (its footer says, without reading its rows). A run refuses
+    it before it starts, where counting the rows beforehand used to."""
+    for file in inputs.files:
+        if file.format == "parquet":
+            _parquet_file(file)
+
+
 def _parquet_file(file: InputFile) -> Any:
     import pyarrow.parquet as pq
 
+    if file.held.parquet is not None:  # checked on the handle resolve_input opened: reused
+        return file.held.parquet
+    held = file.held.take()
     try:
         # pre_buffer (pyarrow's default) reads ahead across row groups: memory grows with the
         # file (tests/producer/test_inputs.py measures it); off, one row group at a time.
-        pf = pq.ParquetFile(file.held.take() or file.path, pre_buffer=False)
+        pf = pq.ParquetFile(held or file.path, pre_buffer=False)
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
         raise InputError(f"cannot read Parquet file {file.path}: {exc}") from exc
     names = set(pf.schema_arrow.names)
@@ -147,6 +159,8 @@ def _parquet_file(file: InputFile) -> Any:
             f"Parquet file {file.path} has none of the columns messages, conversations, "
             f"prompt, body (it has: {', '.join(sorted(names)) or 'none'})"
         )
+    if held is not None:
+        file.held.parquet = pf
     return pf
 
 

@@ -31,6 +31,7 @@ from producer.progress import Progress
 from producer.prompts import Prompts
 from producer.reconcile import Reconciler, Suspects
 from producer.request import RequestOptions
+from producer.rows import check_readable
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer
 from producer.turnmode import LastTurn, TurnMode
@@ -107,6 +108,7 @@ class Producer:
         # The size before reading, not after: a row appended while this pass reads may be
         # missed by it, and must then count as a change the next `produce` reads again.
         input_bytes = self.inputs.size_bytes()
+        check_readable(self.inputs)  # before the run is opened on files it cannot read
         # Not counted beforehand: that would be a whole read of the input before the first
         # row is sent. The total is the pass's own count, known at its end.
         self.run_manifest.open(settings)

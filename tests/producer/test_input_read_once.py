@@ -5,12 +5,15 @@ kernel sees it: the real CLI under strace, every open of the input's path."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.support.binaries import require_binary
@@ -24,20 +27,27 @@ def opens_of(trace: str, path: Path) -> int:
     return len(re.findall(rf'open(?:at)?\([^"]*"{name}",[^)]*\)\s*=\s*\d+', trace))
 
 
-@pytest.mark.parametrize("compressed", [False, True])
-def test_a_fresh_produce_opens_its_input_once(tmp_path: Path, redis_url: str,
-                                               compressed: bool) -> None:
-    strace = require_binary("strace", "/usr/bin/strace",
-                            "to count the opens of the input by the real CLI")
+def write_prompts(tmp_path: Path, kind: str) -> Path:
     lines = "".join(f'{{"id": "r{i}", "prompt": "question {i}"}}\n' for i in range(ROWS))
-    if compressed:  # its compression is told by its first bytes: read from the one open too
-        import gzip
-
+    if kind == "gzip":  # its compression is told by its first bytes: read from the one open
         prompts = tmp_path / "p.jsonl.gz"
         prompts.write_bytes(gzip.compress(lines.encode()))
+    elif kind == "parquet":  # its columns are checked before the run opens: the same handle
+        prompts = tmp_path / "p.parquet"
+        pq.write_table(pa.table({"id": [f"r{i}" for i in range(ROWS)],
+                                 "prompt": [f"question {i}" for i in range(ROWS)]}), prompts)
     else:
         prompts = tmp_path / "p.jsonl"
         prompts.write_text(lines)
+    return prompts
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "gzip", "parquet"])
+def test_a_fresh_produce_opens_its_input_once(tmp_path: Path, redis_url: str,
+                                               kind: str) -> None:
+    strace = require_binary("strace", "/usr/bin/strace",
+                            "to count the opens of the input by the real CLI")
+    prompts = write_prompts(tmp_path, kind)
     log = tmp_path / "strace.log"
     # --no-wait: no workers here; the pass that reads and enqueues is what is counted.
     # --context-length: no server to read it from.
