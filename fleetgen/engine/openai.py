@@ -97,6 +97,7 @@ def rule_for(engine: str) -> LengthRule:
     """The length rule of the engine behind the protocol; vLLM's for one it does not know."""
     return RULES.get(engine, RULES[VLLM])
 
+
 # vLLM: "This model's maximum context length is 4096 tokens. However, your prompt contains
 # 5000 input tokens, ..." (renderers/params.py `_token_len_check`); older: "However, you
 # requested 5000 tokens (4000 in the messages, 1000 in the completion)".
