@@ -150,19 +150,21 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
     projection from the sample would carry its error into the rejections)."""
     from producer.dedup import SeenIds
     from producer.inputpass import add_to_batch
+    from producer.inputs import resolve_input
     from producer.prompts import Prompts
     from producer.request import Request, RequestOptions
-    from producer.rows import Row, count_rows, read_rows
+    from producer.rows import Row, read_rows
+    from producer.runner import projected_rows
 
     prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))
-    # The total only feeds the bar: counting is a whole extra pass over the input, so it is
-    # taken only where a bar is shown.
-    show = sys.stderr.isatty()
+    # The bar's total is projected from the bytes read, as the producer's: counting the rows
+    # first would be a whole extra pass over the input.
+    inputs = resolve_input(settings.input)
+    size = inputs.size_bytes()
     survey, seen = Survey(), SeenIds()
-    total = count_rows(settings.input) if show else None
-    bar = Bar("prompts tokenized", show=show, total=total)
+    bar = Bar("prompts tokenized", show=sys.stderr.isatty())
     batch, samples = prompts.batch(), {}
-    for item in read_rows(settings.input):
+    for item in read_rows(inputs):
         survey.rows += 1
         duplicate = not seen.add(hash(item.id))
         if isinstance(item, Row) and not duplicate:
@@ -172,7 +174,8 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
         if survey.rows % settings.batch_size == 0:
             _tally(survey, batch, samples)
             batch, samples = prompts.batch(), {}
-            bar.advance_to(survey.rows, total)
+            bar.advance_to(survey.rows, projected_rows(survey.rows, inputs.meter.bytes_read,
+                                                       size))
     _tally(survey, batch, samples)
     bar.close()
     return survey
