@@ -4,6 +4,7 @@ benchmarks share (limits from the flags or the engines, the tokenizer, Redis, th
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from fleetgen import engine
 from fleetgen.base.errors import (
@@ -155,9 +156,9 @@ def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | N
     """A producer ready to run; InputError for a missing input, a bad setting or an engine
     that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in, and
     the run's Plan (its input resolved by the caller, whether it waits for the run)."""
-    # InputError, before connecting or loading anything; resolved here only if not given.
-    plan = Plan(plan.inputs if plan and plan.inputs else resolve_input(settings.input),
-                plan.waits if plan else False)
+    plan = plan or Plan()
+    if plan.inputs is None:  # InputError, before connecting or loading anything
+        plan = replace(plan, inputs=resolve_input(settings.input))
     limits = limits or resolve_limits(settings)
     client = connect(settings.redis_url)
     tokenizer = tokenizer or load_tokenizer(

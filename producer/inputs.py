@@ -49,6 +49,10 @@ class Held:
         self._raw = raw
         self.parquet: Any = None  # a Parquet file's reader, opened on this handle once
 
+    def keep(self, parquet: Any) -> None:
+        """The Parquet reader opened on the held handle (its footer read): the pass uses it."""
+        self.parquet = parquet
+
     def take(self) -> io.FileIO | None:
         """The handle, rewound, once; None after (or if nothing was held)."""
         raw, self._raw = self._raw, None
@@ -79,8 +83,12 @@ class Meter:
         self._reading = raw
 
     def finish(self, raw: io.FileIO) -> None:
-        self.finished_bytes += raw.tell() if not raw.closed else 0
+        self.add(raw.tell() if not raw.closed else 0)
         self._reading = None
+
+    def add(self, size_bytes: int) -> None:
+        """A file read whole (a Parquet file, read by its row groups)."""
+        self.finished_bytes += size_bytes
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def read_rows(spec: Path | str | Inputs) -> Iterator[Row | BadRow]:
         source = file.name if inputs.several else None
         if file.format == "parquet":
             offset += yield from _read_parquet(file, offset, source)
-            inputs.meter.finished_bytes += file.path.stat().st_size
+            inputs.meter.add(file.path.stat().st_size)
         else:
             offset += yield from _read_jsonl(file, offset, source, inputs.meter)
 
@@ -160,7 +160,7 @@ def _parquet_file(file: InputFile) -> Any:
             f"prompt, body (it has: {', '.join(sorted(names)) or 'none'})"
         )
     if held is not None:
-        file.held.parquet = pf
+        file.held.keep(pf)
     return pf
 
 
