@@ -6,6 +6,16 @@ SGLang's rules refuses before any prefill (`TokenizerManager._validate_one_reque
 scheduler's `validate_input_length`). Then it renders three probe conversations through the
 server's own chat path and through fleetgen's tokenizer and compares them
 (`fleetgen/engine/template.py`). Nothing is written anywhere.
+
+For each --engine-url: prints what fleetgen will assume (context, input limit, speculative
+reserve, running requests and the worker's -c, determinism, model, skip_tokenizer_init); checks
+readiness; sends one tiny generation; and sends two requests the server must refuse before
+generating (an input at the budget's input limit, a budget one token past the context); then
+renders three probe chats (a user turn, the same with enable_thinking false, a system prompt and
+a history with reasoning_content) through the server's chat path and through --tokenizer, and
+compares the tokens. Exit 0: all agree; 1: a server disagrees with the budget model or the chat
+template; 3: a server does not report its context (or a bad --tokenizer); 4: a server is
+unreachable or not ready.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import orjson
 from fleetgen import engine
 from fleetgen.base import envvars, errors, exitcodes
 from fleetgen.base.runoptions import DEFAULT_TOKENIZER
-from fleetgen.cli.flags import json_object
+from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.openai import LLAMA_CPP
@@ -61,18 +71,8 @@ class Report:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "doctor", help="check the fleet before a long run: limits, readiness, length rules",
-        description="For each --engine-url: prints what fleetgen will assume (context, input "
-        "limit, speculative reserve, running requests and the worker's -c, determinism, "
-        "model, skip_tokenizer_init); checks readiness; sends one tiny generation; and sends "
-        "two requests the server must refuse before generating (an input at the budget's "
-        "input limit, a budget one token past the context); then renders three probe chats "
-        "(a user turn, the same with enable_thinking false, a system prompt and a history "
-        "with reasoning_content) through the server's chat path and through --tokenizer, and "
-        "compares the tokens. Exit 0: all agree; 1: a server disagrees with the budget model "
-        "or the chat template; 3: a server does not report its context (or a bad --tokenizer); "
-        "4: a server is unreachable or not ready.")
+    p = subcommand(sub, "doctor", "check the fleet before a long run: limits, readiness, "
+                   "length rules", __doc__, run)
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server of the fleet (repeat for each, or a comma list; "
                    "http://HOST:30000-30007 for a range of ports)")
@@ -94,7 +94,6 @@ def add_parser(sub: Any) -> None:
                    help="the run's stop strings: a server must say which one ended an answer "
                    "(llama.cpp: its `__verbose`)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
-    p.set_defaults(handler=run)
 
 
 @dataclass
