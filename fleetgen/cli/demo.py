@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR)
         flower = args.flower
-        return job.execute(job.Job(
+        return job.execute(job.NodeJob(
             "demo", fleet, settings, args.out, args.out / STATE_DIR, resumed=bool(resumed),
             on_redis=(lambda f: _start_flower(f, flower)) if flower else None,
             linger=(lambda stop: _linger(flower, stop)) if flower and sys.stdin.isatty()

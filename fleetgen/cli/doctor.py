@@ -58,7 +58,7 @@ DISAGREES = 1
 
 
 @dataclass
-class Report:
+class ServerReport:
     """One server: what fleetgen assumes about it, and the checks."""
 
     url: str
@@ -118,8 +118,8 @@ def needs_of(token_ids: bool, stop: Any) -> tuple[str, ...]:
 
 
 def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | None,
-            template: TemplateCheck | None = None, needs: tuple[str, ...] = ()) -> Report:
-    report = Report(url)
+            template: TemplateCheck | None = None, needs: tuple[str, ...] = ()) -> ServerReport:
+    report = ServerReport(url)
     ready = probe_url(url, timeout_s=min(timeout_s, 10.0), api_key=api_key)
     if ready.state is State.REFUSED:  # nothing else can be learnt: one line
         report.checks.append(Check("unreachable", False, ready.detail))
@@ -177,7 +177,7 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
     return checks
 
 
-def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
+def exit_code(reports: list[ServerReport], fleet_checks: list[Check]) -> int:
     codes = {r.code for r in reports}
     for code in (exitcodes.UNAVAILABLE, exitcodes.CONFIG, DISAGREES):
         if code in codes:
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
 def check_fleet(engine_urls: list[str], engine_protocol: str | None, timeout_s: float,
                 tokenizer: str, chat_template_kwargs: str | None,
                 needs: tuple[str, ...] = (),
-                ) -> tuple[list[Report], list[Check], int]:
+                ) -> tuple[list[ServerReport], list[Check], int]:
     """Every server's report, the checks across them, and the exit code (`fleetgen run`
     stops on anything but OK before it starts a process)."""
     api_key = envvars.ENGINE_API_KEY.value()
@@ -258,7 +258,7 @@ def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
-def _row(r: Report) -> tuple[str, ...]:
+def _row(r: ServerReport) -> tuple[str, ...]:
     s = r.limits
     if s is None:
         return (r.url, *("-" for _ in COLUMNS[1:]))
@@ -274,8 +274,8 @@ def table(rows: list[tuple[str, ...]]) -> str:
                      .rstrip() for row in rows)
 
 
-def render_text(reports: list[Report], fleet_checks: list[Check], assumed: ServerLimits | None,
-                code: int) -> str:
+def render_text(reports: list[ServerReport], fleet_checks: list[Check],
+                assumed: ServerLimits | None, code: int) -> str:
     lines = [table([COLUMNS, *(_row(r) for r in reports)]), ""]
     if assumed is not None:
         lines.append(f"the producer budgets for: context {assumed.context_length}, input limit "
@@ -305,7 +305,7 @@ VERDICTS = {
 }
 
 
-def render_json(reports: list[Report], fleet_checks: list[Check],
+def render_json(reports: list[ServerReport], fleet_checks: list[Check],
                 assumed: ServerLimits | None, code: int) -> str:
     doc = {
         "servers": [{

@@ -158,7 +158,7 @@ def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] |
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, engine_urls=urls,
                            valkey_bind=listen[0] if listen else None,
                            valkey_port=listen[1] if listen else None)
-        return job.execute(job.Job(
+        return job.execute(job.NodeJob(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
             on_redis=(lambda f: _say_join(f, listen)) if listen else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
