@@ -24,9 +24,9 @@ from fleetgen.simulator.answers import THINK_END_ID
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.protocol import (
     ApiError,
+    GenerationRequest,
     InFlight,
-    Job,
-    Outcome,
+    ServedItem,
     bad_request,
     parse_completions,
     usage_of,
@@ -124,7 +124,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
 
 
 def parse_chat(body: Any, config: SimConfig, in_flight: InFlight,
-               ids: list[int] | None = None) -> Job:
+               ids: list[int] | None = None) -> GenerationRequest:
     """Render the messages, then run the ids as `/v1/completions` runs a token-id prompt: the
     same length rules, capacity and faults. `max_new_tokens` is `max_completion_tokens or
     max_tokens` (protocol.py `ChatCompletionRequest.to_sampling_params`); the grammar is the
@@ -208,7 +208,7 @@ def json_schema_of(response_format: dict[str, Any]) -> str:
     return json.dumps(schema)
 
 
-def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, str]:
+def _split_reasoning(outcome: ServedItem, config: SimConfig) -> tuple[str | None, str]:
     """With a reasoning parser (`--thinking` without `--no-reasoning-parser`) the message
     carries the reasoning as `reasoning_content` and the rest as `content`; an answer cut short
     inside its reasoning is reasoning only (the parser never saw `</think>`)."""
@@ -229,7 +229,8 @@ def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, s
     return reasoning.strip(), content.lstrip()
 
 
-def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def render_chat(job: GenerationRequest, outcomes: list[ServedItem],
+                config: SimConfig) -> dict[str, Any]:
     """`_build_chat_response`: one choice per sample; `usage.prompt_tokens` is the rendered
     prompt's length once per prompt (meta_info `prompt_tokens`, `_reported_prompt_tokens`);
     `reasoning_tokens` the samples' meta_info counts (`UsageProcessor.
@@ -256,7 +257,8 @@ def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[st
     }
 
 
-def chat_usage(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def chat_usage(job: GenerationRequest, outcomes: list[ServedItem],
+               config: SimConfig) -> dict[str, Any]:
     thought = sum(answers.reasoning_tokens(o.completion.output_ids,
                                            config.reasoning_parser is not None,
                                            job.extras.require_reasoning) for o in outcomes)

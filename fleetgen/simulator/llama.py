@@ -27,9 +27,9 @@ from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import count_text_tokens
 from fleetgen.simulator.protocol import (
     ApiError,
+    GenerationRequest,
     InFlight,
-    Job,
-    Outcome,
+    ServedItem,
     bad_request,
     parse_completions,
     usage_of,
@@ -61,7 +61,7 @@ def error_body(error: ApiError) -> dict[str, Any]:
     return {"error": {"code": error.status, "message": error.message, "type": kind}}
 
 
-def parse(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
+def parse(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationRequest:
     """The prompt against the slot's n_ctx, then the request as the other flavours run it,
     its budget cut to what the slot leaves."""
     if not isinstance(body, dict):
@@ -82,7 +82,7 @@ def parse(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     return dataclasses.replace(job, extras=extras)
 
 
-def render(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def render(job: GenerationRequest, outcomes: list[ServedItem], config: SimConfig) -> dict[str, Any]:
     outcome = outcomes[0]
     finish = outcome.completion.finish_reason
     answer: dict[str, Any] = {
