@@ -124,22 +124,21 @@ class Admin:
         self.availability = server.availability
 
     def mount(self, app: web.Application) -> None:
-        add = app.router
-        add.add_get("/metrics", self._metrics)
-        add.add_get("/_sim/stats", self._sim_stats)
+        # Scrapers and the tests read these on every flavour.
+        app.add_routes([web.get("/metrics", self._metrics),
+                        web.get("/_sim/stats", self._sim_stats)])
         if self.config.flavor == "llama":
-            add.add_get("/health", self._llama_health)
+            app.router.add_get("/health", self._llama_health)
             return
+        app.add_routes([*self._probes(), web.post("/abort_request", self._abort_request),
+                        web.post("/_sim/down", self._sim_down), web.post("/_sim/up", self._sim_up)])
+
+    def _probes(self) -> list[web.RouteDef]:
         if self.config.flavor == "vllm":
             # vLLM's /health is instant and it has no /ready (entrypoints/serve/...).
-            add.add_get("/health", self._ready)
-        else:
-            add.add_get("/health", self._health)
-            add.add_get("/health_generate", self._health)
-            add.add_get("/ready", self._ready)
-        add.add_post("/abort_request", self._abort_request)
-        add.add_post("/_sim/down", self._sim_down)
-        add.add_post("/_sim/up", self._sim_up)
+            return [web.get("/health", self._ready)]
+        return [web.get("/health", self._health), web.get("/health_generate", self._health),
+                web.get("/ready", self._ready)]
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         """http_server `health_generate`: 503 at once when exiting, else a probe polled 1/s."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from fleetgen.simulator.protocol import (
     InFlight,
     ServedItem,
     bad_request,
+    openai_response,
     parse_completions,
     usage_of,
 )
@@ -68,24 +68,25 @@ def template_messages(raw: Any) -> list[dict[str, Any]]:
     which drops every key whose value is None)."""
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages must be a non-empty list of message objects.")
-    messages = []
-    for index, message in enumerate(raw):
-        if not isinstance(message, dict):
-            raise bad_request(f"messages[{index}] must be an object.")
-        role = message.get("role")
-        if not isinstance(role, str) or role.lower() not in ROLES:
-            allowed = ", ".join(repr(r) for r in sorted(ROLES))
-            raise bad_request(f"messages[{index}]: 'role' must be one of {allowed} "
-                              "(case-insensitive).")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise bad_request(f"messages[{index}]: content must be a string, a list of parts "
-                              "or null.")
-        turn = {key: value for key, value in message.items() if value is not None}
-        turn["role"] = role.lower()
-        turn["content"] = "" if content is None else content
-        messages.append(turn)
-    return messages
+    return [_template_turn(index, message) for index, message in enumerate(raw)]
+
+
+def _template_turn(index: int, message: Any) -> dict[str, Any]:
+    """One message as the template sees it, or the 400 pydantic's validation would give."""
+    if not isinstance(message, dict):
+        raise bad_request(f"messages[{index}] must be an object.")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or role.lower() not in ROLES:
+        allowed = ", ".join(repr(r) for r in sorted(ROLES))
+        raise bad_request(f"messages[{index}]: 'role' must be one of {allowed} "
+                          "(case-insensitive).")
+    if content is not None and not isinstance(content, str | list):
+        raise bad_request(f"messages[{index}]: content must be a string, a list of parts "
+                          "or null.")
+    turn = {key: value for key, value in message.items() if value is not None}
+    turn["role"] = role.lower()
+    turn["content"] = "" if content is None else content
+    return turn
 
 
 def render(config: SimConfig, messages: list[dict[str, Any]], add_generation_prompt: bool,
@@ -247,14 +248,8 @@ def render_chat(job: GenerationRequest, outcomes: list[ServedItem],
             "finish_reason": finish["type"],
             "matched_stop": finish.get("matched"),
         })
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": config.model_name,
-        "choices": choices,
-        "usage": chat_usage(job, outcomes, config),
-    }
+    return openai_response("chat.completion", f"chatcmpl-{uuid.uuid4().hex}", config, choices,
+                           chat_usage(job, outcomes, config))
 
 
 def chat_usage(job: GenerationRequest, outcomes: list[ServedItem],

@@ -771,14 +771,15 @@ def render_completions(job: GenerationRequest, outcomes: list[ServedItem],
             prompt = outcome.item.prompt
             choice["prompt_token_ids"] = prompt if isinstance(prompt, list) else None
         choices.append(choice)
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": config.model_name,
-        "choices": choices,
-        "usage": usage_of(outcomes),
-    }
+    return openai_response("text_completion", f"cmpl-{uuid.uuid4().hex}", config, choices,
+                           usage_of(outcomes))
+
+
+def openai_response(kind: str, response_id: str, config: SimConfig, choices: list[Any],
+                    usage: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI answer's body (`object` is its kind): created now, by the served model."""
+    return {"id": response_id, "object": kind, "created": int(time.time()),
+            "model": config.model_name, "choices": choices, "usage": usage}
 
 
 def usage_of(outcomes: list[ServedItem]) -> dict[str, int]:

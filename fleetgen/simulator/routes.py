@@ -71,27 +71,25 @@ class Routes:
         self._started_at = time.time()
 
     def mount(self, app: web.Application) -> None:
-        add = app.router
-        add.add_post("/v1/completions", self._completions)
-        add.add_get("/v1/models", self._models)
+        app.add_routes([web.post("/v1/completions", self._completions),
+                        web.get("/v1/models", self._models), *self._surface()])
+
+    def _surface(self) -> list[web.RouteDef]:
+        """The flavour's own endpoints beside the OpenAI completions every flavour serves."""
         if self.config.flavor == "llama":
-            add.add_get("/props", self._llama_props)
-            add.add_post("/apply-template", self._llama_apply_template)
-            add.add_post("/tokenize", self._llama_tokenize)
-            return
+            return [web.get("/props", self._llama_props),
+                    web.post("/apply-template", self._llama_apply_template),
+                    web.post("/tokenize", self._llama_tokenize)]
         # SGLang 0.5.23 and vLLM both render messages on /tokenize (http_server
         # `openai_v1_tokenize`, also /v1/tokenize; vLLM's `tokenize`).
-        for path in ("/tokenize", "/v1/tokenize"):
-            add.add_post(path, self._tokenize)
+        tokenizer = [web.post(path, self._tokenize) for path in ("/tokenize", "/v1/tokenize")]
         if self.config.flavor == "vllm":
-            add.add_post("/v1/chat/completions", self._chat_vllm)
-            return
-        add.add_post("/generate", self._generate)
-        add.add_post("/v1/chat/completions", self._chat)
-        for path in ("/get_server_info", "/server_info"):
-            add.add_get(path, self._server_info)
-        for path in ("/get_model_info", "/model_info"):
-            add.add_get(path, self._model_info)
+            return [*tokenizer, web.post("/v1/chat/completions", self._chat_vllm)]
+        info_paths = {"/get_server_info": self._server_info, "/server_info": self._server_info,
+                      "/get_model_info": self._model_info, "/model_info": self._model_info}
+        return [*tokenizer, web.post("/generate", self._generate),
+                web.post("/v1/chat/completions", self._chat),
+                *(web.get(path, handler) for path, handler in info_paths.items())]
 
     # ------------------------------------------------------------ generation
 
