@@ -64,11 +64,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetgen.exporter.export import Options, export, writes_parquet
+    from fleetgen.exporter.export import ExportOptions, export, writes_parquet
 
     bar = Bar("export", show=sys.stderr.isatty(), unit="B", unit_scale=True)
     try:
-        report = export(args.dir, Options(format=args.format, out=args.out,
+        report = export(args.dir, ExportOptions(format=args.format, out=args.out,
                                           reasoning=args.reasoning, model=args.model,
                                           only_finished=args.only_finished,
                                           include_unfinished=args.include_unfinished,
