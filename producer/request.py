@@ -10,6 +10,7 @@ from typing import Any
 
 from fleetgen.base.contract import Sampling, TaskPayload
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outcomes import request_fields
 from producer.budget import Limits
 from producer.rows import Row
 from producer.settings import ProducerSettings
@@ -34,21 +35,15 @@ class Request:
     turn: int | None = None
     turns: int | None = None
 
-    def fields(self) -> dict[str, int]:
-        """What a payload and an outcome record carry of this request: `sample` when there
-        are several, `slot` where it is not the line (the drainer and the bitmaps key on
-        it), and its turn of `turns` with --turns all."""
-        fields = {} if self.sample is None else {"sample": self.sample}
-        if self.slot != self.line:
-            fields["slot"] = self.slot
-        if self.turn is not None and self.turns is not None:
-            fields["turn"], fields["turns"] = self.turn, self.turns
-        return fields
-
     def mark(self, record: dict[str, Any]) -> dict[str, Any]:
-        """An outcome record of this request (its `fields`)."""
+        """An outcome record of this request: `sample` when there are several, and `slot`
+        where it is not the line (the drainer and the bitmaps key on it)."""
         record.update(self.fields())
         return record
+
+    def fields(self) -> dict[str, Any]:
+        return request_fields(line=self.line, slot=self.slot, sample=self.sample,
+                              turn=self.turn, turns=self.turns)
 
     def later(self) -> list[Request]:
         """The turns of this request's conversation after it (none outside `--turns all`)."""

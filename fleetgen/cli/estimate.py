@@ -3,7 +3,14 @@ budgeted as the producer would (the rejections and the prompt lengths exact), a 
 stratified by prompt length is generated on the given servers by a real `fleetgen run` into a
 scratch directory under --out, and its answers are projected onto the whole input
 (fleetgen/monitor/projection.py): output tokens, the share each cap would cut, wall time,
-GPU-hours, output size, each with how far off it may be."""
+GPU-hours, output size, each with how far off it may be.
+
+Tokenizes every prompt as `fleetgen run` does (the rejections and prompt lengths are exact),
+generates a sample stratified by prompt length on the servers (a real `fleetgen run` into
+--out/.fleetgen-estimate, uncapped), and projects the whole input: output tokens, the share of
+answers each --cap would cut, wall time, GPU-hours and output size, with 95% intervals. A table
+here, estimate.json in --out.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir, atomic_file, usable_dir
 from fleetgen.cli import run as run_command
+from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.cli.progress import Bar
 from fleetgen.monitor.projection import BYTES_PER_ID, DIGEST_BYTES, Answer, Fleet, project
@@ -38,13 +46,8 @@ ESTIMATE = "estimate.json"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "estimate", help="what a run will cost, from a sample generated on your servers",
-        description="Tokenizes every prompt as `fleetgen run` does (the rejections and prompt "
-        "lengths are exact), generates a sample stratified by prompt length on the servers "
-        "(a real `fleetgen run` into --out/.fleetgen-estimate, uncapped), and projects the "
-        "whole input: output tokens, the share of answers each --cap would cut, wall time, "
-        "GPU-hours and output size, with 95% intervals. A table here, estimate.json in --out.")
+    p = subcommand(sub, "estimate", "what a run will cost, from a sample generated on your servers",
+                   __doc__, estimate)
     p.add_argument("input", type=Path, metavar="INPUT", help="prompts, as `fleetgen run` reads")
     # The servers and how the sample's run reaches them, as `fleetgen run` takes them.
     run_command.add_fleet_options(p, "a Redis of your own for the sample's run (default: "
@@ -62,7 +65,7 @@ def add_parser(sub: Any) -> None:
                    help="GPUs behind each server, for GPU-hours (tensor parallel) (1)")
     add_producer_options(p, runoptions.RUN)
     # What `run` reads that the estimate's sample does not use.
-    p.set_defaults(handler=estimate, run=None, listen=None, measure_acceptance=False,
+    p.set_defaults(run=None, listen=None, measure_acceptance=False,
                    group_by=None, retry_failures=False)
 
 
