@@ -16,7 +16,7 @@ from fleetgen.base.outcomes import duplicate_record
 from producer.dedup import SeenIds
 from producer.holdout import HoldOut
 from producer.inputs import Inputs
-from producer.manifest import RunManifest
+from producer.manifest import CheckedManifest
 from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import PromptBatch, Prompts, rejected
@@ -33,7 +33,7 @@ class PassParts:
     prompts: Prompts
     outbox: Outbox
     turns: TurnMode
-    manifest: RunManifest
+    manifest: CheckedManifest
 
 
 class InputPass:

@@ -17,15 +17,22 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir
 from fleetgen.base.runoptions import PINNED, flag_name
 
-__all__ = ["NEW_RUN", "PINNED", "Recorded", "RunManifest", "check_same_settings",
-           "files_difference", "recorded_in"]
+__all__ = [
+    "NEW_RUN",
+    "PINNED",
+    "CheckedManifest",
+    "Recorded",
+    "check_same_settings",
+    "files_difference",
+    "recorded_in",
+]
 
 # How a command of fleetgen starts another run instead of resuming this one, as the messages
 # say it: `produce` names its run, the demo keeps its run in its --out.
 NEW_RUN = "use a new --run name"
 
 
-class RunManifest:
+class CheckedManifest:
     """The run's manifest as the producer uses it: fleetgen/base/manifest.py's verbs
     (`record`), and a start or resume that checks the pinned settings first. `read()` is the
     hash as stored, for `Producer.manifest()` (producer/run.py) and its tests."""

@@ -25,7 +25,7 @@ from producer.enqueue import Enqueuer
 from producer.holdout import HoldOut
 from producer.inputpass import InputPass, PassParts
 from producer.inputs import Inputs, resolve_input
-from producer.manifest import RunManifest, recorded_in
+from producer.manifest import CheckedManifest, recorded_in
 from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import Prompts
@@ -63,7 +63,7 @@ class Producer:
         self.enqueuer = enqueuer
         # Resolved once: every pass of this run reads the same files, in the same order.
         self.inputs = plan.inputs or resolve_input(settings.input)
-        self.run_manifest = RunManifest(client, settings.run, settings.new_run,
+        self.run_manifest = CheckedManifest(client, settings.run, settings.new_run,
                                         recorded_in(settings.out, settings.run))
         self.affinity = Affinity(client, enabled=settings.affinity,
                                  wait_s=settings.affinity_wait_s, route_first=plan.waits)

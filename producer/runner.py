@@ -13,7 +13,7 @@ from fleetgen.base.redisconn import connect
 from fleetgen.base.runstate import run_complete
 from producer.build import build_producer
 from producer.inputs import Inputs, resolve_input
-from producer.manifest import RunManifest, recorded_in
+from producer.manifest import CheckedManifest, recorded_in
 from producer.progress import Progress
 from producer.run import Plan
 from producer.settings import ProducerSettings
@@ -47,7 +47,7 @@ def check_resume(settings: ProducerSettings, inputs: Inputs | None = None) -> Re
     with connect(settings.redis_url) as client:
         # Before "already complete": a finished run given a new file or other settings must
         # say so, also once its Redis state is gone (then its files' summary holds them).
-        manifest = RunManifest(client, settings.run, settings.new_run, recorded)
+        manifest = CheckedManifest(client, settings.run, settings.new_run, recorded)
         manifest.check_files(inputs.names)
         manifest.check_settings(pinned)
         changed = manifest.input_changed(size)
