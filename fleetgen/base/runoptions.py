@@ -109,22 +109,6 @@ class RunOption(Setting):
         return () if self.flag is None else self.flag.names
 
     @property
-    def pinned(self) -> bool:
-        return self.kept.pinned
-
-    @property
-    def summary(self) -> bool:
-        return self.kept.summary
-
-    @property
-    def setting(self) -> bool:
-        return self.kept.setting
-
-    @property
-    def into(self) -> str | None:
-        return self.kept.into
-
-    @property
     def stored_as(self) -> str:
         return self.kept.key or self.name
 
@@ -319,12 +303,12 @@ TABLE: tuple[RunOption, ...] = (
 
 BY_NAME: Final = {option.name: option for option in TABLE}
 # The settings a resumed run must keep (what changes what a row becomes), in the manifest.
-PINNED: Final = tuple(option.stored_as for option in TABLE if option.pinned)
+PINNED: Final = tuple(option.stored_as for option in TABLE if option.kept.pinned)
 # The manifest's settings: the pinned ones, and what is kept to be shown (never a secret).
-STORED: Final = tuple(option for option in TABLE if option.pinned or option.kept.stored)
+STORED: Final = tuple(option for option in TABLE if option.kept.pinned or option.kept.stored)
 # The manifest's settings copied into summary.json.
-SUMMARY_SETTINGS: Final = tuple(option.stored_as for option in TABLE if option.summary)
-SAMPLING_OPTIONS: Final = tuple(option for option in TABLE if option.into == SAMPLING)
+SUMMARY_SETTINGS: Final = tuple(option.stored_as for option in TABLE if option.kept.summary)
+SAMPLING_OPTIONS: Final = tuple(option for option in TABLE if option.kept.into == SAMPLING)
 
 
 def option(name: str) -> RunOption:
@@ -353,10 +337,10 @@ def _flag_cell(option: RunOption) -> str:
 
 def _kept_cell(option: RunOption) -> str:
     """Where the run keeps the setting: pinned in the manifest, stored there, in summary.json."""
-    where = ["pinned" if option.pinned else "manifest" if option.kept.stored else ""]
-    if option.into:
-        where = [f"in `{option.into}`"]
-    if option.summary:
+    where = ["pinned" if option.kept.pinned else "manifest" if option.kept.stored else ""]
+    if option.kept.into:
+        where = [f"in `{option.kept.into}`"]
+    if option.kept.summary:
         where.append("summary.json")
     return ", ".join(w for w in where if w) or "—"
 

@@ -224,7 +224,7 @@ def write_sample(args: argparse.Namespace, source: Path,
             body += orjson.dumps({"id": item.id, **item.fields}) + b"\n"
             stratum_of[item.id] = chosen[item.line]
     pinned = {o.attr: getattr(args, o.attr, None) for o in runoptions.TABLE
-              if o.pinned and o.flags}
+              if o.kept.pinned and o.flags}
     key = hashlib.blake2b(bytes(body) + json.dumps(pinned, sort_keys=True, default=str)
                           .encode(), digest_size=6).hexdigest()
     path = args.out / SCRATCH / key / "sample.jsonl"

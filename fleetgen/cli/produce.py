@@ -47,7 +47,7 @@ def add_producer_options(p: argparse.ArgumentParser, command: str = runoptions.P
         # table's defaults (the demo's fleet is its own, with a known context and no real
         # server to read limits from). new_run: the run is recorded in --out (no --run).
         p.set_defaults(**{o.attr: o.default for o in runoptions.TABLE
-                          if o.setting and o.flags and command not in o.commands
+                          if o.kept.setting and o.flags and command not in o.commands
                           and o.attr not in own and o.name not in ("run", "redis_url")},
                        new_run="use another --out (the run is recorded there)")
 
@@ -77,7 +77,7 @@ def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the table that the parsed flags give (with their `sampling`)."""
     values: dict[str, Any] = {"sampling": sampling_from(args)}
     for option in runoptions.TABLE:
-        if option.setting and option.flags and hasattr(args, option.attr) \
+        if option.kept.setting and option.flags and hasattr(args, option.attr) \
                 and option.name != "redis_url":
             value = getattr(args, option.attr)
             values[option.name] = AS_SETTING.get(option.name, lambda v: v)(value)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -27,20 +28,19 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 1.0
 
 
+@dataclass
 class Lifecycle:
     """One server's socket: listening, a drain that waits for requests in flight, a clean
-    stop and a simulated crash."""
+    stop and a simulated crash. `port` 0 until started asks the kernel for one."""
 
-    def __init__(self, config: SimConfig, port: int, availability: Availability,
-                 in_flight: InFlight) -> None:
-        self.config = config
-        self.port = port
-        self.availability = availability
-        self.in_flight = in_flight
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self._die_timer: asyncio.TimerHandle | None = None
-        self._dying: asyncio.Task[None] | None = None
+    config: SimConfig
+    port: int
+    availability: Availability
+    in_flight: InFlight
+    _runner: web.AppRunner | None = field(default=None, init=False)
+    _site: web.TCPSite | None = field(default=None, init=False)
+    _die_timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _dying: asyncio.Task[None] | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:
