@@ -1,12 +1,16 @@
-"""Shared bench helpers: deterministic prompt files, tables, JSON figures, process memory."""
+"""Shared bench helpers: deterministic prompt files, tables, JSON figures, process memory, and
+the child process a bench measures in."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import random
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,3 +140,27 @@ def self_cpu_s() -> float:
 def peak_rss_bytes() -> int:
     """This process's peak RSS (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# The hidden subcommand a bench runs itself as, to measure a process of its own (its peak RSS,
+# its rate from a cold start): `python -m bench.NAME child --FLAG VALUE ...`.
+CHILD = "child"
+
+
+def add_child(parser: argparse.ArgumentParser, *flags: str) -> argparse.ArgumentParser:
+    """The `child` subcommand (`args.role == CHILD`), each of `flags` a required value."""
+    child = parser.add_subparsers(dest="role").add_parser(CHILD)
+    for flag in flags:
+        child.add_argument(f"--{flag}", required=True)
+    return child
+
+
+def run_child(module: str, **flags: Any) -> dict[str, Any]:
+    """`module`'s child with `flags`, to its end; the JSON object it prints last."""
+    argv = [sys.executable, "-m", module, CHILD,
+            *(word for name, value in flags.items() for word in (f"--{name}", str(value)))]
+    proc = subprocess.run(argv, capture_output=True, timeout=1800, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed:\n{proc.stderr.decode()[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    return result

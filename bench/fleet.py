@@ -149,6 +149,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                  tokenizer: Any, affinity: bool = True) -> dict[str, Any]:
     from fleetgen.drainer import Drainer
     from producer.build import build_producer
+    from producer.run import Plan
     from producer.settings import ProducerSettings
 
     tag = fleet.name if affinity else f"{fleet.name}-no-affinity"
@@ -158,7 +159,8 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         run = f"bench-{tag}"
         settings = ProducerSettings(input=prompts, run=run, redis_url=local.redis_url,
                                     context_length=CONTEXT, affinity=affinity)
-        producer = build_producer(settings, tokenizer=tokenizer)
+        # It waits for the run, as `fleetgen run` does.
+        producer = build_producer(settings, tokenizer=tokenizer, plan=Plan(waits=True))
         poller = Poller([local.engine_url(g) for g in range(model.gpus)]).start()
         drainer = Drainer(connect(local.redis_url), run, work / f"fg-{tag}-out",
                           block_ms=50)
@@ -166,7 +168,6 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         died: dict[int, float] = {}
         t0 = time.perf_counter()
         kill_later(fleet, local, t0, died)
-        producer.affinity.route_first = True  # it waits for the run, as `fleetgen run` does
 
         def produce() -> None:
             producer.run()

@@ -22,7 +22,15 @@ from typing import Any
 import orjson
 import redis
 
-from bench.common import peak_rss_bytes, save, table, write_uniform_prompts
+from bench.common import (
+    CHILD,
+    add_child,
+    peak_rss_bytes,
+    run_child,
+    save,
+    table,
+    write_uniform_prompts,
+)
 from fleetgen.base.contract import KIND_RESULT, QUEUE, RunKeys
 from fleetgen.local.valkey import EmbeddedValkey
 
@@ -114,25 +122,13 @@ def producer_rss(sizes: list[int], work: Path, valkey: EmbeddedValkey) -> list[d
         popper = Popper(valkey.url)
         popper.start()
         try:
-            out = _run_child(["-m", "bench.memory", "child", "--input", str(path), "--redis",
-                              valkey.url, "--run", f"rss{size}"])
+            out = run_child("bench.memory", input=path, redis=valkey.url, run=f"rss{size}")
         finally:
             popper.stop.set()
             popper.join()
         path.unlink()
         results.append(out)
     return results
-
-
-def _run_child(argv: list[str]) -> dict[str, Any]:
-    import subprocess
-
-    proc = subprocess.run([sys.executable, *argv], capture_output=True, timeout=1800,
-                          check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"child failed:\n{proc.stderr.decode()[-3000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    return result
 
 
 def valkey_memory(rows: int, work: Path, valkey: EmbeddedValkey) -> dict[str, Any]:
@@ -148,9 +144,8 @@ def valkey_memory(rows: int, work: Path, valkey: EmbeddedValkey) -> dict[str, An
     base = int(client.info("memory")["used_memory"])
     popper = Popper(valkey.url, fake_worker=True)
     popper.start()
-    producer = threading.Thread(target=_run_child, daemon=True, args=(
-        ["-m", "bench.memory", "child", "--input", str(path), "--redis", valkey.url,
-         "--run", "vk"],))
+    producer = threading.Thread(target=run_child, daemon=True, args=("bench.memory",),
+                                kwargs={"input": path, "redis": valkey.url, "run": "vk"})
     producer.start()
     drainer = Drainer(connect(valkey.url), "vk", work / "vk-out", block_ms=100)
     drainer.recover()
@@ -181,13 +176,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench memory", description=__doc__)
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--valkey-rows", type=int, default=200_000)
-    sub = parser.add_subparsers(dest="mode")
-    c = sub.add_parser("child")
-    c.add_argument("--input", required=True)
-    c.add_argument("--redis", required=True)
-    c.add_argument("--run", required=True)
+    add_child(parser, "input", "redis", "run")
     args = parser.parse_args(argv)
-    if args.mode == "child":
+    if args.role == CHILD:
         child(args)
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from bench.common import save, table, write_uniform_prompts
+from bench.common import CHILD, add_child, run_child, save, table, write_uniform_prompts
 from bench.memory import reset_peak_rss, rss_bytes
 from fleetgen.local.valkey import EmbeddedValkey
 
@@ -95,16 +95,12 @@ def mean_prompt_tokens(path: Path, tok: Any, sample: int = 500) -> float:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench producer", description=__doc__)
     parser.add_argument("--rows", type=int, default=10_000)
-    sub = parser.add_subparsers(dest="sub")
-    c = sub.add_parser("child")
-    c.add_argument("--mode", choices=("fleetgen", "naive"), required=True)
-    c.add_argument("--input", required=True)
-    c.add_argument("--redis", required=True)
+    child_parser = add_child(parser, "input", "redis")
+    child_parser.add_argument("--mode", choices=("fleetgen", "naive"), required=True)
     args = parser.parse_args(argv)
-    if args.sub == "child":
+    if args.role == CHILD:
         child(args)
         return 0
-    from bench.memory import _run_child
 
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-producer-") as tmp:
@@ -114,8 +110,7 @@ def main(argv: list[str]) -> int:
         try:
             for mode in ("naive", "fleetgen"):
                 redis.Redis.from_url(valkey.url).flushall()
-                out = _run_child(["-m", "bench.produce", "child", "--mode", mode, "--input",
-                                  str(path), "--redis", valkey.url])
+                out = run_child("bench.produce", mode=mode, input=path, redis=valkey.url)
                 queued = int(redis.Redis.from_url(valkey.url).llen("fleetgen"))
                 if queued != args.rows:
                     raise RuntimeError(f"{mode}: {queued} messages queued, not {args.rows}")

@@ -110,12 +110,13 @@ def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | 
     path): (start, end) on perf_counter and the summary. `watch` sees the producer first."""
     from fleetgen.drainer import Drainer
     from producer.build import build_producer
+    from producer.run import Plan
 
     assert settings.out is not None
     drainer = Drainer(connect(settings.redis_url), settings.run, settings.out, block_ms=50)
     drainer.recover()
-    producer = build_producer(settings, tokenizer=tokenizer)
-    producer.affinity.route_first = True  # it waits for the run below, as `fleetgen produce`
+    # It waits for the run below, as `fleetgen produce`.
+    producer = build_producer(settings, tokenizer=tokenizer, plan=Plan(waits=True))
     if watch is not None:
         watch(producer)
     t0 = time.perf_counter()

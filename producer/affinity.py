@@ -10,7 +10,8 @@ worker. No GPU idles for it: a next turn goes to the shared queue when its worke
 alive and taking prompts, or already has NEXT_POOLS pools waiting in its queue; a worker's
 queue is moved to the shared one once that worker is lost or stops taking prompts, and what
 waits there goes to the shared queue while that is empty (`sweep`, run by the producer at
-every batch, every look while the queues are full, and every look while it waits).
+every batch, every look while the queues are full, and every look while it waits: the run
+object's look, producer/run.py).
 
 First turns that share a prefix with others (the samples of a prompt, prompts that open with
 the same long system prompt or document) go to one worker too: the one a rendezvous hash of
@@ -59,14 +60,14 @@ return 0
 
 class Affinity:
     def __init__(self, client: redis.Redis, *, enabled: bool = True,
-                 wait_s: float = WAIT_S) -> None:
+                 wait_s: float = WAIT_S, route_first: bool = False) -> None:
         self.redis = client
         self.enabled = enabled
         # First turns go to workers' own queues only when this producer stays to sweep them
         # (it waits for the run): a queue of a stopped, frozen or saturated worker is moved
         # to the shared queue by the waiting producer alone (`sweep`), and a producer that
-        # has left would strand what waits there. producer/runner.py sets it with `wait`.
-        self.route_first = False
+        # has left would strand what waits there. Given once, by the run's Plan (run.py).
+        self.route_first = route_first
         self.wait_s = wait_s
         self._swept_at = 0.0
         self._seen: dict[str, set[Any]] = {}  # per worker queue, what the last sweep saw

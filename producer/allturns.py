@@ -1,20 +1,16 @@
 """`--turns all`: every turn of every conversation is a request of its own, in order. The pass
 over the input sends first turns; this follows the drainer's files and sends each next turn
 once the answer before it is written, rendered with this run's answers (docs/design.md "Every
-turn"), and waits for the run by the files, re-enqueueing a turn that Redis lost."""
+turn"), and tells the run object (producer/run.py) which turns the files settle and which
+Redis lost."""
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import redis
-
+from fleetgen.base.bitmap import Bits
 from fleetgen.base.contract import slot_of
-from producer.affinity import Affinity
 from producer.outbox import Outbox
 from producer.prompts import PromptBatch, Prompts
 from producer.reconcile import Reconciler
@@ -23,22 +19,20 @@ from producer.rows import BadRow, Row, parse_row
 from producer.turnmode import samples
 from producer.turns import WrittenTurns, answer_message, row_object, turn_messages, user_turns
 
-log = logging.getLogger("fleetgen.producer")
-
 
 class AllTurns:
     """The conversation follower: numbers a conversation's turns into consecutive slots (a
     sample's turns together), remembers which slots are first turns (a bit each, for
-    reconciling), builds next turns from the written answers and waits for the run."""
+    reconciling), builds next turns from the written answers, says which turns are settled
+    and which were lost."""
 
     def __init__(self, written: WrittenTurns, reconciler: Reconciler, prompts: Prompts,
-                 outbox: Outbox, affinity: Affinity) -> None:
+                 outbox: Outbox) -> None:
         self.written = written
         self.reconciler = reconciler
         self.prompts = prompts
         self.outbox = outbox
-        self.affinity = affinity
-        self._first_turns = bytearray()
+        self._first_turns = Bits()
         self._followed = False  # the files have been read once by this process
 
     # -- the pass's side: a conversation's requests ------------------------------------------
@@ -55,7 +49,7 @@ class AllTurns:
                             t + 1, count) for k in range(n) for t in range(count)]
         for request in requests:
             if request.turn == 1:
-                _set_bit(self._first_turns, request.slot)
+                self._first_turns.add(request.slot)
         if turns is not None and isinstance(item, Row):
             item = replace(item, messages=turns[0])
         return item, requests
@@ -102,72 +96,33 @@ class AllTurns:
             return
         batch.add(replace(row, messages=messages), [request])
 
-    # -- waiting for the run -----------------------------------------------------------------
-    def wait(self, total: int, requeue: Callable[[set[int]], None],
-             reassert: Callable[[], bool], interval_s: float,
-             should_stop: Callable[[], bool],
-             on_tick: Callable[[int, int], None] | None) -> int:
-        """Wait until every slot is settled in the files (written, or held back by a failed
-        turn), building next turns as answers land, and re-enqueueing, at two checks in a
-        row, a turn that could go (first turns, and next turns of written ones) but has no
-        outcome and is neither queued nor held (Redis lost it)."""
-        suspects, requeued = set[int](), 0
-        next_check = time.monotonic() + interval_s
-        while not should_stop():
-            try:
-                reassert()
-                self.affinity.sweep()  # a lost worker's next turns, to the shared queue
-                # Read before the files: a turn `fleetgen retry` sent back is settled in them
-                # (its failure) but not done, and once its answer is recorded it is settled
-                # there still until the drainer writes the answer, which un-blocks the turns
-                # after it: the run is over only when the files have nothing more to gain.
-                unwritten = self.reconciler.unwritten()
-                self.follow()
-                settled = self.written.settled()
-                if on_tick:
-                    on_tick(settled, total)
-                if settled >= total and not unwritten:
-                    break
-                if time.monotonic() >= next_check:
-                    lost = self._lost(total)
-                    confirmed, suspects = lost & suspects, lost - (lost & suspects)
-                    requeued += self._requeue(confirmed, requeue)
-                    next_check = time.monotonic() + interval_s
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("Redis unreachable while waiting for the run (%s); retrying", exc)
-            time.sleep(min(0.5, interval_s, self.affinity.wait_s))
-        return requeued
+    # -- settled and lost, for the run object ---------------------------------------------
+    def outstanding(self) -> int:
+        """Read before the files (`settled`): a turn `fleetgen retry` sent back is settled in
+        them (its failure) but not done, and once its answer is recorded it is settled there
+        still until the drainer writes the answer, which un-blocks the turns after it: the
+        run is over only when the files have nothing more to gain."""
+        return self.reconciler.unwritten()
 
-    def _lost(self, total: int) -> set[int]:
+    def settled(self) -> int:
+        return self.written.settled()
+
+    def lost(self, total: int) -> set[int]:
+        """Turns that could go (first turns, and next turns of written ones) but have no
+        outcome and are neither queued nor held. The first turns' bitmap is scanned by its
+        set bytes only."""
         written = self.written
         done = self.reconciler.done()
         candidates = set(written.pending)
-        candidates.update(n for n in range(1, total + 1)
-                          if _bit(self._first_turns, n) and not written.has(n))
+        candidates.update(n for n in self._first_turns.set_in(1, total) if not written.has(n))
         lost = {n for n in candidates if n not in done and not written.has(n)}
         return lost - self.reconciler.in_flight() if lost else lost
 
-    def _requeue(self, slots: set[int], requeue: Callable[[set[int]], None]) -> int:
-        """First turns through a pass over the input that keeps only them; next turns built
-        again from the written turn before."""
-        if not slots:
-            return 0
-        log.warning("re-enqueueing %d turn(s) that were lost (neither queued, in flight nor "
-                    "done)", len(slots))
-        first = {n for n in slots if _bit(self._first_turns, n)}
-        if first:
-            requeue(first)
-        later = [self.written.read_at(self.written.pending[n]) for n in slots - first
+    def first_turns(self, slots: set[int]) -> set[int]:
+        return {n for n in slots if n in self._first_turns}
+
+    def resend(self, slots: set[int]) -> int:
+        """Next turns built again from the written turn before."""
+        later = [self.written.read_at(self.written.pending[n]) for n in slots
                  if n in self.written.pending]
-        self._send_next(later)
-        return len(slots)
-
-
-def _bit(bits: bytearray, n: int) -> bool:
-    return (n >> 3) < len(bits) and bool(bits[n >> 3] & (0x80 >> (n & 7)))
-
-
-def _set_bit(bits: bytearray, n: int) -> None:
-    if (n >> 3) >= len(bits):
-        bits.extend(bytes(max((n >> 3) + 1 - len(bits), len(bits))))
-    bits[n >> 3] |= 0x80 >> (n & 7)
+        return self._send_next(later) if later else 0

@@ -4,6 +4,7 @@ benchmarks share (limits from the flags or the engines, the tokenizer, Redis, th
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from fleetgen import engine
 from fleetgen.base.errors import (
@@ -18,17 +19,24 @@ from fleetgen.engine.preflight import combine, returns_token_ids
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
-from producer.pipeline import Producer
 from producer.request import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
+from producer.run import Plan, Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 
 log = logging.getLogger("fleetgen.producer")
 
 
-def read_servers(s: ProducerSettings, proto: EngineProtocol) -> dict[str, ServerLimits]:
-    """Every --engine-url's limits. A server that does not answer is EngineUnreachable (exit 4);
-    one that answers without a context length is a ConfigError (exit 3)."""
+def read_servers(s: ProducerSettings) -> tuple[EngineProtocol, dict[str, ServerLimits]]:
+    """The engines' protocol, and every --engine-url's limits (none without one). A server
+    that does not answer is EngineUnreachable (exit 4); one that answers without a context
+    length is a ConfigError (exit 3)."""
+    first = s.engine_url[0] if s.engine_url else None
+    try:
+        proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
+    except EngineUnreachable as exc:
+        raise EngineUnreachable(f"cannot read limits from {first}: {exc.message}; is the "
+                                "server up? (`fleetgen doctor --engine-url URL`)") from exc
     servers = {}
     for url in s.engine_url:
         try:
@@ -40,24 +48,18 @@ def read_servers(s: ProducerSettings, proto: EngineProtocol) -> dict[str, Server
                                     "server up? (`fleetgen doctor --engine-url URL`)") from exc
         except RetryableError as exc:  # a timeout, a 503 while loading: not there yet either
             raise EngineUnreachable(f"cannot read limits from {url}: {exc.message}") from exc
-    return servers
+    return proto, servers
 
 
 def resolve_limits(s: ProducerSettings) -> Limits:
     """The limits every server allows: from the flags, and from each --engine-url (the smallest
     context and input limit, the largest speculative reserve win)."""
-    first = s.engine_url[0] if s.engine_url else None
-    try:
-        proto = engine.resolve(s.engine_protocol, first, s.engine_api_key)
-    except EngineUnreachable as exc:
-        raise EngineUnreachable(f"cannot read limits from {first}: {exc.message}; is the "
-                                "server up? (`fleetgen doctor --engine-url URL`)") from exc
+    proto, servers = read_servers(s)
     rule = proto.rule
     context, max_total, input_limit = s.context_length, None, s.max_req_input_len
     cannot_wait: str | None = None
     reserve = s.reserved_tokens
-    if s.engine_url:
-        servers = read_servers(s, proto)
+    if servers:
         rule = proto.rule_for(next(iter(servers.values())))
         fleet = combine(list(servers.values()), rule)
         if context is not None and context > fleet.context_length:
@@ -150,14 +152,17 @@ def refuse_unwaitable_schema(settings: ProducerSettings, tokenizer: PromptTokeni
 
 
 def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,
-                   limits: Limits | None = None) -> Producer:
+                   limits: Limits | None = None, plan: Plan | None = None) -> Producer:
     """A producer ready to run; InputError for a missing input, a bad setting or an engine
-    that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in."""
-    resolve_input(settings.input)  # InputError, before connecting or loading anything
-    client = connect(settings.redis_url)
+    that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in, and
+    the run's Plan (its input resolved by the caller, whether it waits for the run)."""
+    plan = plan or Plan()
+    if plan.inputs is None:  # InputError, before connecting or loading anything
+        plan = replace(plan, inputs=resolve_input(settings.input))
     limits = limits or resolve_limits(settings)
+    client = connect(settings.redis_url)
     tokenizer = tokenizer or load_tokenizer(
         settings.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
     refuse_unwaitable_schema(settings, tokenizer, limits)
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
-    return Producer(settings, tokenizer, client, enqueuer, limits)
+    return Producer(settings, tokenizer, client, enqueuer, limits, plan)

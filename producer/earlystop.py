@@ -69,10 +69,10 @@ class Verdict:
 class EarlyStop:
     """Judges the run's first answers, at most every CHECK_EVERY_S, once `after` are back."""
 
-    def __init__(self, client: redis.Redis, run: str, rules: list[StopRule],
+    def __init__(self, client: redis.Redis, keys: RunKeys, rules: list[StopRule],
                  after: int) -> None:
         self.redis = client
-        self.keys = RunKeys(run)
+        self.keys = keys
         self.rules = rules
         self.after = after
         self.verdict: Verdict | None = None

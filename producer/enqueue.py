@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -111,14 +111,9 @@ class Enqueuer:
         self._high_water_cache = (time.monotonic(), value)
         return value
 
-    def wait_for_room(self, should_stop: Callable[[], bool] = lambda: False,
-                      poll_s: float = 0.05, while_full: Callable[[], object] | None = None) -> None:
-        """Wait while the queue is at the high-water mark; `while_full` runs at every look
-        (the next turns of conversations, which do not wait for room)."""
-        while self.queue_depth() >= self.high_water() and not should_stop():
-            if while_full is not None:
-                while_full()
-            time.sleep(poll_s)
+    def full(self) -> bool:
+        """The queues hold the high-water mark: the next batch waits (producer/run.py)."""
+        return self.queue_depth() >= self.high_water()
 
 
 def set_bits(pipe: Any, key: str, offsets: list[int]) -> None:

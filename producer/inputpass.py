@@ -1,12 +1,14 @@
 """One pass over the input, in batches: each row's requests numbered into slots (the same input
 and settings give every request the same slot), the wanted ones rendered, tokenized and
 budgeted as one batch, their first turns enqueued and the rest rejected. A first pass wants
-what is neither done nor in flight; a re-enqueueing pass wants only the slots Redis lost."""
+what is neither done nor in flight; a re-enqueueing pass wants only the slots Redis lost. The
+run object (producer/run.py) drives it batch by batch, and looks at the run between them."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.base.contract import TaskPayload
@@ -14,7 +16,7 @@ from fleetgen.base.outcomes import duplicate_record
 from producer.dedup import SeenIds
 from producer.holdout import HoldOut
 from producer.inputs import Inputs
-from producer.manifest import RunManifest
+from producer.manifest import CheckedManifest
 from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import PromptBatch, Prompts, rejected
@@ -23,17 +25,27 @@ from producer.rows import BadRow, Row, read_rows
 from producer.turnmode import TurnMode
 
 
+@dataclass(frozen=True)
+class PassParts:
+    """Where a pass's rows go: rendered and budgeted (`prompts`), numbered into requests
+    (`turns`), sent (`outbox`), counted as read (`manifest`)."""
+
+    prompts: Prompts
+    outbox: Outbox
+    turns: TurnMode
+    manifest: CheckedManifest
+
+
 class InputPass:
-    def __init__(self, inputs: Inputs, batch_size: int, default_n: int, prompts: Prompts,
-                 outbox: Outbox, turns: TurnMode, manifest: RunManifest,
+    def __init__(self, inputs: Inputs, batch_size: int, default_n: int, parts: PassParts,
                  seen_ids: SeenIds, holdout: HoldOut | None = None) -> None:
         self.inputs = inputs
         self.batch_size = batch_size
         self.default_n = default_n  # --n: samples of a row that does not say
-        self.prompts = prompts
-        self.outbox = outbox
-        self.turns = turns
-        self.manifest = manifest
+        self.prompts = parts.prompts
+        self.outbox = parts.outbox
+        self.turns = parts.turns
+        self.manifest = parts.manifest
         self.seen_ids = seen_ids  # ~8 bytes a row (bench/memory.py)
         self.holdout = holdout or HoldOut(0.0)
         self.next_slot = 1
@@ -43,27 +55,19 @@ class InputPass:
         """The requests of the rows read so far (rows x samples, x turns with --turns all)."""
         return self.next_slot - 1
 
-    def run(self, wanted: Callable[[int], bool], on_batch: Callable[[Progress], None] | None,
-            should_stop: Callable[[], bool]) -> Progress:
-        progress = self.outbox.new_pass()
+    def chunks(self) -> Iterator[list[Row | BadRow]]:
+        """A new pass over the input: its rows in batches, numbered from slot 1 again."""
         self.seen_ids.clear()
         self.next_slot = 1
-        for chunk in _batched(read_rows(self.inputs), self.batch_size):
-            if should_stop():
-                break
-            # Next turns go out while the input is still being read (no waves): they are
-            # built whenever the files gain an answer, also while the queue is full.
-            self.outbox.wait_for_room(should_stop, while_full=self.turns.follow)
-            if should_stop():
-                break
-            payloads, rejections, held = self._prepare(chunk, wanted, progress)
-            self.outbox.hold_out(held)
-            self.outbox.send_first(payloads, rejections)
-            self.manifest.record_read(self.slots_read)
-            self.turns.follow()
-            if on_batch:
-                on_batch(progress)
-        return progress
+        return _batched(read_rows(self.inputs), self.batch_size)
+
+    def send(self, chunk: list[Row | BadRow], wanted: Callable[[int], bool],
+             progress: Progress) -> None:
+        """One batch: its wanted first turns enqueued, the rest rejected or held out."""
+        payloads, rejections, held = self._prepare(chunk, wanted, progress)
+        self.outbox.hold_out(held)
+        self.outbox.send_first(payloads, rejections)
+        self.manifest.record_read(self.slots_read)
 
     def _prepare(self, chunk: list[Row | BadRow], wanted: Callable[[int], bool],
                  progress: Progress
@@ -84,27 +88,29 @@ class InputPass:
                 # One line for all the row's requests (its samples, its turns).
                 held.append(self.holdout.record(row, requests))
             else:
-                self._add(batch, item, pending, duplicate)
+                add_to_batch(batch, item, pending, duplicate)
         return batch.payloads(), batch.rejections, held
-
-    @staticmethod
-    def _add(batch: PromptBatch, item: Row | BadRow, pending: list[Request],
-             duplicate: bool) -> None:
-        if duplicate:
-            batch.reject([r.mark(duplicate_record(item.id, item.line, file=item.source,
-                                                  position=item.position)) for r in pending])
-        elif isinstance(item, BadRow):
-            batch.reject([r.mark(rejected(item, item.reason)) for r in pending])
-        else:
-            # A pass sends first turns; with --turns all the next ones are built from the
-            # answers written (producer/allturns.py).
-            first = [r for r in pending if r.turn in (None, 1)]
-            if first:
-                batch.add(item, first)
 
     def _is_duplicate(self, row_id: str) -> bool:
         """First occurrence wins. 64-bit hashes, not the ids themselves."""
         return not self.seen_ids.add(hash(row_id))
+
+
+def add_to_batch(batch: PromptBatch, item: Row | BadRow, pending: list[Request],
+                 duplicate: bool) -> None:
+    """A row's wanted requests into the batch: rejected as a duplicate id or a bad row, else
+    its first turns to render and budget (`fleetgen estimate` surveys rows the same way)."""
+    if duplicate:
+        batch.reject([r.mark(duplicate_record(item.id, item.line, file=item.source,
+                                              position=item.position)) for r in pending])
+    elif isinstance(item, BadRow):
+        batch.reject([r.mark(rejected(item, item.reason)) for r in pending])
+    else:
+        # A pass sends first turns; with --turns all the next ones are built from the
+        # answers written (producer/allturns.py).
+        first = [r for r in pending if r.turn in (None, 1)]
+        if first:
+            batch.add(item, first)
 
 
 def _batched(items: Iterable[Row | BadRow], size: int) -> Iterator[list[Row | BadRow]]:

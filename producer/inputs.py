@@ -13,8 +13,9 @@ import lzma
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -39,12 +40,69 @@ MAGIC_BYTES = 10
 READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
 
 
+class Held:
+    """The file a look at its first bytes opened, kept for the first read of it: a fresh run
+    opens its input once (tests/producer/test_input_read_once.py). Only a single file named
+    on its own is held (a directory of thousands would hold as many descriptors)."""
+
+    def __init__(self, raw: io.FileIO | None = None) -> None:
+        self._raw = raw
+        self.parquet: Any = None  # a Parquet file's reader, opened on this handle once
+
+    def keep(self, parquet: Any) -> None:
+        """The Parquet reader opened on the held handle (its footer read): the pass uses it."""
+        self.parquet = parquet
+
+    def take(self) -> io.FileIO | None:
+        """The handle, rewound, once; None after (or if nothing was held)."""
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            raw.seek(0)
+        return raw
+
+    def __del__(self) -> None:
+        # Never read (a caller that only resolved the input): closed quietly.
+        if self._raw is not None:
+            self._raw.close()
+
+
+class Meter:
+    """How far a pass has read the input's files, in their bytes on disk (compressed bytes
+    for a compressed file): progress and its ETA before the rows are counted."""
+
+    def __init__(self) -> None:
+        self.finished_bytes = 0  # the files read to their end
+        self._reading: io.FileIO | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        raw = self._reading
+        return self.finished_bytes + (raw.tell() if raw is not None and not raw.closed else 0)
+
+    def start(self, raw: io.FileIO) -> None:
+        self._reading = raw
+
+    def finish(self, raw: io.FileIO) -> None:
+        self.add(raw.tell() if not raw.closed else 0)
+        self._reading = None
+
+    def add(self, size_bytes: int) -> None:
+        """A file read whole (a Parquet file, read by its row groups)."""
+        self.finished_bytes += size_bytes
+
+
 @dataclass(frozen=True)
 class InputFile:
     path: Path
     name: str  # relative to the input's directory (or the glob's fixed part): what rows cite
     format: str  # "jsonl" | "parquet"
     compression: str | None  # "gzip" | "zstd" | "bzip2" | "xz" | None
+    held: Held = field(default_factory=Held, compare=False, repr=False)
+
+    def open_raw(self) -> io.FileIO:
+        """The file on disk, unbuffered: the handle its first bytes were read from if it is
+        still held, else a new one."""
+        return self.held.take() or io.FileIO(self.path, "rb")
 
 
 @dataclass(frozen=True)
@@ -54,6 +112,7 @@ class Inputs:
 
     files: tuple[InputFile, ...]
     several: bool
+    meter: Meter = field(default_factory=Meter, compare=False, repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -72,7 +131,7 @@ def resolve_input(spec: Path | str | Inputs) -> Inputs:
         return spec
     path = Path(spec)
     if path.is_file():
-        return Inputs((_input_file(path, path.name),), several=False)
+        return Inputs((_input_file(path, path.name, hold=True),), several=False)
     if path.is_dir():
         found = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")]
         files = _known(found, path)
@@ -117,12 +176,18 @@ def _looks_like_input(path: Path) -> bool:
     return lower.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
 
 
-def _input_file(path: Path, name: str) -> InputFile:
+def _input_file(path: Path, name: str, hold: bool = False) -> InputFile:
     """How to read `path`: Parquet by its suffix, else JSONL, compressed as its first bytes
     say (else as its suffix says, so a .gz that is not gzip is refused as damaged). One file
-    named on its own is read as JSONL whatever its suffix (prompts.txt)."""
+    named on its own is read as JSONL whatever its suffix (prompts.txt). `hold`: keep the
+    handle its first bytes were read from, for the first read."""
     lower = path.name.lower()
-    sniffed = sniff_compression(path)
+    held = Held()
+    if hold:
+        raw = _open_raw(path)
+        sniffed, held = _compression_of(path, raw.read(MAGIC_BYTES)), Held(raw)
+    else:
+        sniffed = sniff_compression(path)
     unsupported = next((s for s in UNSUPPORTED_COMPRESSIONS if lower.endswith(s)), None)
     if unsupported and sniffed is None:
         raise InputError(f"cannot read {path}: {unsupported} is not supported (fleetgen reads "
@@ -133,8 +198,8 @@ def _input_file(path: Path, name: str) -> InputFile:
         if named or sniffed:
             raise InputError(f"cannot read {path}: Parquet compresses its own pages; give the "
                              f"Parquet file itself")
-        return InputFile(path, name, "parquet", None)
-    return InputFile(path, name, "jsonl", sniffed or named)
+        return InputFile(path, name, "parquet", None, held)
+    return InputFile(path, name, "jsonl", sniffed or named, held)
 
 
 def sniff_compression(path: Path) -> str | None:
@@ -146,11 +211,18 @@ def sniff_compression(path: Path) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def _sniff(path: Path, _size: int, _mtime_ns: int) -> str | None:
+    with _open_raw(path) as f:
+        return _compression_of(path, f.read(MAGIC_BYTES))
+
+
+def _open_raw(path: Path) -> io.FileIO:
     try:
-        with path.open("rb") as f:
-            head = f.read(MAGIC_BYTES)
+        return io.FileIO(path, "rb")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _compression_of(path: Path, head: bytes) -> str | None:
     for magic, name in UNREADABLE_MAGIC:
         if head.startswith(magic):
             raise InputError(f"cannot read {path}: it is {name}-compressed, which fleetgen "
@@ -160,15 +232,19 @@ def _sniff(path: Path, _size: int, _mtime_ns: int) -> str | None:
 
 
 # -- JSONL streams ----------------------------------------------------------------------------
-def iter_lines(file: InputFile) -> Iterator[bytes]:
+def iter_lines(file: InputFile, meter: Meter | None = None) -> Iterator[bytes]:
     """The file's lines (with their newline), decompressed as they are read; a damaged or
-    truncated file is an InputError naming the file and the last line read."""
+    truncated file is an InputError naming the file and the last line read. `meter` follows
+    how far the file on disk has been read."""
     line = 0
+    meter = meter or Meter()
     try:
-        with _open(file) as f:
+        with file.open_raw() as disk, _open(file, disk) as f:
+            meter.start(disk)
             for raw in f:
                 line += 1
                 yield raw
+            meter.finish(disk)
     except READ_ERRORS as exc:
         raise _damaged(file, f"after line {line}", exc) from exc
 
@@ -185,7 +261,7 @@ def count_lines(file: InputFile) -> int:
 def _count_lines(file: InputFile, _size: int, _mtime_ns: int) -> int:
     count, last = 0, b"\n"
     try:
-        with _open(file) as f:
+        with file.open_raw() as disk, _open(file, disk) as f:
             while chunk := f.read(CHUNK_BYTES):
                 count += chunk.count(b"\n")
                 last = chunk[-1:]
@@ -202,24 +278,26 @@ def _damaged(file: InputFile, where: str, exc: BaseException) -> InputError:
                       f"{exc or type(exc).__name__}")
 
 
-def _open(file: InputFile) -> io.BufferedIOBase:
+def _open(file: InputFile, disk: io.FileIO) -> io.BufferedIOBase:
+    """`disk` (the file's own handle, which the caller closes) as a stream of its lines'
+    bytes, decompressed."""
     if file.compression == "gzip":
-        return gzip.GzipFile(file.path, "rb")  # buffered by itself
+        return gzip.GzipFile(fileobj=disk, mode="rb")  # buffered by itself
     if file.compression == "zstd":
-        return io.BufferedReader(_ZstdReader(file.path), CHUNK_BYTES)
+        return io.BufferedReader(_ZstdReader(disk), CHUNK_BYTES)
     if file.compression == "bzip2":
-        return bz2.BZ2File(file.path, "rb")  # buffered by itself, as gzip's
+        return bz2.BZ2File(disk, "rb")  # buffered by itself, as gzip's
     if file.compression == "xz":
-        return lzma.LZMAFile(file.path, "rb")
-    return io.BufferedReader(io.FileIO(file.path, "rb"), CHUNK_BYTES)
+        return lzma.LZMAFile(disk, "rb")
+    return io.BufferedReader(disk, CHUNK_BYTES)
 
 
 class _ZstdReader(io.RawIOBase):
     """Frames one after another, like `zstd -d`. zstandard's own stream_reader ends quietly
     at a truncated frame; this one raises, so a cut file is never taken as a short one."""
 
-    def __init__(self, path: Path) -> None:
-        self._file = path.open("rb")
+    def __init__(self, disk: io.FileIO) -> None:
+        self._file = disk
         self._dctx = zstandard.ZstdDecompressor()
         self._chunks = self._decompress()
         self._pending = memoryview(b"")

@@ -17,18 +17,25 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir
 from fleetgen.base.runoptions import PINNED, flag_name
 
-__all__ = ["NEW_RUN", "PINNED", "Recorded", "RunManifest", "check_same_settings",
-           "files_difference", "recorded_in"]
+__all__ = [
+    "NEW_RUN",
+    "PINNED",
+    "CheckedManifest",
+    "Recorded",
+    "check_same_settings",
+    "files_difference",
+    "recorded_in",
+]
 
 # How a command of fleetgen starts another run instead of resuming this one, as the messages
 # say it: `produce` names its run, the demo keeps its run in its --out.
 NEW_RUN = "use a new --run name"
 
 
-class RunManifest:
+class CheckedManifest:
     """The run's manifest as the producer uses it: fleetgen/base/manifest.py's verbs
     (`record`), and a start or resume that checks the pinned settings first. `read()` is the
-    hash as stored, for `Producer.manifest()` (producer/pipeline.py) and its tests."""
+    hash as stored, for `Producer.manifest()` (producer/run.py) and its tests."""
 
     def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN,
                  recorded: Recorded | None = None) -> None:
@@ -46,8 +53,10 @@ class RunManifest:
         """Requests in the run, once the producer has read all of the input (0 before)."""
         return self.record.read().total or 0
 
-    def open(self, settings: dict[str, Any], expected_rows: int) -> None:
-        """Start the run, or resume it after checking that the pinned settings are the same."""
+    def open(self, settings: dict[str, Any], expected: int | None = None) -> None:
+        """Start the run, or resume it after checking that the pinned settings are the same.
+        `expected`: its requests if they were counted before reading (the producer does not
+        count them: its pass finds the total)."""
         old = self.record.read()
         if old.exists:
             check_same_settings(self.run, old.pinned, settings, self.new_run)
@@ -55,7 +64,7 @@ class RunManifest:
             return
         if self.recorded is not None:  # the files' rows were made with these
             check_same_settings(self.run, self.recorded.settings, settings, self.new_run)
-        self.record.start(settings, expected_rows)
+        self.record.start(settings, expected)
         if self.recorded is not None and self.recorded.clock is not None:
             started, worked_s = self.recorded.clock
             self.record.carry_clock(started, time.time() - started - worked_s)

@@ -4,7 +4,7 @@ current pass's Progress."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fleetgen.base.contract import TaskPayload
@@ -25,23 +25,11 @@ class Outbox:
         self.progress = Progress()
         return self.progress
 
-    def wait_for_room(self, should_stop: Callable[[], bool],
-                      while_full: Callable[[], object]) -> None:
-        """Wait while the queues are full, sweeping the workers' queues at every look (a
-        lost worker's first turns back to the shared queue: a long pass must not hold them
-        until its end)."""
-        def look() -> None:
-            self.affinity.sweep()
-            while_full()
-
-        self.enqueuer.wait_for_room(should_stop, while_full=look)
-
     def send_first(self, payloads: list[TaskPayload], rejections: list[dict[str, Any]]) -> None:
         """One batch of a pass over the input: every request of `--turns last`, the first
         turns of `--turns all`. The one place first turns are sent: those sharing a prefix
         with others to one worker's queue (producer/affinity.py `first_routes`)."""
         self.enqueuer.reject(rejections)
-        self.affinity.sweep()  # at most every WAIT_S: cheap on every batch
         self.enqueuer.send(payloads, self.affinity.first_routes(payloads))
         self._count(payloads, rejections)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from fleetgen.base.contract import Sampling, TaskPayload
 from fleetgen.base.errors import ConfigError
+from fleetgen.base.outcomes import request_fields
 from producer.budget import Limits
 from producer.rows import Row
 from producer.settings import ProducerSettings
@@ -37,13 +38,12 @@ class Request:
     def mark(self, record: dict[str, Any]) -> dict[str, Any]:
         """An outcome record of this request: `sample` when there are several, and `slot`
         where it is not the line (the drainer and the bitmaps key on it)."""
-        if self.sample is not None:
-            record["sample"] = self.sample
-        if self.slot != self.line:
-            record["slot"] = self.slot
-        if self.turn is not None and self.turns is not None:
-            record["turn"], record["turns"] = self.turn, self.turns
+        record.update(self.fields())
         return record
+
+    def fields(self) -> dict[str, Any]:
+        return request_fields(line=self.line, slot=self.slot, sample=self.sample,
+                              turn=self.turn, turns=self.turns)
 
     def later(self) -> list[Request]:
         """The turns of this request's conversation after it (none outside `--turns all`)."""
@@ -70,12 +70,7 @@ class RequestOptions:
         payload = TaskPayload(run=self.s.run, line=row.line, id=row.id, input_ids=input_ids,
                               max_tokens=max_tokens, sampling=self.sampling(row, request),
                               row=row.fields)
-        if request.sample is not None:
-            payload["sample"] = request.sample
-        if request.slot != row.line:
-            payload["slot"] = request.slot
-        if request.turn is not None and request.turns is not None:
-            payload["turn"], payload["turns"] = request.turn, request.turns
+        payload.update(request.fields())  # type: ignore[typeddict-item]
         if row.source is not None and row.position is not None:
             payload["file"], payload["position"] = row.source, row.position
         if self.split_reasoning:

@@ -13,7 +13,7 @@ import orjson
 
 from fleetgen.base.errors import InputError
 from producer.conversation import conversation, kind
-from producer.inputs import InputFile, Inputs, count_lines, iter_lines, resolve_input
+from producer.inputs import InputFile, Inputs, Meter, count_lines, iter_lines, resolve_input
 from producer.openai_batch import batch_id, batch_request, is_batch_line
 from producer.rowsampling import OptionError, Options, json_schema, sampling_object
 
@@ -68,8 +68,11 @@ def read_rows(spec: Path | str | Inputs) -> Iterator[Row | BadRow]:
     offset = 0
     for file in inputs.files:
         source = file.name if inputs.several else None
-        read = _read_parquet if file.format == "parquet" else _read_jsonl
-        offset += yield from read(file, offset, source)
+        if file.format == "parquet":
+            offset += yield from _read_parquet(file, offset, source)
+            inputs.meter.add(file.path.stat().st_size)
+        else:
+            offset += yield from _read_jsonl(file, offset, source, inputs.meter)
 
 
 def count_rows(spec: Path | str | Inputs) -> int:
@@ -80,10 +83,10 @@ def count_rows(spec: Path | str | Inputs) -> int:
                else count_lines(f) for f in resolve_input(spec).files)
 
 
-def _read_jsonl(file: InputFile, offset: int,
-                source: str | None) -> Generator[Row | BadRow, None, int]:
+def _read_jsonl(file: InputFile, offset: int, source: str | None,
+                meter: Meter) -> Generator[Row | BadRow, None, int]:
     position = 0
-    for position, raw in enumerate(iter_lines(file), start=1):
+    for position, raw in enumerate(iter_lines(file, meter), start=1):
         line_no = offset + position
         if len(raw) > MAX_LINE_BYTES:
             yield BadRow(line_no, f"line_too_long: {len(raw)} bytes (limit {MAX_LINE_BYTES})",
@@ -129,13 +132,25 @@ def _bad_utf8(raw: bytes) -> bool:
     return False
 
 
+def check_readable(inputs: Inputs) -> None:
+    """InputError now for what would fail the pass before its rows could be read: a Parquet
+    file without a prompt column (its footer says, without reading its rows). A run refuses
+    it before it starts, where counting the rows beforehand used to."""
+    for file in inputs.files:
+        if file.format == "parquet":
+            _parquet_file(file)
+
+
 def _parquet_file(file: InputFile) -> Any:
     import pyarrow.parquet as pq
 
+    if file.held.parquet is not None:  # checked on the handle resolve_input opened: reused
+        return file.held.parquet
+    held = file.held.take()
     try:
         # pre_buffer (pyarrow's default) reads ahead across row groups: memory grows with the
         # file (tests/producer/test_inputs.py measures it); off, one row group at a time.
-        pf = pq.ParquetFile(file.path, pre_buffer=False)
+        pf = pq.ParquetFile(held or file.path, pre_buffer=False)
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
         raise InputError(f"cannot read Parquet file {file.path}: {exc}") from exc
     names = set(pf.schema_arrow.names)
@@ -144,6 +159,8 @@ def _parquet_file(file: InputFile) -> Any:
             f"Parquet file {file.path} has none of the columns messages, conversations, "
             f"prompt, body (it has: {', '.join(sorted(names)) or 'none'})"
         )
+    if held is not None:
+        file.held.keep(pf)
     return pf
 
 

@@ -12,10 +12,10 @@ from typing import Protocol
 from fleetgen.base.redisconn import connect
 from fleetgen.base.runstate import run_complete
 from producer.build import build_producer
-from producer.inputs import resolve_input
-from producer.manifest import RunManifest, recorded_in
+from producer.inputs import Inputs, resolve_input
+from producer.manifest import CheckedManifest, recorded_in
 from producer.progress import Progress
-from producer.rows import count_rows
+from producer.run import Plan
 from producer.settings import ProducerSettings
 
 
@@ -32,25 +32,27 @@ class Resume:
         return self.complete and self.grown_from is None
 
 
-def check_resume(settings: ProducerSettings) -> Resume:
+def check_resume(settings: ProducerSettings, inputs: Inputs | None = None) -> Resume:
     """InputError for a missing input or an empty glob (one line, exit 3); ConfigError for a
     resume that finds another file list or other pinned settings than the run was started
     on. It needs only Redis: a caller that starts servers and workers for the run calls it
-    first, so a mismatch is one line before anything else is started."""
-    inputs = resolve_input(settings.input)
+    first, so a mismatch is one line before anything else is started. `inputs`: the input
+    as the caller resolved it (else resolved here)."""
+    inputs = inputs or resolve_input(settings.input)
+    size = inputs.size_bytes()
+    pinned = settings.manifest_settings(files=inputs.names)
+    recorded = recorded_in(settings.out, settings.run)
     # Closed at once: an idle connection held for the whole run would keep a dead Redis's
     # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
     with connect(settings.redis_url) as client:
         # Before "already complete": a finished run given a new file or other settings must
         # say so, also once its Redis state is gone (then its files' summary holds them).
-        manifest = RunManifest(client, settings.run, settings.new_run,
-                               recorded_in(settings.out, settings.run))
+        manifest = CheckedManifest(client, settings.run, settings.new_run, recorded)
         manifest.check_files(inputs.names)
-        manifest.check_settings(settings.manifest_settings(files=inputs.names))
+        manifest.check_settings(pinned)
+        changed = manifest.input_changed(size)
         complete = run_complete(client, settings.run)
-        size = inputs.size_bytes()
-        then = manifest.input_changed(size) if complete else None
-    return Resume(complete, size, then)
+    return Resume(complete, size, changed if complete else None)
 
 
 class Hooks(Protocol):
@@ -65,7 +67,8 @@ class Hooks(Protocol):
         ...
 
     def read(self, rows: int, total: int) -> None:
-        """Rows read so far, of the input's total."""
+        """Rows read so far, of the input's total: while the pass reads, a total projected
+        from the bytes read (the input is not counted beforehand); at its end, the count."""
 
     def generated(self, rows: int, total: int) -> None:
         """Rows with an outcome so far, of the run's total, while waiting for the run."""
@@ -99,24 +102,33 @@ def produce(settings: ProducerSettings, *, wait: bool = False,
     re-enqueueing rows lost on the way. A run already complete (and not grown) is nothing to
     do: an empty Progress."""
     hooks = hooks or Quiet()
-    resume = check_resume(settings)
+    inputs = resolve_input(settings.input)  # once: the resume check and the run share it
+    resume = check_resume(settings, inputs)
     hooks.resuming(resume)
     if resume.nothing_to_do:
         return Progress()
     # Rows appended to a finished run's file are rows to generate, not "nothing to do": the
     # pass below skips every row already done and sends the rest.
-    producer = build_producer(settings)
-    producer.affinity.route_first = wait
-    total = count_rows(settings.input)
+    producer = build_producer(settings, plan=Plan(inputs, waits=wait))
     # SIGTERM (the CLI's flag): stop between batches, or between two looks at the run while
     # waiting.
     should_stop = hooks.stop_flag()
     try:
-        report = producer.run(on_batch=lambda p: hooks.read(p.read, total),
-                              should_stop=should_stop)
+        report = producer.run(on_batch=lambda p: hooks.read(p.read, projected_rows(
+            p.read, inputs.meter.bytes_read, resume.size_bytes)), should_stop=should_stop)
+        if report.stopped is None and not should_stop():
+            hooks.read(report.read, report.read)  # all read: the count is the total
         if wait and not should_stop() and report.stopped is None:
             report.requeued = producer.wait_until_generated(
                 reconcile_interval_s, should_stop=should_stop, on_tick=hooks.generated)
     finally:
         hooks.close()
     return report
+
+
+def projected_rows(rows: int, bytes_read: int, size_bytes: int) -> int:
+    """The input's rows as the bytes read so far project them (a progress bar's total and ETA
+    without a count beforehand, which would read the whole input once more)."""
+    if bytes_read <= 0 or size_bytes <= bytes_read:
+        return rows
+    return max(rows, round(rows * size_bytes / bytes_read))

@@ -1,13 +1,13 @@
 """How a run treats a row's turns, chosen once per run: `--turns last` (one request per sample,
-answering the row's last user turn; the run waited for by the reconciler) or `--turns all`
-(every turn of every conversation, producer/allturns.py)."""
+answering the row's last user turn; settled by the workers' `done` bitmap) or `--turns all`
+(every turn of every conversation, settled by the drainer's files: producer/allturns.py).
+A turn mode numbers a row's requests and answers what the run object (producer/run.py) asks
+at each tick: how many slots are settled, which are lost; it never waits."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
-from producer.affinity import Affinity
 from producer.reconcile import Reconciler
 from producer.request import Request
 from producer.rows import BadRow, Row
@@ -21,16 +21,30 @@ class TurnMode(Protocol):
         ...
 
     def follow(self) -> int:
-        """Between a pass's batches and while the queue is full: send what became sendable
-        since the last look; returns how many requests were sent or rejected."""
+        """Send what became sendable since the last look (next turns); returns how many
+        requests were sent or rejected."""
         ...
 
-    def wait(self, total: int, requeue: Callable[[set[int]], None],
-             reassert: Callable[[], bool], interval_s: float,
-             should_stop: Callable[[], bool],
-             on_tick: Callable[[int, int], None] | None) -> int:
-        """Stay until every one of `total` slots has its outcome, handing lost first turns to
-        `requeue`; returns how many were re-enqueued."""
+    def outstanding(self) -> int:
+        """Outcomes the run still waits for beyond the settled count (read before `follow`
+        and `settled`: see AllTurns)."""
+        ...
+
+    def settled(self) -> int:
+        """Slots whose outcome stands."""
+        ...
+
+    def lost(self, total: int) -> set[int]:
+        """Slots of 1..total that could go but have no outcome and are neither queued nor
+        held by a worker (one look: the run object confirms them at the next)."""
+        ...
+
+    def first_turns(self, slots: set[int]) -> set[int]:
+        """Those of `slots` a pass over the input sends (the rest are next turns)."""
+        ...
+
+    def resend(self, slots: set[int]) -> int:
+        """Send these next turns again, built from the written turn before each."""
         ...
 
 
@@ -42,9 +56,8 @@ def samples(item: Row | BadRow, default_n: int) -> int:
 class LastTurn:
     """`--turns last`: a row's samples are its requests, every one sent by the pass."""
 
-    def __init__(self, reconciler: Reconciler, affinity: Affinity) -> None:
+    def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
-        self.affinity = affinity
 
     def requests(self, item: Row | BadRow, first_slot: int,
                  default_n: int) -> tuple[Row | BadRow, list[Request]]:
@@ -55,10 +68,17 @@ class LastTurn:
     def follow(self) -> int:
         return 0
 
-    def wait(self, total: int, requeue: Callable[[set[int]], None],
-             reassert: Callable[[], bool], interval_s: float,
-             should_stop: Callable[[], bool],
-             on_tick: Callable[[int, int], None] | None) -> int:
-        # The sweep: a lost or saturated worker's queue of first turns back to the shared one.
-        return self.reconciler.wait_until_generated(requeue, total, reassert, interval_s,
-                                                    should_stop, on_tick, self.affinity.sweep)
+    def outstanding(self) -> int:
+        return 0  # the bitmap is the settled count: nothing is on its way to it
+
+    def settled(self) -> int:
+        return self.reconciler.done_count()
+
+    def lost(self, total: int) -> set[int]:
+        return self.reconciler.lost_lines(total)
+
+    def first_turns(self, slots: set[int]) -> set[int]:
+        return slots
+
+    def resend(self, slots: set[int]) -> int:
+        return 0

@@ -91,6 +91,13 @@ class WrittenTurns:
         self._pos = {KIND_RESULT: 0, KIND_REJECTED: 0}
         self._results: BinaryIO | None = None
 
+    @classmethod
+    def of_run(cls, out: Path, run: str) -> WrittenTurns:
+        """The turns `run`'s drainer writes in `out`; ConfigError if another run's does."""
+        written = cls(out, run)
+        written.check_owner()
+        return written
+
     def check_owner(self) -> None:
         owner = self.dir.owner()
         if owner is not None and owner != self.run:

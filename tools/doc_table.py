@@ -1,6 +1,7 @@
 """A generated table in a docs page: the lines between `<!-- NAME -->` and `<!-- /NAME -->`
 are replaced by what a table module renders, everything else is left as written. The one
-fill/check/command of tools/envvars_table.py and tools/options_table.py.
+fill/check/command of tools/envvars_table.py and tools/options_table.py, and the two tables
+(each rendered by its own module, fleetgen/base/settingtable.py the renderer of both).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # a tool runs as `python tools/NAME.py`: this checkout's fleetgen
+from fleetgen.base import envvars, runoptions  # noqa: E402
 
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
@@ -33,6 +38,10 @@ class DocTable:
         if not self.block.search(text):
             return None
         return self.block.sub(lambda m: m.group(1) + self.render() + m.group(3), text)
+
+    def command(self, description: str | None) -> Callable[[Sequence[str]], int]:
+        """The tool's `main(argv)`, its --help saying `description`."""
+        return lambda argv: self.main(argv, description)
 
     def main(self, argv: Sequence[str], description: str | None) -> int:
         parser = argparse.ArgumentParser(prog=self.tool, description=description,
@@ -57,6 +66,8 @@ class DocTable:
         return EXIT_OK
 
 
-def cell(text: str) -> str:
-    # `<` as an entity: a Markdown viewer takes `</think>` for a tag and shows nothing.
-    return text.replace("|", "\\|").replace("<", "&lt;")
+
+ENVVARS = DocTable("envvars", envvars.doc_table, ROOT / "docs" / "reference.md",
+                   "fleetgen/base/envvars.py", "tools/envvars_table.py")
+OPTIONS = DocTable("options", runoptions.doc_table, ROOT / "docs" / "options.md",
+                   "fleetgen/base/runoptions.py", "tools/options_table.py")

@@ -42,6 +42,19 @@ class RetryPolicy:
         return rng.uniform(0, min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How the retry loop waits: the sleep between attempts and the jitter's random source.
+    Real time and a fresh source per prompt unless a test gives its own, so that retries take
+    no time and draw the same jitter every run."""
+
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random | None = None
+
+
+REAL_TIME = Pacing()
+
+
 @dataclass
 class Attempt:
     max_tokens: int
@@ -51,12 +64,11 @@ class Attempt:
 
 
 def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
-                 worker: str, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> str:
+                 worker: str, pacing: Pacing = REAL_TIME) -> str:
     """Returns the outcome kind ('result', 'failure', 'skipped', 'dropped'); raises
     EngineGone."""
     try:
-        return _generate_one(payload, engine, sink, policy, worker=worker, sleep=sleep, rng=rng)
+        return _generate_one(payload, engine, sink, policy, worker=worker, pacing=pacing)
     except RunPurged:
         _count_dropped(payload)
         return "dropped"
@@ -73,27 +85,27 @@ def _count_dropped(payload: TaskPayload) -> None:
 
 
 def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
-                  worker: str, sleep: Callable[[float], None],
-                  rng: random.Random | None) -> str:
+                  worker: str, pacing: Pacing) -> str:
     run, slot = payload["run"], slot_of(payload)
     if sink.is_done(run, slot):
         log.info("id=%s already done, redelivery skipped", payload["id"])
         return "skipped"
-    rng = rng or random.Random()
-    state = Attempt(payload["max_tokens"])
+    rng = pacing.rng or random.Random()
+    attempt = Attempt(payload["max_tokens"])
     options = generate_options(payload)
     while True:
-        state.attempts += 1
+        attempt.attempts += 1
         try:
-            gen = engine.generate(payload["input_ids"], state.max_tokens, dict(payload["sampling"]),
-                                  rid=request_id(run, slot), options=options)
+            gen = engine.generate(payload["input_ids"], attempt.max_tokens,
+                                  dict(payload["sampling"]), rid=request_id(run, slot),
+                                  options=options)
             check_token_ids(gen, options)
         except errors.EngineError as exc:
-            if _should_retry(exc, state, policy, engine, payload["id"], sleep):
-                sleep(policy.backoff_s(state.retries, rng))
+            if _should_retry(exc, attempt, policy, engine, payload["id"], pacing.sleep):
+                pacing.sleep(policy.backoff_s(attempt.retries, rng))
                 continue
-            return _emit_failure(payload, exc, state, sink, worker)
-        return _emit_result(payload, gen, state, sink, worker)
+            return _emit_failure(payload, exc, attempt, sink, worker)
+        return _emit_result(payload, gen, attempt, sink, worker)
 
 
 def generate_options(payload: TaskPayload) -> GenerateOptions:
@@ -137,15 +149,15 @@ def request_id(run: str, slot: int) -> str:
     return f"{run}:{slot}:{uuid4().hex}"
 
 
-def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
+def _should_retry(exc: errors.EngineError, attempt: Attempt, policy: RetryPolicy,
                   engine: Engine, row_id: str, sleep: Callable[[float], None]) -> bool:
     if isinstance(exc, errors.ContextLengthError):
-        fixed = None if state.corrected else engine.rule.correction(exc, state.max_tokens)
+        fixed = None if attempt.corrected else engine.rule.correction(exc, attempt.max_tokens)
         if fixed is None:
             return False
         log.info("id=%s context-length 400, retrying once with max_tokens %d -> %d",
-                 row_id, state.max_tokens, fixed)
-        state.max_tokens, state.corrected = fixed, True
+                 row_id, attempt.max_tokens, fixed)
+        attempt.max_tokens, attempt.corrected = fixed, True
         return True
     if not isinstance(exc, errors.RetryableError):
         return False
@@ -154,10 +166,10 @@ def _should_retry(exc: errors.EngineError, state: Attempt, policy: RetryPolicy,
     # its retries here. An abort or a 503 from a server that is up is just retried.
     if not _engine_back(engine, policy, sleep):
         raise EngineGone(str(exc))
-    state.retries += 1
-    if state.attempts >= policy.max_attempts:
+    attempt.retries += 1
+    if attempt.attempts >= policy.max_attempts:
         return False
-    log.info("id=%s attempt %d failed (%s), retrying", row_id, state.attempts, exc.message)
+    log.info("id=%s attempt %d failed (%s), retrying", row_id, attempt.attempts, exc.message)
     return True
 
 
@@ -183,16 +195,16 @@ def _recorded(kind: str, written: bool, payload: TaskPayload) -> str:
     return "skipped"
 
 
-def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Sink,
+def _emit_result(payload: TaskPayload, gen: Generation, attempt: Attempt, sink: Sink,
                  worker: str) -> str:
-    record = result_record(payload, gen, max_tokens=state.max_tokens, attempts=state.attempts,
-                           worker=worker)
+    record = result_record(payload, gen, max_tokens=attempt.max_tokens,
+                           attempts=attempt.attempts, worker=worker)
     stats = {
         "done": 1,
         "truncated": int(gen.finish_reason == "length"),
         "prompt_tokens": gen.prompt_tokens,
         "completion_tokens": gen.completion_tokens,
-        "retries": state.retries,
+        "retries": attempt.retries,
         # Only the ones that happened: each is a Redis command pair per result.
         **{name: n for name, n in quality_counts(record).items() if n},
     }
@@ -200,12 +212,12 @@ def _emit_result(payload: TaskPayload, gen: Generation, state: Attempt, sink: Si
                                             record, stats), payload)
 
 
-def _emit_failure(payload: TaskPayload, exc: errors.EngineError, state: Attempt, sink: Sink,
+def _emit_failure(payload: TaskPayload, exc: errors.EngineError, attempt: Attempt, sink: Sink,
                   worker: str) -> str:
-    log.warning("id=%s failed after %d attempt(s): %s", payload["id"], state.attempts,
+    log.warning("id=%s failed after %d attempt(s): %s", payload["id"], attempt.attempts,
                 exc.message)
-    record = failure_record(payload, exc, max_tokens=state.max_tokens, attempts=state.attempts,
-                            worker=worker)
-    stats = {"failed": 1, "retries": state.retries}
+    record = failure_record(payload, exc, max_tokens=attempt.max_tokens,
+                            attempts=attempt.attempts, worker=worker)
+    stats = {"failed": 1, "retries": attempt.retries}
     return _recorded(KIND_FAILURE, sink.emit(payload["run"], KIND_FAILURE, slot_of(payload),
                                              record, stats, dict(payload)), payload)

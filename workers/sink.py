@@ -21,9 +21,9 @@ class RunPurged(Exception):
 
 
 class Sink(Protocol):
-    def is_done(self, run: str, line: int) -> bool: ...
+    def is_done(self, run: str, slot: int) -> bool: ...
 
-    def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
+    def emit(self, run: str, kind: str, slot: int, record: dict[str, Any],
              stats: dict[str, int], payload: dict[str, Any] | None = None) -> bool: ...
 
 
@@ -60,18 +60,18 @@ class StreamSink:
         self._wait_aof = wait_aof
         self._emit = client.register_script(_EMIT_IF_RUN_EXISTS)
 
-    def is_done(self, run: str, line: int) -> bool:
+    def is_done(self, run: str, slot: int) -> bool:
         """Raises RunPurged for a run without a manifest: one round trip for both reads."""
         keys = RunKeys(run)
         pipe = self._redis.pipeline(transaction=False)
-        pipe.getbit(keys.done, line)
+        pipe.getbit(keys.done, slot)
         pipe.exists(keys.manifest)
         done, known = pipe.execute()
         if not known:
             raise RunPurged(run)
         return bool(done)
 
-    def emit(self, run: str, kind: str, line: int, record: dict[str, Any],
+    def emit(self, run: str, kind: str, slot: int, record: dict[str, Any],
              stats: dict[str, int], payload: dict[str, Any] | None = None) -> bool:
         """False if the row already has an outcome (nothing written); RunPurged if the run
         is gone."""
@@ -79,8 +79,8 @@ class StreamSink:
         entry = stream_entry(kind, record)
         commands: list[Command] = [
             ("XADD", keys.stream, "*", *(w for kv in entry.items() for w in kv)),
-            ("SETBIT", keys.done, line, 1),
-            ("SREM", keys.retrying, line),
+            ("SETBIT", keys.done, slot, 1),
+            ("SREM", keys.retrying, slot),
         ]
         for name, value in stats.items():
             if not value:  # a counter that did not move costs no command
@@ -93,7 +93,7 @@ class StreamSink:
             commands.append(("HSET", keys.failed, request_key(record), orjson.dumps(payload)))
         elif kind == KIND_RESULT:
             commands.append(("HDEL", keys.failed, request_key(record)))
-        args = [line, *(word for command in commands for word in (len(command), *command))]
+        args = [slot, *(word for command in commands for word in (len(command), *command))]
         written = self._emit(keys=[keys.manifest, keys.done], args=args)
         if not written:
             raise RunPurged(run)

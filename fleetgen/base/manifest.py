@@ -132,13 +132,14 @@ class RunManifest:
         return bool(self.redis.exists(self.key))
 
     # -- the producer ------------------------------------------------------------------------
-    def start(self, settings: Mapping[str, Any], expected: int) -> None:
-        """A new run: its settings, `expected` requests as counted before reading, and its
-        name in the runs index."""
+    def start(self, settings: Mapping[str, Any], expected: int | None = None) -> None:
+        """A new run: its settings, `expected` requests if they were counted before reading
+        (None: known once all is read), and its name in the runs index."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.key, mapping={
             SETTINGS: orjson.dumps(dict(settings)), STATE: STATE_PRODUCING,
-            STARTED_AT: time.time(), READ: 0, EXPECTED: expected,
+            STARTED_AT: time.time(), READ: 0,
+            **({EXPECTED: expected} if expected is not None else {}),
         })
         pipe.sadd(runs_index_key(), self.run)
         pipe.execute()

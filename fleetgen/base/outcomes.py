@@ -18,9 +18,13 @@ from fleetgen.base.errors import EngineError
 from fleetgen.base.reasoning import split_reasoning
 from fleetgen.base.structured import json_error
 
-# The fields of a task payload that name which request of its row a record answers, and
-# where the row is in a run of several input files.
-_REQUEST_FIELDS = ("sample", "slot", "file", "position", "turn", "turns")
+# The fields that name which request of its row a task payload, and each record of its
+# outcome, is (`request_fields`), and where the row is in a run of several input files: the
+# producer writes them into the payload and the records it writes itself, the worker's records
+# copy them from the payload.
+REQUEST_FIELDS: Final = ("sample", "slot", "turn", "turns")
+PLACE_FIELDS: Final = ("file", "position")
+_REQUEST_FIELDS = (*REQUEST_FIELDS, *PLACE_FIELDS)
 # A result line is flat for its readers: fleetgen's fields and the input row's side by side
 # (docs/design.md "Result records"). These names are fleetgen's in every result, whether or not
 # this one carries them (`reasoning` only when the run splits reasoning, `turn` only with
@@ -198,6 +202,21 @@ def failure_record(payload: TaskPayload, error: EngineError, *, max_tokens: int,
         "line": payload["line"],
         "finished_at": round(time.time(), 3),
     })
+
+
+def request_fields(*, line: int, slot: int, sample: int | None, turn: int | None,
+                   turns: int | None) -> dict[str, Any]:
+    """REQUEST_FIELDS of one request of the row at `line`: `sample` when the row is asked for
+    several times, `slot` where it is not the line (the drainer and the bitmaps key on it),
+    `turn` of `turns` with `--turns all`."""
+    fields: dict[str, Any] = {}
+    if sample is not None:
+        fields["sample"] = sample
+    if slot != line:
+        fields["slot"] = slot
+    if turn is not None and turns is not None:
+        fields["turn"], fields["turns"] = turn, turns
+    return fields
 
 
 def _request_of(payload: TaskPayload, record: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ its defaults from it (producer/settings.py), the resume check pins `PINNED`
 (producer/manifest.py), the drainer copies `SUMMARY_SETTINGS` into summary.json
 (fleetgen/drainer/bookkeeping.py), and docs/options.md is generated from it by
 tools/options_table.py (tests/base/test_runoptions.py fails when the two differ). A new
-option is one entry here, one field of `ProducerSettings`, and the code that uses it.
+option is one entry here, one field of `ProducerSettings`, and the code that uses it. An entry
+is a fleetgen/base/settingtable.py `Setting` (as an environment variable is) with its `Flag`
+(how a command line gives it) and where the run keeps it (`Kept`).
 
 `run` and `demo` declare a few flags of their own where theirs mean more than produce's: the
 servers to start a worker for (`--engine-url`), the output directory (`--out`), the simulated
@@ -24,6 +26,7 @@ from typing import Any, Final
 
 from fleetgen.base import envvars
 from fleetgen.base.envvars import EnvVar
+from fleetgen.base.settingtable import Column, Setting, escaped_tags, markdown
 
 PRODUCE: Final = "produce"
 RUN: Final = "run"
@@ -39,26 +42,10 @@ SAMPLING: Final = "sampling"  # the setting the sampling flags fill, one key eac
 
 
 @dataclass(frozen=True)
-class RunOption:
-    name: str  # the setting: its ProducerSettings field, its key in the manifest's settings
-    kind: str  # its type as the docs name it
-    help: str  # --help's text (`%(default)s` is the default) and the docs' line
-    default: Any = None  # the setting's default; None: unset
-    flags: tuple[str, ...] = ()  # none: not a flag (the input, what fleetgen finds itself)
-    commands: frozenset[str] = EVERY  # the commands whose parser takes the flags from here
-    # A resumed run may not change it: kept in the manifest and checked at every resume.
-    pinned: bool = False
-    # Copied into summary.json's settings: how the files' rows were made, for an export long
-    # after `fleetgen purge`, and what a rerun of a finished run (its Redis state gone) is
-    # held to (every pinned setting but the file list). Never a URL or anything that may hold
-    # a secret.
-    summary: bool = False
-    stored: bool = False  # kept in the manifest's settings though not pinned (pinned ones are)
-    secret: bool = False  # stored redacted
-    key: str | None = None  # its key in the manifest's settings, where it is not `name`
-    into: str | None = None  # one key of another setting (a sampling option)
-    setting: bool = True  # a ProducerSettings field (else an argument of the command alone)
-    # argparse: how the flag is read
+class Flag:
+    """How a command line gives an option: its flags and how argparse reads them."""
+
+    names: tuple[str, ...]
     dest: str | None = None
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
@@ -66,22 +53,72 @@ class RunOption:
     action: str | None = None
     required: bool = False
     env: EnvVar[Any] | None = None  # the flag's default is this variable's value
-    default_text: str | None = None  # the docs' default where `default` does not say it
     # Per command, what differs from the entry in its flag (the demo's own --batch-size).
     per_command: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
+    def kwargs(self, help: str, default: Any) -> dict[str, Any]:
+        """What `add_argument` takes (but what differs per command), `default` the setting's."""
+        kwargs: dict[str, Any] = {"help": help}
+        if self.action is not None:
+            kwargs["action"] = self.action
+        if self.dest is not None:
+            kwargs["dest"] = self.dest
+        for name in ("type", "metavar", "choices"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        if self.required:
+            kwargs["required"] = True
+        if self.action not in ("store_true", "store_false") and not self.required:
+            kwargs["default"] = default
+        return kwargs
+
+
+@dataclass(frozen=True)
+class Kept:
+    """Where a run keeps a setting. `pinned`: a resumed run may not change it (kept in the
+    manifest and checked at every resume). `summary`: copied into summary.json's settings: how
+    the files' rows were made, for an export long after `fleetgen purge`, and what a rerun of a
+    finished run (its Redis state gone) is held to (every pinned setting but the file list);
+    never a URL or anything that may hold a secret."""
+
+    pinned: bool = False
+    summary: bool = False
+    stored: bool = False  # kept in the manifest's settings though not pinned (pinned ones are)
+    key: str | None = None  # its key in the manifest's settings, where it is not the name
+    into: str | None = None  # one key of another setting (a sampling option)
+    setting: bool = True  # a ProducerSettings field (else an argument of the command alone)
+
+
+PINNED_IN_SUMMARY: Final = Kept(pinned=True, summary=True)
+NOT_A_SETTING: Final = Kept(setting=False)
+
+
+@dataclass(frozen=True)
+class RunOption(Setting):
+    """A run option: `name` is its setting (its ProducerSettings field, its key in the
+    manifest's settings), `help` --help's text (`%(default)s` is the default) and the docs'
+    line, `default` None where it is unset."""
+
+    default: Any = None
+    flag: Flag | None = None  # None: not a flag (the input, what fleetgen finds itself)
+    commands: frozenset[str] = EVERY  # the commands whose parser takes the flag from here
+    kept: Kept = Kept()
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return () if self.flag is None else self.flag.names
+
     @property
     def stored_as(self) -> str:
-        return self.key or self.name
+        return self.kept.key or self.name
 
     @property
     def attr(self) -> str:
         """The flag's attribute in the parsed arguments."""
-        return self.dest or self.name
+        dest = None if self.flag is None else self.flag.dest
+        return dest or self.name
 
-    def shown_default(self) -> str:
-        if self.default_text is not None:
-            return self.default_text
+    def default_words(self) -> str:
         if self.default is None:
             return "unset"
         if isinstance(self.default, bool):
@@ -99,26 +136,17 @@ class RunOption:
 
     def argparse_kwargs(self, command: str) -> dict[str, Any]:
         """What `add_argument` takes for this flag in `command`'s parser."""
-        kwargs: dict[str, Any] = {"help": self.help}
-        if self.action is not None:
-            kwargs["action"] = self.action
-        if self.dest is not None:
-            kwargs["dest"] = self.dest
-        for name in ("type", "metavar", "choices"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        if self.required:
-            kwargs["required"] = True
-        if self.action not in ("store_true", "store_false") and not self.required:
-            kwargs["default"] = self.flag_default()
-        kwargs.update(self.per_command.get(command, {}))
+        if self.flag is None:
+            raise KeyError(f"{self.name} is no flag")
+        kwargs = self.flag.kwargs(self.help, self.flag_default())
+        kwargs.update(self.flag.per_command.get(command, {}))
         return kwargs
 
     def flag_default(self) -> Any:
         """The default as the flag gives it: what the setting is made from."""
-        if self.env is not None:
-            return self.env.value()
-        if self.action == "append":
+        if self.flag is not None and self.flag.env is not None:
+            return self.flag.env.value()
+        if self.flag is not None and self.flag.action == "append":
             return None if self.default is None else list(self.default)
         if self.kind == "JSON":
             return json.dumps(self.default)
@@ -127,88 +155,90 @@ class RunOption:
 
 def _sampling(name: str, kind: str, type_: Callable[[str], Any] | None, metavar: str,
               help: str = "", **more: Any) -> RunOption:
-    flag = "--" + name.replace("_", "-")
-    return RunOption(name, kind, help or f"sampling {name} (the server's default)",
-                     flags=(flag,), into=SAMPLING, setting=False, type=type_, metavar=metavar,
-                     **more)
+    flag = Flag(("--" + name.replace("_", "-"),), type=type_, metavar=metavar, **more)
+    return RunOption(name, kind, help or f"sampling {name} (the server's default)", flag=flag,
+                     kept=Kept(into=SAMPLING, setting=False))
 
 
 TABLE: tuple[RunOption, ...] = (
     # -- what the run is: its name, its input, its Redis ------------------------------------
     RunOption("input", "path", "the prompts (the positional INPUT): a file, a directory or a "
-              "quoted glob (the demo's is --prompts)", pinned=True, summary=True,
-              commands=frozenset({PRODUCE, RUN}), default_text="required"),
+              "quoted glob (the demo's is --prompts)", commands=frozenset({PRODUCE, RUN}),
+              kept=PINNED_IN_SUMMARY, default_text="required"),
     RunOption("files", "list", "the input's files as the producer resolved them (fleetgen "
-              "writes it: a resume must read the same)", pinned=True, setting=False,
-              commands=frozenset(), default_text="found"),
-    RunOption("run", "text", "run name (resume with the same name)", flags=("--run",),
-              commands=PRODUCE_ONLY, required=True, default_text="required"),
-    RunOption("redis_url", "URL", "Redis URL (default: $FLEETGEN_REDIS_URL)", flags=("--redis",),
-              dest="redis", metavar="URL", commands=PRODUCE_ONLY, stored=True, secret=True,
-              key="redis", default_text="$FLEETGEN_REDIS_URL"),
+              "writes it: a resume must read the same)", commands=frozenset(),
+              kept=Kept(pinned=True, setting=False), default_text="found"),
+    RunOption("run", "text", "run name (resume with the same name)",
+              flag=Flag(("--run",), required=True), commands=PRODUCE_ONLY, default_text="required"),
+    RunOption("redis_url", "URL", "Redis URL (default: $FLEETGEN_REDIS_URL)",
+              flag=Flag(("--redis",), dest="redis", metavar="URL"), commands=PRODUCE_ONLY,
+              kept=Kept(stored=True, key="redis"), default_text="$FLEETGEN_REDIS_URL", secret=True),
     # -- the servers' limits: where the budget comes from -----------------------------------
     RunOption("context_length", "integer", "the servers' context length in tokens",
-              flags=("--context-length",), type=int, metavar="N", commands=PRODUCE_ONLY,
-              pinned=True, summary=True, default_text="read from --engine-url"),
+              flag=Flag(("--context-length",), type=int, metavar="N"), commands=PRODUCE_ONLY,
+              kept=PINNED_IN_SUMMARY, default_text="read from --engine-url"),
     RunOption("engine_url", "URL, repeatable", "read the limits from this server "
               "(/v1/models, /server_info): context, input limit, speculative reserve. Repeat "
               "it for every server of the fleet (or give a comma list, or "
-              "http://HOST:30000-30007 for a range of ports): the smallest limits win",
-              default=(), flags=("--engine-url",), metavar="URL", action="append",
-              commands=PRODUCE_ONLY, stored=True),
+              "http://HOST:30000-30007 for a range of ports): the smallest limits win", default=(),
+              flag=Flag(("--engine-url",), metavar="URL", action="append"), commands=PRODUCE_ONLY,
+              kept=Kept(stored=True)),
     RunOption("engine_protocol", "sglang|openai", "sglang (native /generate) or openai "
               "(/v1/completions: vLLM, llama.cpp); picks the length rule. Default: "
               "$FLEETGEN_ENGINE_PROTOCOL, else detected from the --engine-url server, else "
-              "sglang", flags=("--engine-protocol",), choices=("sglang", "openai"),
-              metavar="NAME", env=envvars.ENGINE_PROTOCOL, commands=PRODUCE_ONLY, stored=True,
+              "sglang",
+              flag=Flag(("--engine-protocol",), metavar="NAME", choices=("sglang", "openai"),
+                        env=envvars.ENGINE_PROTOCOL),
+              commands=PRODUCE_ONLY, kept=Kept(stored=True),
               default_text="$FLEETGEN_ENGINE_PROTOCOL, else detected"),
     RunOption("reserved_tokens", "integer", "tokens the servers count with every input, for "
               "--context-length without --engine-url: SGLang's speculative reserve, "
-              "max(eagle_topk x num_steps, num_draft_tokens) with EAGLE (%(default)s)",
-              default=0, flags=("--reserved-tokens",), type=int, metavar="N",
-              commands=PRODUCE_ONLY, pinned=True, summary=True),
+              "max(eagle_topk x num_steps, num_draft_tokens) with EAGLE (%(default)s)", default=0,
+              flag=Flag(("--reserved-tokens",), type=int, metavar="N"), commands=PRODUCE_ONLY,
+              kept=PINNED_IN_SUMMARY),
     RunOption("max_req_input_len", "integer", "the servers' own input limit (/server_info "
               "max_req_input_len), for --context-length without --engine-url (default: "
-              "derived from the context)", flags=("--max-req-input-len",), type=int,
-              metavar="N", commands=PRODUCE_ONLY, pinned=True, summary=True,
-              default_text="derived from the context"),
+              "derived from the context)",
+              flag=Flag(("--max-req-input-len",), type=int, metavar="N"), commands=PRODUCE_ONLY,
+              kept=PINNED_IN_SUMMARY, default_text="derived from the context"),
     # -- how `fleetgen produce` runs --------------------------------------------------------
     RunOption("no_wait", "flag", "exit once every row is enqueued, instead of waiting until "
               "every row has an outcome and re-enqueueing rows lost to a Redis crash",
-              default=False, flags=("--no-wait",), action="store_true", setting=False,
-              commands=PRODUCE_ONLY),
+              default=False, flag=Flag(("--no-wait",), action="store_true"), commands=PRODUCE_ONLY,
+              kept=NOT_A_SETTING),
     RunOption("reconcile_interval", "seconds", "seconds between checks for lost rows while "
-              "waiting (30)", default=30.0, flags=("--reconcile-interval",), type=float,
-              metavar="S", setting=False, commands=PRODUCE_ONLY, default_text="30"),
+              "waiting (30)", default=30.0,
+              flag=Flag(("--reconcile-interval",), type=float, metavar="S"), commands=PRODUCE_ONLY,
+              kept=NOT_A_SETTING, default_text="30"),
     RunOption("out", "path", "with --turns all: the drainer's output directory (`fleetgen "
               "drain --out DIR`), where each next turn's history is read from",
-              flags=("--out",), type=Path, metavar="DIR", commands=PRODUCE_ONLY),
+              flag=Flag(("--out",), type=Path, metavar="DIR"), commands=PRODUCE_ONLY),
     # -- what a row becomes -----------------------------------------------------------------
     RunOption("turns", "last|all", "last: regenerate each conversation's last assistant turn "
               "(default); all: every assistant turn in order, each from the answers this run "
               "wrote before it (the input's own answers are discarded); one result per turn",
-              default="last", flags=("--turns",), choices=("last", "all"), pinned=True,
-              summary=True),
+              default="last", flag=Flag(("--turns",), choices=("last", "all")),
+              kept=PINNED_IN_SUMMARY),
     RunOption("affinity", "flag", "no prefix affinity: a row's samples, prompts that share "
               "a system prompt and (with --turns all) each next turn go to any server, not "
               "preferably to the one that holds their prefix in cache", default=True,
-              flags=("--no-affinity",), dest="affinity", action="store_false"),
+              flag=Flag(("--no-affinity",), dest="affinity", action="store_false")),
     RunOption("tokenizer", "PATH|qwen3.6", "a local Hugging Face tokenizer directory, or "
               f"{DEFAULT_TOKENIZER} (built offline; default)", default=DEFAULT_TOKENIZER,
-              flags=("--tokenizer",), metavar=f"PATH|{DEFAULT_TOKENIZER}", pinned=True,
-              summary=True),
+              flag=Flag(("--tokenizer",), metavar=f"PATH|{DEFAULT_TOKENIZER}"),
+              kept=PINNED_IN_SUMMARY),
     RunOption("max_output_tokens", "integer", "cap on max_tokens (default: whatever the "
-              "context leaves)", flags=("--max-output-tokens",), type=int, metavar="N",
-              pinned=True, summary=True, default_text="whatever the context leaves"),
+              "context leaves)", flag=Flag(("--max-output-tokens",), type=int, metavar="N"),
+              kept=PINNED_IN_SUMMARY, default_text="whatever the context leaves"),
     RunOption("min_output_tokens", "integer", "reject a prompt that leaves fewer output tokens "
-              "than this (%(default)s)", default=16, flags=("--min-output-tokens",), type=int,
-              metavar="N", pinned=True, summary=True),
+              "than this (%(default)s)", default=16,
+              flag=Flag(("--min-output-tokens",), type=int, metavar="N"), kept=PINNED_IN_SUMMARY),
     RunOption("margin", "integer", "tokens kept free below the context, for a server "
-              "tokenizer that counts more (%(default)s)", default=0, flags=("--margin",),
-              type=int, metavar="N", pinned=True, summary=True),
+              "tokenizer that counts more (%(default)s)", default=0,
+              flag=Flag(("--margin",), type=int, metavar="N"), kept=PINNED_IN_SUMMARY),
     RunOption(SAMPLING, "options", "the sampling flags below, one key each (a row's own "
               "`sampling` goes over them)", default={}, commands=frozenset(),
-              pinned=True, summary=True, default_text="the server's"),
+              kept=PINNED_IN_SUMMARY, default_text="the server's"),
     _sampling("temperature", "number", float, "T"),
     _sampling("top_p", "number", float, "P"),
     _sampling("top_k", "integer", int, "K"),
@@ -219,67 +249,66 @@ TABLE: tuple[RunOption, ...] = (
     _sampling("stop", "text, repeatable", None, "TEXT", "a stop string (repeatable)",
               action="append"),
     RunOption("n", "integer", "samples per prompt, each its own request with its own seed; one "
-              "output row per (id, sample) (%(default)s)", default=1, flags=("--n",), type=int,
-              metavar="N", pinned=True, summary=True),
+              "output row per (id, sample) (%(default)s)", default=1,
+              flag=Flag(("--n",), type=int, metavar="N"), kept=PINNED_IN_SUMMARY),
     RunOption("holdout", "fraction", "hold this share of the rows out of the run: chosen by "
               "a hash of each row's id (the same rows on every resume and every machine), "
               "written as they were to holdout.jsonl in the output directory and never sent, "
               "for measuring a drafter on prompts it never trained on (%(default)s: none)",
-              default=0.0, flags=("--holdout",), type=float, metavar="FRACTION", pinned=True,
-              summary=True),
+              default=0.0, flag=Flag(("--holdout",), type=float, metavar="FRACTION"),
+              kept=PINNED_IN_SUMMARY),
     RunOption("logprobs", "integer", "store the top-K log-probabilities of every output token "
-              f"(0..{MAX_LOGPROBS}; %(default)s)", default=0, flags=("--logprobs",), type=int,
-              metavar="K", pinned=True, summary=True),
+              f"(0..{MAX_LOGPROBS}; %(default)s)", default=0,
+              flag=Flag(("--logprobs",), type=int, metavar="K"), kept=PINNED_IN_SUMMARY),
     RunOption("token_ids", "flag", "keep every answer's generated token ids in its result line "
               "(`output_ids`, about 7 bytes per token), for `fleetgen export --format "
               "tokens` (drafter trainers); a server that cannot return them is refused at "
-              "start", default=False, flags=("--token-ids",), action="store_true",
-              pinned=True, summary=True),
+              "start", default=False, flag=Flag(("--token-ids",), action="store_true"),
+              kept=PINNED_IN_SUMMARY),
     RunOption("json_schema", "file", "a JSON Schema every answer must follow (structured "
               "output); the drainer counts answers that do not validate",
-              flags=("--json-schema",), type=Path, metavar="FILE", pinned=True, summary=True),
+              flag=Flag(("--json-schema",), type=Path, metavar="FILE"), kept=PINNED_IN_SUMMARY),
     RunOption("chat_template_kwargs", "JSON", "options for the chat template, e.g. "
               "'{\"enable_thinking\": false}' (the budget counts the template as rendered)",
-              default={}, flags=("--chat-template-kwargs",), metavar="JSON", pinned=True,
-              summary=True),
+              default={}, flag=Flag(("--chat-template-kwargs",), metavar="JSON"),
+              kept=PINNED_IN_SUMMARY),
     RunOption("reasoning", "auto|split|off", "split each answer on </think> into `reasoning` "
               "and `completion`: auto (when </think> is one token of the tokenizer), split, "
-              "off", default="auto", flags=("--reasoning",), choices=("auto", "split", "off"),
-              pinned=True, summary=True),
+              "off", default="auto", flag=Flag(("--reasoning",), choices=("auto", "split", "off")),
+              kept=PINNED_IN_SUMMARY),
     # -- early stop -------------------------------------------------------------------------
     RunOption("stop_if", "rule, repeatable", "stop feeding the queue once the first --after "
               "answers break RULE, e.g. 'truncated>0.2', 'empty>=5%%', 'unfinished>0.1' "
               "(reasoning that ran out of budget), 'failed>0.05'; what is queued finishes, "
-              "then exit 1 with the reason (repeatable)", default=(), flags=("--stop-if",),
-              action="append", metavar="RULE"),
+              "then exit 1 with the reason (repeatable)", default=(),
+              flag=Flag(("--stop-if",), metavar="RULE", action="append")),
     RunOption("stop_after", "integer", "answers to wait for before judging --stop-if "
-              "(%(default)s)", default=500, flags=("--after",), dest="stop_after", type=int,
-              metavar="N"),
+              "(%(default)s)", default=500,
+              flag=Flag(("--after",), dest="stop_after", type=int, metavar="N")),
     RunOption("ignore_stop", "flag", "go on with a run that --stop-if stopped", default=False,
-              flags=("--ignore-stop",), action="store_true"),
+              flag=Flag(("--ignore-stop",), action="store_true")),
     # -- the queue ---------------------------------------------------------------------------
     RunOption("high_water", "integer", "most queued prompts (default: 2x the fleet's "
-              "concurrency, at least 512)", flags=("--high-water",), type=int, metavar="N",
+              "concurrency, at least 512)", flag=Flag(("--high-water",), type=int, metavar="N"),
               default_text="2x the fleet's concurrency, at least 512"),
     # None in run and demo: they pick their own unless given (the demo 16 with --stop-if, so
     # that a rule is judged while most of its small set is unsent: fleetgen/cli/demo.py).
     RunOption("batch_size", "integer", "rows tokenized and enqueued together (%(default)s)",
-              default=512, flags=("--batch-size",), type=int, metavar="N",
-              default_text="512 (the demo: 16 with --stop-if)",
-              per_command={RUN: {"default": None, "help": "rows tokenized and enqueued "
-                                 "together (512)"},
-                           DEMO: {"default": None, "help": "rows tokenized and enqueued "
-                                  "together (512, 16 with --stop-if)"}}),
+              default=512, default_text="512 (the demo: 16 with --stop-if)",
+              flag=Flag(("--batch-size",), type=int, metavar="N", per_command={
+                  RUN: {"default": None, "help": "rows tokenized and enqueued together (512)"},
+                  DEMO: {"default": None, "help": "rows tokenized and enqueued together (512, "
+                         "16 with --stop-if)"}})),
 )
 
 BY_NAME: Final = {option.name: option for option in TABLE}
 # The settings a resumed run must keep (what changes what a row becomes), in the manifest.
-PINNED: Final = tuple(option.stored_as for option in TABLE if option.pinned)
+PINNED: Final = tuple(option.stored_as for option in TABLE if option.kept.pinned)
 # The manifest's settings: the pinned ones, and what is kept to be shown (never a secret).
-STORED: Final = tuple(option for option in TABLE if option.pinned or option.stored)
+STORED: Final = tuple(option for option in TABLE if option.kept.pinned or option.kept.stored)
 # The manifest's settings copied into summary.json.
-SUMMARY_SETTINGS: Final = tuple(option.stored_as for option in TABLE if option.summary)
-SAMPLING_OPTIONS: Final = tuple(option for option in TABLE if option.into == SAMPLING)
+SUMMARY_SETTINGS: Final = tuple(option.stored_as for option in TABLE if option.kept.summary)
+SAMPLING_OPTIONS: Final = tuple(option for option in TABLE if option.kept.into == SAMPLING)
 
 
 def option(name: str) -> RunOption:
@@ -298,3 +327,36 @@ def flag_name(stored_as: str) -> str:
     if found is None or not found.flags:
         return {SAMPLING: "sampling options"}.get(stored_as, stored_as)
     return found.flags[0]
+
+
+def _flag_cell(option: RunOption) -> str:
+    if option.flags:
+        return ", ".join(f"`{flag}`" for flag in option.flags)
+    return "INPUT" if option.name == "input" else "—"
+
+
+def _kept_cell(option: RunOption) -> str:
+    """Where the run keeps the setting: pinned in the manifest, stored there, in summary.json."""
+    where = ["pinned" if option.kept.pinned else "manifest" if option.kept.stored else ""]
+    if option.kept.into:
+        where = [f"in `{option.kept.into}`"]
+    if option.kept.summary:
+        where.append("summary.json")
+    return ", ".join(w for w in where if w) or "—"
+
+
+# docs/options.md's table (tools/options_table.py writes it there).
+DOC_COLUMNS: tuple[Column[RunOption], ...] = (
+    Column("flag", _flag_cell),
+    Column("setting", lambda o: f"`{o.stored_as}`"),
+    Column("commands", lambda o: ", ".join(c for c in COMMANDS if c in o.commands) or "—"),
+    Column("type", lambda o: escaped_tags(o.kind)),
+    Column("default", lambda o: escaped_tags(o.shown_default())),
+    Column("kept", _kept_cell),
+    Column("what it does", lambda o: escaped_tags(o.doc())),
+)
+
+
+def doc_table() -> str:
+    """TABLE as docs/options.md shows it."""
+    return markdown(DOC_COLUMNS, TABLE)

@@ -1,4 +1,11 @@
-"""`fleetgen check`: a health probe for process managers (Redis, a worker's engine, a heartbeat)."""
+"""`fleetgen check`: a health probe for process managers (Redis, a worker's engine, a heartbeat).
+
+Checks that Redis answers PING; that the engine is ready (GET /ready, else /readiness, else
+/health, answering 200; when --engine-url or FLEETGEN_ENGINE_URL is set); and, with --worker,
+that the worker's heartbeat is fresh and reports a healthy engine. Prints one line per check;
+exits 0 when all pass, 4 otherwise. Made for Docker/compose healthchecks; before a long run, run
+`fleetgen doctor`.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +20,15 @@ from fleetgen.base import envvars, exitcodes
 from fleetgen.base.contract import worker_key
 from fleetgen.base.redisconn import read_hash, redact, redis_url
 from fleetgen.base.serverclock import server_time
+from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.engine import one_engine_url
 from fleetgen.engine.preflight import Check, readiness
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "check", help="exit 0 if Redis, the engine and a worker are healthy (for healthchecks)",
-        description="Checks that Redis answers PING; that the engine is ready (GET /ready, "
-        "else /readiness, else /health, answering 200; when --engine-url or "
-        "FLEETGEN_ENGINE_URL is set); and, with --worker, that the worker's heartbeat is fresh "
-        "and reports a healthy engine. Prints one line per check; exits 0 when all pass, 4 "
-        "otherwise. Made for Docker/compose healthchecks; before a long run, run "
-        "`fleetgen doctor`.")
-    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    p = subcommand(sub, "check", "exit 0 if Redis, the engine and a worker are healthy (for "
+                   "healthchecks)", __doc__, run)
+    redis_option(p)
     p.add_argument("--engine-url", help="engine base URL (default: $FLEETGEN_ENGINE_URL)")
     p.add_argument("--worker", help="worker node name, e.g. gpu0@%%h (%%h = this host's name)")
     p.add_argument("--max-age-s", type=float, default=30.0,
@@ -36,7 +38,6 @@ def add_parser(sub: Any) -> None:
                    help="retry until healthy or this many s have passed, e.g. before starting "
                    "a process that needs Redis up (0: check once)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures only")
-    p.set_defaults(handler=run)
 
 
 def worker_name(pattern: str) -> str:

@@ -1,4 +1,10 @@
-"""`fleetgen demo`: the whole pipeline on one machine, on an embedded Valkey and simulated GPUs."""
+"""`fleetgen demo`: the whole pipeline on one machine, on an embedded Valkey and simulated GPUs.
+
+Starts an embedded Valkey, N simulated SGLang servers and N Celery workers, produces the
+prompts, drains the results to --out, prints the summary and stops everything it started.
+Interrupted (Ctrl-C, SIGTERM), the same command with the same --out resumes the run; once a run
+is complete, it starts a new one there.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from fleetgen.base import runoptions
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, DrainDir, usable_dir
 from fleetgen.cli import job
+from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from producer.settings import setting_default
@@ -41,12 +48,7 @@ def output_files() -> tuple[str, ...]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline here, on simulated GPUs",
-                       description="Starts an embedded Valkey, N simulated SGLang servers and "
-                       "N Celery workers, produces the prompts, drains the results to --out, "
-                       "prints the summary and stops everything it started. Interrupted "
-                       "(Ctrl-C, SIGTERM), the same command with the same --out resumes the "
-                       "run; once a run is complete, it starts a new one there.")
+    p = subcommand(sub, "demo", "run the whole pipeline here, on simulated GPUs", __doc__, run)
     p.add_argument("--prompts", type=Path, metavar="FILE",
                    help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
                    "glob (default: the bundled sample)")
@@ -67,7 +69,6 @@ def add_parser(sub: Any) -> None:
                    "that is printed; it stays up after the run until Ctrl-C when run in a "
                    "terminal")
     add_producer_options(p, runoptions.DEMO)
-    p.set_defaults(handler=run)
 
 
 def sample_prompts() -> Path:
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR)
         flower = args.flower
-        return job.execute(job.Job(
+        return job.execute(job.NodeJob(
             "demo", fleet, settings, args.out, args.out / STATE_DIR, resumed=bool(resumed),
             on_redis=(lambda f: _start_flower(f, flower)) if flower else None,
             linger=(lambda stop: _linger(flower, stop)) if flower and sys.stdin.isatty()

@@ -6,6 +6,16 @@ SGLang's rules refuses before any prefill (`TokenizerManager._validate_one_reque
 scheduler's `validate_input_length`). Then it renders three probe conversations through the
 server's own chat path and through fleetgen's tokenizer and compares them
 (`fleetgen/engine/template.py`). Nothing is written anywhere.
+
+For each --engine-url: prints what fleetgen will assume (context, input limit, speculative
+reserve, running requests and the worker's -c, determinism, model, skip_tokenizer_init); checks
+readiness; sends one tiny generation; and sends two requests the server must refuse before
+generating (an input at the budget's input limit, a budget one token past the context); then
+renders three probe chats (a user turn, the same with enable_thinking false, a system prompt and
+a history with reasoning_content) through the server's chat path and through --tokenizer, and
+compares the tokens. Exit 0: all agree; 1: a server disagrees with the budget model or the chat
+template; 3: a server does not report its context (or a bad --tokenizer); 4: a server is
+unreachable or not ready.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import orjson
 from fleetgen import engine
 from fleetgen.base import envvars, errors, exitcodes
 from fleetgen.base.runoptions import DEFAULT_TOKENIZER
-from fleetgen.cli.flags import json_object
+from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.openai import LLAMA_CPP
@@ -48,7 +58,7 @@ DISAGREES = 1
 
 
 @dataclass
-class Report:
+class ServerReport:
     """One server: what fleetgen assumes about it, and the checks."""
 
     url: str
@@ -61,18 +71,8 @@ class Report:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "doctor", help="check the fleet before a long run: limits, readiness, length rules",
-        description="For each --engine-url: prints what fleetgen will assume (context, input "
-        "limit, speculative reserve, running requests and the worker's -c, determinism, "
-        "model, skip_tokenizer_init); checks readiness; sends one tiny generation; and sends "
-        "two requests the server must refuse before generating (an input at the budget's "
-        "input limit, a budget one token past the context); then renders three probe chats "
-        "(a user turn, the same with enable_thinking false, a system prompt and a history "
-        "with reasoning_content) through the server's chat path and through --tokenizer, and "
-        "compares the tokens. Exit 0: all agree; 1: a server disagrees with the budget model "
-        "or the chat template; 3: a server does not report its context (or a bad --tokenizer); "
-        "4: a server is unreachable or not ready.")
+    p = subcommand(sub, "doctor", "check the fleet before a long run: limits, readiness, "
+                   "length rules", __doc__, run)
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server of the fleet (repeat for each, or a comma list; "
                    "http://HOST:30000-30007 for a range of ports)")
@@ -94,7 +94,6 @@ def add_parser(sub: Any) -> None:
                    help="the run's stop strings: a server must say which one ended an answer "
                    "(llama.cpp: its `__verbose`)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
-    p.set_defaults(handler=run)
 
 
 @dataclass
@@ -119,8 +118,8 @@ def needs_of(token_ids: bool, stop: Any) -> tuple[str, ...]:
 
 
 def examine(url: str, proto: EngineProtocol, timeout_s: float, api_key: str | None,
-            template: TemplateCheck | None = None, needs: tuple[str, ...] = ()) -> Report:
-    report = Report(url)
+            template: TemplateCheck | None = None, needs: tuple[str, ...] = ()) -> ServerReport:
+    report = ServerReport(url)
     ready = probe_url(url, timeout_s=min(timeout_s, 10.0), api_key=api_key)
     if ready.state is State.REFUSED:  # nothing else can be learnt: one line
         report.checks.append(Check("unreachable", False, ready.detail))
@@ -178,7 +177,7 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
     return checks
 
 
-def exit_code(reports: list[Report], fleet_checks: list[Check]) -> int:
+def exit_code(reports: list[ServerReport], fleet_checks: list[Check]) -> int:
     codes = {r.code for r in reports}
     for code in (exitcodes.UNAVAILABLE, exitcodes.CONFIG, DISAGREES):
         if code in codes:
@@ -204,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
 def check_fleet(engine_urls: list[str], engine_protocol: str | None, timeout_s: float,
                 tokenizer: str, chat_template_kwargs: str | None,
                 needs: tuple[str, ...] = (),
-                ) -> tuple[list[Report], list[Check], int]:
+                ) -> tuple[list[ServerReport], list[Check], int]:
     """Every server's report, the checks across them, and the exit code (`fleetgen run`
     stops on anything but OK before it starts a process)."""
     api_key = envvars.ENGINE_API_KEY.value()
@@ -259,7 +258,7 @@ def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
-def _row(r: Report) -> tuple[str, ...]:
+def _row(r: ServerReport) -> tuple[str, ...]:
     s = r.limits
     if s is None:
         return (r.url, *("-" for _ in COLUMNS[1:]))
@@ -275,8 +274,8 @@ def table(rows: list[tuple[str, ...]]) -> str:
                      .rstrip() for row in rows)
 
 
-def render_text(reports: list[Report], fleet_checks: list[Check], assumed: ServerLimits | None,
-                code: int) -> str:
+def render_text(reports: list[ServerReport], fleet_checks: list[Check],
+                assumed: ServerLimits | None, code: int) -> str:
     lines = [table([COLUMNS, *(_row(r) for r in reports)]), ""]
     if assumed is not None:
         lines.append(f"the producer budgets for: context {assumed.context_length}, input limit "
@@ -306,7 +305,7 @@ VERDICTS = {
 }
 
 
-def render_json(reports: list[Report], fleet_checks: list[Check],
+def render_json(reports: list[ServerReport], fleet_checks: list[Check],
                 assumed: ServerLimits | None, code: int) -> str:
     doc = {
         "servers": [{

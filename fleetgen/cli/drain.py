@@ -11,25 +11,25 @@ from fleetgen.base import exitcodes
 from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.outdir import FILES, SUMMARY
 from fleetgen.base.redisconn import connect, redis_url
+from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("drain", help="write a run's results to JSONL files",
-                       description="Read the run's stream and append whole lines to "
-                       f"{FILES[KIND_RESULT]}, {FILES[KIND_FAILURE]} and {FILES[KIND_REJECTED]} "
-                       "in --out; exits when every row is written, unless --follow, with a "
-                       f"short table of the figures ({SUMMARY} beside the files has them all). "
-                       "Shows rows written, rate and ETA (a bar on a terminal, else a line every "
-                       "10 s). Safe to kill and restart.")
+    p = subcommand(sub, "drain", "write a run's results to JSONL files",
+                   "Read the run's stream and append whole lines to "
+                   f"{FILES[KIND_RESULT]}, {FILES[KIND_FAILURE]} and {FILES[KIND_REJECTED]} "
+                   "in --out; exits when every row is written, unless --follow, with a "
+                   f"short table of the figures ({SUMMARY} beside the files has them all). "
+                   "Shows rows written, rate and ETA (a bar on a terminal, else a line every "
+                   "10 s). Safe to kill and restart.", run)
     p.add_argument("--run", required=True, metavar="NAME",
                    help="the run to write (its name, as given to `fleetgen produce --run`)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    redis_option(p)
     p.add_argument("--follow", action="store_true", help="keep running after the run completes")
     p.add_argument("--batch", type=int, default=512, help="entries written per fsync (512)")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,14 @@ budgeted as the producer would (the rejections and the prompt lengths exact), a 
 stratified by prompt length is generated on the given servers by a real `fleetgen run` into a
 scratch directory under --out, and its answers are projected onto the whole input
 (fleetgen/monitor/projection.py): output tokens, the share each cap would cut, wall time,
-GPU-hours, output size, each with how far off it may be."""
+GPU-hours, output size, each with how far off it may be.
+
+Tokenizes every prompt as `fleetgen run` does (the rejections and prompt lengths are exact),
+generates a sample stratified by prompt length on the servers (a real `fleetgen run` into
+--out/.fleetgen-estimate, uncapped), and projects the whole input: output tokens, the share of
+answers each --cap would cut, wall time, GPU-hours and output size, with 95% intervals. A table
+here, estimate.json in --out.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir, atomic_file, usable_dir
 from fleetgen.cli import run as run_command
+from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.cli.progress import Bar
 from fleetgen.monitor.projection import BYTES_PER_ID, DIGEST_BYTES, Answer, Fleet, project
@@ -38,13 +46,8 @@ ESTIMATE = "estimate.json"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "estimate", help="what a run will cost, from a sample generated on your servers",
-        description="Tokenizes every prompt as `fleetgen run` does (the rejections and prompt "
-        "lengths are exact), generates a sample stratified by prompt length on the servers "
-        "(a real `fleetgen run` into --out/.fleetgen-estimate, uncapped), and projects the "
-        "whole input: output tokens, the share of answers each --cap would cut, wall time, "
-        "GPU-hours and output size, with 95% intervals. A table here, estimate.json in --out.")
+    p = subcommand(sub, "estimate", "what a run will cost, from a sample generated on your servers",
+                   __doc__, estimate)
     p.add_argument("input", type=Path, metavar="INPUT", help="prompts, as `fleetgen run` reads")
     # The servers and how the sample's run reaches them, as `fleetgen run` takes them.
     run_command.add_fleet_options(p, "a Redis of your own for the sample's run (default: "
@@ -62,7 +65,7 @@ def add_parser(sub: Any) -> None:
                    help="GPUs behind each server, for GPU-hours (tensor parallel) (1)")
     add_producer_options(p, runoptions.RUN)
     # What `run` reads that the estimate's sample does not use.
-    p.set_defaults(handler=estimate, run=None, listen=None, measure_acceptance=False,
+    p.set_defaults(run=None, listen=None, measure_acceptance=False,
                    group_by=None, retry_failures=False)
 
 
@@ -149,31 +152,33 @@ def survey_input(settings: Any, tokenizer: Any, limits: Any) -> Survey:
     prompts/s on one core: 3 minutes for 654,676, against a run of hours; exact, where a
     projection from the sample would carry its error into the rejections)."""
     from producer.dedup import SeenIds
+    from producer.inputpass import add_to_batch
+    from producer.inputs import resolve_input
     from producer.prompts import Prompts
     from producer.request import Request, RequestOptions
-    from producer.rows import BadRow, count_rows, read_rows
+    from producer.rows import Row, read_rows
+    from producer.runner import projected_rows
 
     prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))
-    # The total only feeds the bar: counting is a whole extra pass over the input, so it is
-    # taken only where a bar is shown.
-    show = sys.stderr.isatty()
+    # The bar's total is projected from the bytes read, as the producer's: counting the rows
+    # first would be a whole extra pass over the input.
+    inputs = resolve_input(settings.input)
+    size = inputs.size_bytes()
     survey, seen = Survey(), SeenIds()
-    total = count_rows(settings.input) if show else None
-    bar = Bar("prompts tokenized", show=show, total=total)
+    bar = Bar("prompts tokenized", show=sys.stderr.isatty())
     batch, samples = prompts.batch(), {}
-    for item in read_rows(settings.input):
+    for item in read_rows(inputs):
         survey.rows += 1
-        if not seen.add(hash(item.id)):
-            survey.rejected["duplicate_id"] += 1
-        elif isinstance(item, BadRow):
-            survey.rejected[item.reason.split(":", 1)[0]] += 1
-        else:
+        duplicate = not seen.add(hash(item.id))
+        if isinstance(item, Row) and not duplicate:
             samples[item.line] = item.n or settings.n
-            batch.add(item, [Request(item.line, None, item.line)])
+        # As the producer's pass adds a row (one request: the projection multiplies by n).
+        add_to_batch(batch, item, [Request(item.line, None, item.line)], duplicate)
         if survey.rows % settings.batch_size == 0:
             _tally(survey, batch, samples)
             batch, samples = prompts.batch(), {}
-            bar.advance_to(survey.rows, total)
+            bar.advance_to(survey.rows, projected_rows(survey.rows, inputs.meter.bytes_read,
+                                                       size))
     _tally(survey, batch, samples)
     bar.close()
     return survey
@@ -219,7 +224,7 @@ def write_sample(args: argparse.Namespace, source: Path,
             body += orjson.dumps({"id": item.id, **item.fields}) + b"\n"
             stratum_of[item.id] = chosen[item.line]
     pinned = {o.attr: getattr(args, o.attr, None) for o in runoptions.TABLE
-              if o.pinned and o.flags}
+              if o.kept.pinned and o.flags}
     key = hashlib.blake2b(bytes(body) + json.dumps(pinned, sort_keys=True, default=str)
                           .encode(), digest_size=6).hexdigest()
     path = args.out / SCRATCH / key / "sample.jsonl"
@@ -251,12 +256,9 @@ def read_answers(out: Path, stratum_of: dict[str, int]) -> tuple[list[Answer], i
 
 def fleet_slots(settings: Any) -> int | None:
     """The requests all the servers run at once, as they report it; None if one does not."""
-    from fleetgen import engine
     from producer.build import read_servers
 
-    proto = engine.resolve(settings.engine_protocol, settings.engine_url[0],
-                           settings.engine_api_key)
-    slots = [limits.max_running_requests for limits in read_servers(settings, proto).values()]
+    slots = [limits.max_running_requests for limits in read_servers(settings)[1].values()]
     return None if any(s is None for s in slots) else sum(s for s in slots if s is not None)
 
 

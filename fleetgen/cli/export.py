@@ -1,4 +1,22 @@
-"""`fleetgen export`: convert a drained output directory for training or batch tools."""
+"""`fleetgen export`: convert a drained output directory for training or batch tools.
+
+Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run exports too) and writes one
+file, in input order, whole or not at all. conversations: one line per answer as SpecForge's
+train_data_path reads it, a `conversations` column of {role, content} turns (ShareGPT from/value
+turned into role/content) ending in the answer, its reasoning in reasoning_content, the template
+options it was rendered with (chat_template_kwargs, and each as a column, which SpecForge hands
+to the chat template), thinking, status 'success'; a raw prompt as prompt and completion with no
+conversation (no trainer wraps it in a chat turn); with --turns all one line per regenerated
+turn. openai-batch: one line per input line as OpenAI's Batch API and vLLM's batch runner write
+them (failures and rejections as error lines). parquet: the results table. tokens: one {id,
+input_ids, loss_mask} line per answer (the prompt's ids as sent, then the answer's; loss 0 then
+1), exact for drafter trainers (SpecForge prompts_path, vLLM speculators); needs a run produced
+with --token-ids. conversations and tokens leave unfinished answers out (counted by reason)
+unless --include-unfinished; with --out FILE.parquet they write a Parquet table for datasets or
+pandas (SpecForge and speculators read JSONL only). Exit 0; 1 when the run is not complete (what
+is written so far is exported); 3 when DIR is not a drained output directory or the run cannot
+be exported in that format. docs/training.md has the trainers' commands.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +28,7 @@ from typing import Any
 
 from fleetgen.base import exitcodes
 from fleetgen.base.outdir import SUMMARY
+from fleetgen.cli.flags import subcommand
 from fleetgen.cli.progress import Bar
 
 
@@ -17,29 +36,8 @@ def add_parser(sub: Any) -> None:
     from fleetgen.exporter import FORMATS
     from fleetgen.exporter.shape import REASONING_MODES
 
-    p = sub.add_parser(
-        "export", help="convert a drained output directory (conversations, OpenAI Batch, "
-        "Parquet, token ids)",
-        description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
-        "exports too) and writes one file, in input order, whole or not at all. "
-        "conversations: one line per answer as SpecForge's train_data_path reads it, a "
-        "`conversations` column of {role, content} turns (ShareGPT from/value turned into "
-        "role/content) ending in the answer, its reasoning in reasoning_content, the template "
-        "options it was rendered with (chat_template_kwargs, and each as a column, which "
-        "SpecForge hands to the chat template), thinking, status 'success'; a raw prompt as "
-        "prompt and completion with no conversation (no trainer wraps it in a chat turn); "
-        "with --turns all one line per regenerated turn. openai-batch: "
-        "one line per input line as OpenAI's Batch API and vLLM's batch runner write them "
-        "(failures and rejections as error lines). "
-        "parquet: the results table. tokens: one {id, input_ids, loss_mask} line per "
-        "answer (the prompt's ids as sent, then the answer's; loss 0 then 1), exact for "
-        "drafter trainers (SpecForge prompts_path, vLLM speculators); needs a run produced "
-        "with --token-ids. conversations and tokens leave unfinished answers out (counted by "
-        "reason) unless --include-unfinished; with --out FILE.parquet they write a Parquet "
-        "table for datasets or pandas (SpecForge and speculators read JSONL only). Exit 0; 1 "
-        "when the run is not complete (what is written so far is exported); 3 when DIR is "
-        "not a drained output directory or the run cannot be exported in that format. "
-        "docs/training.md has the trainers' commands.")
+    p = subcommand(sub, "export", "convert a drained output directory (conversations, "
+                   "OpenAI Batch, Parquet, token ids)", __doc__, run)
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--format", required=True, choices=FORMATS,
@@ -55,24 +53,22 @@ def add_parser(sub: Any) -> None:
                    "<think>...</think>, or strip it (default: keep)")
     p.add_argument("--model", help="openai-batch: the model named in each body (default: the "
                    f"run's {SUMMARY}, else each Batch line's own, else 'fleetgen')")
-    p.add_argument("--only-finished", action="store_true",
-                   help="parquet: leave out answers that are not whole (cut at their budget, "
-                   "finish_reason length; stopped inside their reasoning, "
-                   "reasoning_unfinished; empty), counted by reason in the summary line "
-                   "(conversations and tokens do so by default)")
+    p.add_argument("--only-finished", action="store_true", help="parquet: leave out answers "
+                   "that are not whole (cut at their budget, finish_reason length; stopped "
+                   "inside their reasoning, reasoning_unfinished; empty), counted by reason in "
+                   "the summary line (conversations and tokens do so by default)")
     p.add_argument("--include-unfinished", action="store_true",
                    help="conversations, tokens: keep the answers that are not whole, marked "
                    "(unfinished: the reason; conversations: status 'unfinished'): a trainer "
                    "reading them learns to stop where the model did not")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetgen.exporter.export import Options, export, writes_parquet
+    from fleetgen.exporter.export import ExportOptions, export, writes_parquet
 
     bar = Bar("export", show=sys.stderr.isatty(), unit="B", unit_scale=True)
     try:
-        report = export(args.dir, Options(format=args.format, out=args.out,
+        report = export(args.dir, ExportOptions(format=args.format, out=args.out,
                                           reasoning=args.reasoning, model=args.model,
                                           only_finished=args.only_finished,
                                           include_unfinished=args.include_unfinished,

@@ -1,11 +1,34 @@
-"""Flag values that several commands parse the same way (produce, the demo, doctor)."""
+"""What several commands' parsers share: a subcommand's parser made from its module's docstring,
+the --redis flag, and flag values parsed the same way (produce, the demo, doctor)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fleetgen.base.errors import ConfigError
+
+# The flag of every command that reaches the run's Redis (`run` and `estimate` say more).
+REDIS_HELP = "Redis URL (default: $FLEETGEN_REDIS_URL)"
+
+
+def subcommand(sub: Any, name: str, help: str, doc: str | None,
+               handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """The parser of `fleetgen NAME`: `help` is its line in `fleetgen --help`; its own --help
+    opens with the last paragraph of `doc`: the command module's docstring (whose first one
+    says the module's role to the reader of the code), or the description itself where it is
+    made of the names it shows (drain's and retry's output files)."""
+    description = " ".join((doc or "").rstrip().rpartition("\n\n")[2].split())
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def redis_option(p: argparse.ArgumentParser, help: str = REDIS_HELP,
+                 metavar: str | None = None) -> None:
+    p.add_argument("--redis", metavar=metavar, help=help)
 
 
 def json_object(text: str, what: str) -> dict[str, Any]:

@@ -41,7 +41,7 @@ WORKERS_READY_S = {"demo": 60.0, "run": 180.0}
 
 
 @dataclass
-class Job:
+class NodeJob:
     command: str  # "run" or "demo": the name its messages carry
     fleet: LocalFleet  # not started yet
     settings: ProducerSettings  # the Redis URL is the fleet's, filled in once it is up
@@ -64,7 +64,7 @@ class Job:
         print(f"fleetgen {self.command}: {text}", flush=True)
 
 
-def execute(job: Job) -> int:
+def execute(job: NodeJob) -> int:
     """Run the job to its end (or its stop); exit code as `main` expects it."""
     # Ctrl-C and SIGTERM alike: the drainer stops within half a second, the summary is
     # written, and everything started is stopped with a short grace (what the workers held
@@ -118,13 +118,13 @@ def shield_from_signals() -> None:
         signal.signal(signum, lambda *_: None)
 
 
-def url_file(job: Job) -> Path:
+def url_file(job: NodeJob) -> Path:
     """Where the run's Redis URL (its password in it) is kept for `status` and the others,
     readable by the user alone: a secret is written to no terminal or log."""
     return job.state_dir / "redis.url"
 
 
-def _before_workers(job: Job, redis_url: str) -> None:
+def _before_workers(job: NodeJob, redis_url: str) -> None:
     """Once Redis is up, before any server or worker: a resume whose settings differ from the
     run's is one line now (not after the fleet has started); the URL for the user's other
     commands; the prompts a stopped run's workers held, back in the queue."""
@@ -148,7 +148,7 @@ def _before_workers(job: Job, redis_url: str) -> None:
         job.on_redis(job.fleet)
 
 
-def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> None:
+def _say_how_it_ended(job: NodeJob, summary: dict[str, Any], interrupted: bool) -> None:
     if interrupted:
         job.say(f"interrupted; what is written is kept: run the same command (same --out "
                 f"{job.out}) to resume run {summary['run']}")
@@ -165,7 +165,7 @@ def _say_how_it_ended(job: Job, summary: dict[str, Any], interrupted: bool) -> N
                 f"{DrainDir(job.out).file(KIND_FAILURE)}); {again}")
 
 
-def _close_redis(job: Job, should_stop: Callable[[], bool]) -> None:
+def _close_redis(job: NodeJob, should_stop: Callable[[], bool]) -> None:
     """The run's own Valkey stops next: the workers that joined from other hosts exit, the
     live pages read the end, before it does (fleetgen/base/closing.py)."""
     from fleetgen.base import closing
@@ -179,7 +179,7 @@ def _close_redis(job: Job, should_stop: Callable[[], bool]) -> None:
                 "(the run is complete, they only retry its Redis)")
 
 
-def _write_report(job: Job) -> None:
+def _write_report(job: NodeJob) -> None:
     """The run as pictures, from the output files alone, like `fleetgen report`."""
     from fleetgen.monitor.report import build
 
@@ -190,7 +190,7 @@ def _write_report(job: Job) -> None:
         job.on_report(built)
 
 
-def run_pipeline(job: Job, settings: ProducerSettings,
+def run_pipeline(job: NodeJob, settings: ProducerSettings,
                  should_stop: Callable[[], bool]) -> dict[str, Any]:
     from fleetgen.drainer import Drainer
 
@@ -237,7 +237,7 @@ def run_pipeline(job: Job, settings: ProducerSettings,
     return drainer.write_summary()
 
 
-def _send_failures_again(job: Job, drainer: Drainer) -> None:
+def _send_failures_again(job: NodeJob, drainer: Drainer) -> None:
     """The rows the files hold as failures go back to work: their done bits cleared and
     listed as in retry (so the run is not complete until each lands again), before the
     producer's pass, which sends every row not done. The drainer stays the one writer: a

@@ -1,4 +1,10 @@
-"""`fleetgen metrics`: a Prometheus exporter for fleetgen's counters (rows, tokens, workers)."""
+"""`fleetgen metrics`: a Prometheus exporter for fleetgen's counters (rows, tokens, workers).
+
+Serves /metrics for Prometheus: rows done/failed/rejected/truncated, rows written, tokens,
+retries, queue depth, rows in flight, and per worker: rows, completion tokens, in flight, engine
+health. Values are read from Redis at each scrape, so the exporter can run anywhere that reaches
+Redis, as many times as you like. Scrape it next to SGLang's /metrics and Flower's /metrics.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +17,17 @@ import redis
 
 from fleetgen.base import exitcodes
 from fleetgen.base.redisconn import redact, redis_url
+from fleetgen.cli.flags import redis_option, subcommand
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "metrics", help="serve fleetgen's counters for Prometheus on /metrics",
-        description="Serves /metrics for Prometheus: rows done/failed/rejected/truncated, "
-        "rows written, tokens, retries, queue depth, rows in flight, and per worker: rows, "
-        "completion tokens, in flight, engine health. Values are read from Redis at each "
-        "scrape, so the exporter can run anywhere that reaches Redis, as many times as you "
-        "like. Scrape it next to SGLang's /metrics and Flower's /metrics.")
-    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    p = subcommand(sub, "metrics", "serve fleetgen's counters for Prometheus on /metrics",
+                   __doc__, run)
+    redis_option(p)
     p.add_argument("--port", type=int, default=9108, help="port to serve on (9108)")
     p.add_argument("--bind", default="127.0.0.1", help="address to serve on (127.0.0.1)")
     p.add_argument("--run", action="append", dest="runs", metavar="NAME",
                    help="export this run (repeatable; default: every run in Redis)")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

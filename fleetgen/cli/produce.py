@@ -1,4 +1,9 @@
-"""`fleetgen produce`: tokenize, budget and enqueue a prompt file as a run."""
+"""`fleetgen produce`: tokenize, budget and enqueue a prompt file as a run.
+
+Read INPUT as a stream, render each row with the chat template, tokenize it once, give it an
+exact max_tokens budget and enqueue it; rows that cannot fit are rejected with a reason. Running
+the same command again resumes the run.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redact, redis_url
-from fleetgen.cli.flags import json_object
+from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
 
@@ -23,17 +28,12 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("produce", help="enqueue a prompt file as a run (resumable)",
-                       description="Read INPUT as a stream, render each row with the chat "
-                       "template, tokenize it once, give it an exact max_tokens budget and "
-                       "enqueue it; rows that cannot fit are rejected with a reason. Running "
-                       "the same command again resumes the run.")
+    p = subcommand(sub, "produce", "enqueue a prompt file as a run (resumable)", __doc__, run)
     p.add_argument("input", type=Path, metavar="INPUT",
                    help="prompts: a .jsonl file (or .jsonl.gz, .jsonl.zst), a .parquet file, "
                    "a directory of them, or a quoted glob ('data/**/*.parquet'); rows may be "
                    "OpenAI Batch request lines")
     add_producer_options(p)
-    p.set_defaults(handler=run)
 
 
 def add_producer_options(p: argparse.ArgumentParser, command: str = runoptions.PRODUCE) -> None:
@@ -47,7 +47,7 @@ def add_producer_options(p: argparse.ArgumentParser, command: str = runoptions.P
         # table's defaults (the demo's fleet is its own, with a known context and no real
         # server to read limits from). new_run: the run is recorded in --out (no --run).
         p.set_defaults(**{o.attr: o.default for o in runoptions.TABLE
-                          if o.setting and o.flags and command not in o.commands
+                          if o.kept.setting and o.flags and command not in o.commands
                           and o.attr not in own and o.name not in ("run", "redis_url")},
                        new_run="use another --out (the run is recorded there)")
 
@@ -77,7 +77,7 @@ def request_options_from(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the table that the parsed flags give (with their `sampling`)."""
     values: dict[str, Any] = {"sampling": sampling_from(args)}
     for option in runoptions.TABLE:
-        if option.setting and option.flags and hasattr(args, option.attr) \
+        if option.kept.setting and option.flags and hasattr(args, option.attr) \
                 and option.name != "redis_url":
             value = getattr(args, option.attr)
             values[option.name] = AS_SETTING.get(option.name, lambda v: v)(value)

@@ -13,12 +13,12 @@ LINE_EVERY_S = 10.0
 
 class Bar:
     """A tqdm bar, or (`show` false) nothing, or with `lines` (what to say before the count)
-    a line every `every_s` on stderr: `{lines} N/TOTAL rows, R rows/s, ETA T`. tqdm is
+    a line every LINE_EVERY_S on stderr: `{lines} N/TOTAL rows, R rows/s, ETA T`. tqdm is
     imported only when drawn."""
 
     def __init__(self, desc: str, *, show: bool = True, unit: str = " rows",
-                 unit_scale: bool = False, total: int | None = None, lines: str | None = None,
-                 every_s: float | None = None) -> None:
+                 unit_scale: bool = False, total: int | None = None,
+                 lines: str | None = None) -> None:
         self._tqdm: Any = None
         self._line: MinuteLine | None = None
         if show:
@@ -27,8 +27,7 @@ class Bar:
             self._tqdm = tqdm(desc=desc, unit=unit, unit_scale=unit_scale, total=total,
                               file=sys.stderr, dynamic_ncols=True)
         elif lines:
-            self._line = MinuteLine(lines, unit.strip() or "rows", total,
-                                    LINE_EVERY_S if every_s is None else every_s)
+            self._line = MinuteLine(lines, unit.strip() or "rows", total, LINE_EVERY_S)
 
     def advance_to(self, n: int, total: int | None = None) -> None:
         """Show `n` done (of `total`, where it is known)."""

@@ -1,4 +1,9 @@
-"""`fleetgen purge`: delete a finished run's keys from Redis (its output files stay)."""
+"""`fleetgen purge`: delete a finished run's keys from Redis (its output files stay).
+
+Removes the run's manifest, bitmaps, counters, stream and retry data from Redis. The output
+files are not touched. A run that is not complete is kept unless --force: purging it loses its
+resume state, and its tasks still queued or held by workers are removed too.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,16 @@ from fleetgen.base import exitcodes, runstate
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redis_url
 from fleetgen.base.wire import remove_tasks
+from fleetgen.cli.flags import redis_option, subcommand
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("purge", help="delete a finished run's keys from Redis",
-                       description="Removes the run's manifest, bitmaps, counters, stream and "
-                       "retry data from Redis. The output files are not touched. A run that is "
-                       "not complete is kept unless --force: purging it loses its resume state, "
-                       "and its tasks still queued or held by workers are removed too.")
+    p = subcommand(sub, "purge", "delete a finished run's keys from Redis", __doc__, run)
     p.add_argument("--run", required=True, metavar="NAME",
                    help="the run to delete from Redis (its name, as "
                    "`fleetgen status` lists it)")
-    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    redis_option(p, metavar="URL")
     p.add_argument("--force", action="store_true", help="purge even an incomplete run")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

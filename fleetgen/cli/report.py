@@ -1,4 +1,15 @@
-"""`fleetgen report`: a drained output directory as one self-contained HTML page."""
+"""`fleetgen report`: a drained output directory as one self-contained HTML page.
+
+Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run reports too) in one
+streaming pass and writes one self-contained HTML file (no CDN, no server: open it from disk):
+answer and reasoning lengths with the budget marked, prompt lengths with the rows rejected as
+too long, finish reasons, truncation and unfinished-reasoning shares, rows and tokens per
+worker, throughput over the run, failures and rejections by kind with examples, the run's
+settings, and where the answers carry it the speculative acceptance (pooled and per-request, by
+server, thinking, turn, answer length and --group-by FIELD; weak.jsonl beside the page holds the
+20 lowest rows as input). Exit 0; 1 when the run is not complete (the report shows what is
+written so far); 3 when DIR is not a drained output directory.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +20,12 @@ from typing import Any
 
 from fleetgen.base import exitcodes
 from fleetgen.base.outdir import SUMMARY
+from fleetgen.cli.flags import subcommand
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "report", help="the run and its data as pictures: one HTML file that works offline",
-        description="Reads what `fleetgen drain` wrote to DIR (never Redis: a purged run "
-        "reports too) in one streaming pass and writes one self-contained HTML file (no CDN, "
-        "no server: open it from disk): answer and reasoning lengths with the budget marked, "
-        "prompt lengths with the rows rejected as too long, finish reasons, truncation and "
-        "unfinished-reasoning shares, rows and tokens per worker, throughput over the run, "
-        "failures and rejections by kind with examples, the run's settings, and where the "
-        "answers carry it the speculative acceptance (pooled and per-request, by server, "
-        "thinking, turn, answer length and --group-by FIELD; weak.jsonl beside the page holds "
-        "the 20 lowest rows as input). Exit 0; 1 "
-        "when the run is not complete (the report shows what is written so far); 3 when DIR "
-        "is not a drained output directory.")
+    p = subcommand(sub, "report", "the run and its data as pictures: one HTML file that "
+                   "works offline", __doc__, run)
     p.add_argument("dir", type=Path, metavar="DIR", help="the directory `fleetgen drain "
                    "--out` wrote")
     p.add_argument("--out", type=Path, metavar="PATH",
@@ -32,7 +33,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--group-by", metavar="FIELD",
                    help="break the speculative acceptance down by this row field too (e.g. "
                    "source), besides server, thinking, turn and answer length")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

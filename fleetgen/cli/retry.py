@@ -10,19 +10,19 @@ from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, slot_of
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import FILES
 from fleetgen.base.redisconn import connect, redis_url
+from fleetgen.cli.flags import redis_option, subcommand
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("retry", help="re-enqueue a run's failed rows",
-                       description="Sends every failed row of the run back to the workers. A "
-                       f"row that now succeeds moves from {FILES[KIND_FAILURE]} to "
-                       f"{FILES[KIND_RESULT]} when the drainer writes it (run `fleetgen drain` "
-                       "again if it has exited).")
+    p = subcommand(sub, "retry", "re-enqueue a run's failed rows",
+                   "Sends every failed row of the run back to the workers. A "
+                   f"row that now succeeds moves from {FILES[KIND_FAILURE]} to "
+                   f"{FILES[KIND_RESULT]} when the drainer writes it (run `fleetgen drain` "
+                   "again if it has exited).", run)
     p.add_argument("--run", required=True, metavar="NAME",
                    help="the run whose failed rows to send again (its name, as "
                    "`fleetgen status` lists it)")
-    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
-    p.set_defaults(handler=run)
+    redis_option(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,13 @@
 """`fleetgen run`: the whole job on one node against real servers, in one command and resumable:
 an embedded Valkey under --out (or --redis), a worker per engine, the producer and the drainer
-(fleetgen/cli/job.py, the demo's own path)."""
+(fleetgen/cli/job.py, the demo's own path).
+
+Checks every --engine-url as `fleetgen doctor` does, starts a Valkey under --out (AOF on, a
+password, loopback only; --redis or $FLEETGEN_REDIS_URL for your own), one Celery worker per
+engine (its pool sized from the server: K + 1), the producer and the drainer; shows progress,
+prints the summary and writes the report; exit 0 once every row is accounted for. Ctrl-C or
+SIGTERM stops it within 2 s; the same command resumes the run recorded in --out.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from fleetgen.base.errors import ConfigError, EngineUnreachable
 from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
+from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from producer.settings import setting_default
@@ -29,14 +37,8 @@ PREFLIGHT_TIMEOUT_S = 60.0
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "run", help="the whole job on this node, against your servers (resumable)",
-        description="Checks every --engine-url as `fleetgen doctor` does, starts a Valkey "
-        "under --out (AOF on, a password, loopback only; --redis or $FLEETGEN_REDIS_URL for "
-        "your own), one Celery worker per engine (its pool sized from the server: K + 1), "
-        "the producer and the drainer; shows progress, prints the summary and writes the "
-        "report; exit 0 once every row is accounted for. Ctrl-C or SIGTERM stops it within "
-        "2 s; the same command resumes the run recorded in --out.")
+    p = subcommand(sub, "run", "the whole job on this node, against your servers (resumable)",
+                   __doc__, run)
     p.add_argument("input", type=Path, metavar="INPUT",
                    help="prompts, as `fleetgen produce` reads them: a file, a directory or a "
                    "quoted glob")
@@ -59,7 +61,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--group-by", metavar="FIELD",
                    help="also break the acceptance down by this row field (e.g. source)")
     add_producer_options(p, runoptions.RUN)
-    p.set_defaults(handler=run)
 
 
 def add_fleet_options(p: argparse.ArgumentParser, redis_help: str) -> None:
@@ -68,7 +69,7 @@ def add_fleet_options(p: argparse.ArgumentParser, redis_help: str) -> None:
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
                    "for a range of ports); one worker each")
-    p.add_argument("--redis", metavar="URL", help=redis_help)
+    redis_option(p, redis_help, metavar="URL")
     p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
                    help="worker processes per engine, sharing its K + 1 slots "
                    "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
@@ -157,7 +158,7 @@ def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] |
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, engine_urls=urls,
                            valkey_bind=listen[0] if listen else None,
                            valkey_port=listen[1] if listen else None)
-        return job.execute(job.Job(
+        return job.execute(job.NodeJob(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
             on_redis=(lambda f: _say_join(f, listen)) if listen else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),

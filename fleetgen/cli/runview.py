@@ -23,7 +23,7 @@ LOOK_EVERY_S = 2.0
 
 
 @dataclass
-class Engine:
+class EngineState:
     """One server as the run sees it: up while a live worker reports it answering."""
 
     url: str
@@ -43,7 +43,7 @@ class FleetView:
         # Heartbeats are written on Valkey's clock: read them on it too (a --redis on a host
         # whose clock differs from this one's must not make a live worker look lost).
         self._clock = clock or ServerClock(client).now
-        self.engines = {_key(u): Engine(_key(u)) for u in engines}
+        self.engines = {_key(u): EngineState(_key(u)) for u in engines}
         self.in_flight: int | None = None
         self._due = 0.0
 
@@ -72,7 +72,7 @@ class FleetView:
             if w.engine:
                 by_engine.setdefault(_key(w.engine), []).append(w)
         for url in by_engine:  # a worker joined from another host: its engine too
-            self.engines.setdefault(url, Engine(url, since=now))
+            self.engines.setdefault(url, EngineState(url, since=now))
         for engine in self.engines.values():
             ws = by_engine.get(engine.url, [])
             answering = [w for w in ws if _answering(w)]
@@ -89,7 +89,7 @@ class FleetView:
             engine.up, engine.since = bool(answering), now
 
     @staticmethod
-    def _gone_line(engine: Engine, workers: list[status.WorkerStatus], now: float) -> str:
+    def _gone_line(engine: EngineState, workers: list[status.WorkerStatus], now: float) -> str:
         if not workers:
             return (f"engine {engine.url} has no worker alive since {_clock(now)}: nothing is "
                     "sent to it")

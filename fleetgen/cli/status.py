@@ -1,4 +1,9 @@
-"""`fleetgen status`: counts, rates and ETA of a run, once, live (--watch) or as JSON."""
+"""`fleetgen status`: counts, rates and ETA of a run, once, live (--watch) or as JSON.
+
+Totals, queue depth, in-flight prompts, truncation rate, ETA and a row per worker (done, in
+flight, rows/s, tokens/s, health), read from Redis alone. With --watch the table refreshes and
+rates are measured between refreshes; --json --watch prints one JSON object per line.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +17,15 @@ from fleetgen.base import exitcodes
 from fleetgen.base.contract import runs_index_key
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redis_url, text
+from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.signals import sigterm_flag
 from fleetgen.monitor import status
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "status", help="show a run's progress, rates and ETA",
-        description="Totals, queue depth, in-flight prompts, truncation rate, ETA and a row "
-        "per worker (done, in flight, rows/s, tokens/s, health), read from Redis alone. "
-        "With --watch the table refreshes and rates are measured between refreshes; "
-        "--json --watch prints one JSON object per line.")
+    p = subcommand(sub, "status", "show a run's progress, rates and ETA", __doc__, run)
     p.add_argument("--run", help="run name (default: list the runs)")
-    p.add_argument("--redis", help="Redis URL (default: $FLEETGEN_REDIS_URL)")
+    redis_option(p)
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument("--interval", type=float, default=2.0, help="--watch refresh in s (2)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -35,7 +36,6 @@ def add_parser(sub: Any) -> None:
                    "given (PORT 0: any free one, printed); read-only, behind basic auth: "
                    "user:password from $FLEETGEN_STATUS_AUTH, else generated and printed; "
                    "until Ctrl-C")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

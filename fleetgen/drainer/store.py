@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from fleetgen.base.acceptance import CounterSessions, Pool
+from fleetgen.base.bitmap import Bits
 from fleetgen.base.contract import (
     KIND_FAILURE,
     KIND_HOLDOUT,
@@ -36,7 +37,7 @@ class Tally:
     input line (which kind holds it), so a 10-million-row run costs 10 MB here."""
 
     kinds: bytearray = field(default_factory=bytearray)
-    bits: bytearray = field(default_factory=bytearray)  # the lines held, as Redis's bitmap
+    bits: Bits = field(default_factory=Bits)  # the lines held, as Redis's bitmap
     by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     truncated: int = 0
     prompt_tokens: int = 0
@@ -94,9 +95,7 @@ class Tally:
             self.by_kind[previous] -= 1
         self.kinds[line] = CODES[kind]
         self.by_kind[kind] += 1
-        if (line >> 3) >= len(self.bits):
-            self.bits.extend(bytes((line >> 3) + 1 - len(self.bits)))
-        self.bits[line >> 3] |= 0x80 >> (line & 7)
+        self.bits.add(line)
 
     def lines_of(self, kind: str) -> list[int]:
         """The lines (slots) whose outcome in the files is `kind`."""
@@ -104,14 +103,8 @@ class Tally:
         return [line for line, held in enumerate(self.kinds) if held == code]
 
     def missing_from(self, done: bytes) -> list[int]:
-        """Lines held here whose bit is clear in `done` (a Redis bitmap, bit 0 the most
-        significant of byte 0): one big-integer operation, then only the non-zero bytes."""
-        size = len(self.bits)
-        held = int.from_bytes(self.bits, "big")
-        diff = (held & ~int.from_bytes(done[:size].ljust(size, b"\0"), "big")).to_bytes(
-            size, "big")
-        return [(index << 3) | bit for index, byte in enumerate(diff) if byte
-                for bit in range(8) if byte & (0x80 >> bit)]
+        """Lines held here whose bit is clear in `done` (the run's Redis bitmap)."""
+        return self.bits.not_in(done)
 
 
 def load_file(path: Path, kind: str, tally: Tally) -> None:

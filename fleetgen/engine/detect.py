@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import httpx
 
 from fleetgen.base.errors import ConfigError, EngineUnreachable
-from fleetgen.engine.http import auth_headers, optional_json
+from fleetgen.engine.http import optional_json, server_client
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,7 @@ def detect(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -
     """SGLang (and its router) answer /server_info or /get_server_info: native /generate.
     llama.cpp answers /props, vLLM and others /v1/models: /v1/completions."""
     try:
-        with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
-                          timeout=timeout_s) as http:
+        with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
             return _detect(http, base_url)
     except httpx.ConnectError as exc:
         raise EngineUnreachable(f"cannot connect to {base_url}: {exc}") from exc

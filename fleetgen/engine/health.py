@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from fleetgen.engine.http import server_client
+
 READY_PATHS = ("/ready", "/readiness", "/health")
 
 
@@ -30,7 +32,9 @@ class State(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Probe:
+class Readiness:
+    """What one readiness probe found: the state, and the path and answer that tell it."""
+
     state: State
     detail: str
 
@@ -45,24 +49,24 @@ class Probe:
 
 
 def probe(http: httpx.Client, timeout_s: float = 2.0, paths: tuple[str, ...] = READY_PATHS,
-          ) -> tuple[Probe, str | None]:
+          ) -> tuple[Readiness, str | None]:
     """Probe with `http` (its base URL is the server). Returns the result and the path that
     answered, to be passed back as `paths=(path,)` next time."""
     for path in paths:
         try:
             response = http.get(path, timeout=timeout_s)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return Probe(State.REFUSED, f"{path}: cannot connect ({type(exc).__name__})"), None
+            return Readiness(State.REFUSED, f"{path}: cannot connect ({type(exc).__name__})"), None
         except httpx.TimeoutException:
-            return Probe(State.SLOW, f"{path}: no answer within {timeout_s:g} s"), path
+            return Readiness(State.SLOW, f"{path}: no answer within {timeout_s:g} s"), path
         except httpx.HTTPError as exc:
-            return Probe(State.REFUSED, f"{path}: {type(exc).__name__}"), None
+            return Readiness(State.REFUSED, f"{path}: {type(exc).__name__}"), None
         if response.status_code == 404 and path != paths[-1]:
             continue
         if response.status_code == 200:
-            return Probe(State.READY, f"{path} 200"), path
-        return Probe(State.NOT_READY, f"{path} answered {response.status_code}"), path
-    return Probe(State.NOT_READY, "no readiness endpoint"), None
+            return Readiness(State.READY, f"{path} 200"), path
+        return Readiness(State.NOT_READY, f"{path} answered {response.status_code}"), path
+    return Readiness(State.NOT_READY, "no readiness endpoint"), None
 
 
 class Prober:
@@ -74,18 +78,17 @@ class Prober:
         self.timeout_s = timeout_s
         self._paths: tuple[str, ...] = READY_PATHS
 
-    def __call__(self) -> Probe:
+    def __call__(self) -> Readiness:
         result, path = probe(self._http, self.timeout_s, self._paths)
         if path is not None:
             self._paths = (path,)
         return result
 
 
-def probe_url(base_url: str, timeout_s: float = 2.0, api_key: str | None = None) -> Probe:
+def probe_url(base_url: str, timeout_s: float = 2.0, api_key: str | None = None) -> Readiness:
     """One probe of a server by URL (health endpoints need no API key on SGLang, but a
     router or proxy in front may want one)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=headers) as http:
+    with server_client(base_url, api_key=api_key) as http:
         return probe(http, timeout_s)[0]
 
 
@@ -100,20 +103,19 @@ class Watch:
     def __init__(self, base_url: str, *, interval_s: float, gone_after_s: float,
                  timeout_s: float = 2.0, api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers)
+        self._http = server_client(base_url, api_key=api_key)
         self._interval_s = interval_s
         self._gone_after_s = gone_after_s
         self._timeout_s = timeout_s
         self._clock = clock
         self._probe = Prober(self._http, timeout_s)
-        self._last = Probe(State.NOT_READY, "not probed yet")
+        self._last = Readiness(State.NOT_READY, "not probed yet")
         self._up_until: float | None = None  # when it was last seen up; None: not yet
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
-    def last(self) -> Probe:
+    def last(self) -> Readiness:
         return self._last
 
     def up(self) -> bool:
@@ -133,7 +135,7 @@ class Watch:
             return 0.0
         return self._clock() - self._up_until
 
-    def check(self) -> Probe:
+    def check(self) -> Readiness:
         """One probe now (the thread calls this; so may a caller that must not wait)."""
         result = self._probe()
         if result.up:
@@ -161,4 +163,4 @@ class Watch:
             try:
                 self.check()
             except Exception as exc:  # a probe bug must not end the watch and freeze its state
-                self._last = Probe(State.NOT_READY, f"probe failed: {exc!r}")
+                self._last = Readiness(State.NOT_READY, f"probe failed: {exc!r}")

@@ -14,6 +14,8 @@ from fleetgen.base import errors
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # The header of a body serialized with orjson (`content=`), as httpx's `json=` would set it.
 JSON_HEADERS = {"Content-Type": "application/json"}
+# httpx's own default timeout, for a client whose calls each say their own.
+HTTPX_TIMEOUT_S = 5.0
 
 
 def from_transport(exc: httpx.HTTPError) -> errors.EngineError:
@@ -54,6 +56,14 @@ def response_json(response: httpx.Response) -> Any:
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def server_client(base_url: str, *, api_key: str | None = None,
+                  timeout_s: float = HTTPX_TIMEOUT_S) -> httpx.Client:
+    """A client of one server for a few reads (its limits, probes, doctor's checks): the base
+    URL without its trailing slash, the API key as a bearer token."""
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
+                        timeout=timeout_s)
 
 
 def optional_json(http: httpx.Client, path: str) -> Any:

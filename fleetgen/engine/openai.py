@@ -11,26 +11,21 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
-import orjson
 
 from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.base.reasoning import THINK_END, THINK_START
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
-from fleetgen.engine.health import Prober
+from fleetgen.engine.client import EngineClient
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
-    ThreadPosts,
-    auth_headers,
     error_message,
-    from_transport,
     get_json,
     optional_json,
     positive_int,
-    response_json,
+    server_client,
 )
-from fleetgen.engine.sglang import PROBE_TIMEOUT_S
 from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
 from fleetgen.engine.sglang import parse_context_error as sglang_context_error
@@ -96,6 +91,12 @@ class ContextRule:
 
 RULES: dict[str, LengthRule] = {VLLM: ContextRule(VLLM), LLAMA_CPP: ContextRule(LLAMA_CPP),
                                 SGLANG: SGLANG_RULE}
+
+
+def rule_for(engine: str) -> LengthRule:
+    """The length rule of the engine behind the protocol; vLLM's for one it does not know."""
+    return RULES.get(engine, RULES[VLLM])
+
 
 # vLLM: "This model's maximum context length is 4096 tokens. However, your prompt contains
 # 5000 input tokens, ..." (renderers/params.py `_token_len_check`); older: "However, you
@@ -166,34 +167,21 @@ def from_response(response: httpx.Response, sent: int | None = None) -> errors.E
     return errors.PermanentError(message, status)
 
 
-class OpenAIClient:
-    """Talks to one OpenAI-protocol server. Raises only fleetgen.base.errors.EngineError."""
+class OpenAIClient(EngineClient):
+    """Talks to one OpenAI-protocol server through /v1/completions, in the extensions of the
+    engine its limits name (vllm, llama.cpp or sglang)."""
 
     def __init__(self, base_url: str, *, timeout_s: float, concurrency: int,
-                 api_key: str | None = None, model: str | None = None,
-                 rule: LengthRule = RULES[VLLM], engine: str = VLLM) -> None:
-        limits = httpx.Limits(max_connections=concurrency + 4,
-                              max_keepalive_connections=concurrency + 4)
-        timeout = httpx.Timeout(timeout_s, connect=5.0, pool=timeout_s)
-        self.base_url = base_url.rstrip("/")
-        self.rule = rule
-        self.model = model
-        self.engine = engine  # vllm, llama.cpp or sglang: whose extensions the body uses
-        self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
-                                  limits=limits, timeout=timeout)
-        self._probe = Prober(self._http, PROBE_TIMEOUT_S)
-        # Generations go through a transport of their own per pool thread (see ThreadPosts);
-        # probes and the rest through the shared client.
-        self._posts = ThreadPosts(self.base_url, headers=auth_headers(api_key),
-                                      timeout=timeout)
+                 limits: ServerLimits, api_key: str | None = None) -> None:
+        super().__init__(base_url, timeout_s=timeout_s, concurrency=concurrency,
+                         api_key=api_key)
+        self.rule = rule_for(limits.engine)
+        self.model = limits.model
+        self.engine = limits.engine  # whose extensions the body uses
         # vLLM reports acceptance only on /metrics: each result carries the counters' growth
         # since this worker began (fleetgen/engine/speculation.py), off for other engines.
         self._spec = CounterDeltas(functools.partial(get_vllm_counters, self._http)
-                                   if engine == VLLM else lambda: None)
-
-    def close(self) -> None:
-        self._posts.close()
-        self._http.close()
+                                   if self.engine == VLLM else lambda: None)
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any], rid: str,
@@ -202,20 +190,10 @@ class OpenAIClient:
                                self.engine)
         self._spec.prime()
         started = time.monotonic()
-        try:
-            # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`:
-            # its logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the
-            # body) and llama.cpp's server (tools/server) never read the header.
-            response = self._posts.post("/v1/completions", orjson.dumps(body),
-                                        {"X-Request-Id": rid})
-        except httpx.HTTPError as exc:
-            raise from_transport(exc) from exc
-        if response.status_code != 200:
-            raise from_response(response, len(input_ids))
-        try:
-            data = response_json(response)
-        except ValueError as exc:
-            raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
+        # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`: its
+        # logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the body) and
+        # llama.cpp's server (tools/server) never read the header.
+        data = self._post("/v1/completions", body, {"X-Request-Id": rid})
         # The OpenAI answer carries no timing (SGLang's native meta_info has `e2e_latency`):
         # the request's wall time as this client saw it, queueing in the server included.
         gen = replace(parse_completion(data, options.logprobs),
@@ -223,10 +201,8 @@ class OpenAIClient:
         counters = self._spec.snapshot()
         return gen if counters is None else replace(gen, spec_counters=counters)
 
-    def healthy(self) -> bool:
-        """Ready or slow (never a generation probe): /ready (SGLang), /health (vLLM, llama.cpp
-        answer it at once)."""
-        return self._probe().up
+    def refusal(self, response: httpx.Response, body: dict[str, Any]) -> errors.EngineError:
+        return from_response(response, len(body["prompt"]))
 
 
 def completion_body(input_ids: list[int], max_tokens: int, sampling: dict[str, Any],
@@ -254,13 +230,7 @@ def vllm_options(options: GenerateOptions) -> dict[str, Any]:
     `token_id:N` (`OpenAIServingCompletion._create_completion_logprobs`) and no id is lost to
     two tokens that print alike. K above the server's `--max-logprobs` (20 by default) is its
     own 400. A reasoning parser on the server lets a grammar wait for the reasoning end."""
-    extra: dict[str, Any] = {}
-    if options.keep_special_tokens:
-        # return_token_ids echoes the prompt's ids too (`prompt_token_ids`): a few bytes per
-        # prompt token of answer, the price of counting the reasoning exactly.
-        extra.update(skip_special_tokens=False, return_token_ids=True)
-    if options.token_ids:
-        extra["return_token_ids"] = True
+    extra = _special_and_ids(options)
     if options.json_schema is not None:
         extra["structured_outputs"] = {"json": options.json_schema}
     if options.logprobs > 0:
@@ -306,15 +276,24 @@ def sglang_options(options: GenerateOptions) -> dict[str, Any]:
             "SGLang's /v1/completions returns log-probabilities keyed by token text, not "
             "token ids; use its native protocol for --logprobs (FLEETGEN_ENGINE_PROTOCOL="
             "sglang)")
-    extra: dict[str, Any] = {}
-    if options.keep_special_tokens:
-        extra.update(skip_special_tokens=False, return_token_ids=True)
-    if options.token_ids:
-        # serving_completions.py `_build_completion_response`: the choice's `token_ids` is
-        # `ret_item["output_ids"]` when `return_token_ids`.
-        extra["return_token_ids"] = True
+    extra = _special_and_ids(options)
     if options.json_schema is not None:
         extra["json_schema"] = options.json_schema
+    return extra
+
+
+def _special_and_ids(options: GenerateOptions) -> dict[str, Any]:
+    """What vLLM's and SGLang's /v1 name alike: `skip_special_tokens` false keeps `<think>` in
+    the text; `return_token_ids` puts the answer's ids in the choice's `token_ids` (SGLang:
+    serving_completions.py `_build_completion_response`, from `ret_item["output_ids"]`), asked
+    with kept special tokens too, to count the reasoning exactly. vLLM's echoes the prompt's
+    ids as well (`prompt_token_ids`): a few bytes per prompt token of answer, that count's
+    price."""
+    extra: dict[str, Any] = {}
+    if options.keep_special_tokens:
+        extra["skip_special_tokens"] = False
+    if options.keep_special_tokens or options.token_ids:
+        extra["return_token_ids"] = True
     return extra
 
 
@@ -419,8 +398,7 @@ def read_limits(base_url: str, *, api_key: str | None = None,
     """llama.cpp: `/props` (`default_generation_settings.n_ctx` is the per-slot context,
     `total_slots` the parallel slots). vLLM: `/v1/models` `max_model_len`. SGLang: as its own
     protocol reads them."""
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
-                      timeout=timeout_s) as http:
+    with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
         models = get_json(http, "/v1/models")
         entry = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
         props = _optional_json(http, "/props")
@@ -456,14 +434,12 @@ class OpenAIProtocol:
     rule: LengthRule = RULES[VLLM]
 
     def rule_for(self, limits: ServerLimits) -> LengthRule:
-        return RULES.get(limits.engine, RULES[VLLM])
+        return rule_for(limits.engine)
 
     def connect(self, base_url: str, *, timeout_s: float, concurrency: int,
                 api_key: str | None = None) -> Engine:
-        limits = read_limits(base_url, api_key=api_key)
         return OpenAIClient(base_url, timeout_s=timeout_s, concurrency=concurrency,
-                            api_key=api_key, model=limits.model, rule=self.rule_for(limits),
-                            engine=limits.engine)
+                            limits=read_limits(base_url, api_key=api_key), api_key=api_key)
 
     def read_limits(self, base_url: str, *, api_key: str | None = None,
                     timeout_s: float = 10.0) -> ServerLimits:

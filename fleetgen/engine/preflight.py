@@ -34,6 +34,9 @@ LLAMA_VERBOSE_BUILD = "b9754"
 
 @dataclass(frozen=True)
 class Check:
+    """One line of `check`'s and `doctor`'s report: what was checked, whether it passed, what
+    the server answered."""
+
     name: str
     ok: bool
     detail: str

@@ -10,27 +10,21 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
-import orjson
 
 from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
-from fleetgen.engine.health import Prober
+from fleetgen.engine.client import EngineClient
 from fleetgen.engine.http import (
     RETRYABLE_STATUSES,
-    ThreadPosts,
-    auth_headers,
     error_message,
-    from_transport,
     get_json,
     positive_int,
-    response_json,
+    server_client,
 )
 from fleetgen.engine.preflight import combine
 
-# A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
-PROBE_TIMEOUT_S = 2.0
 # schedule_batch.py FINISH_MATCHED_TOKEN / FINISH_MATCHED_STR / FINISHED_MATCHED_REGEX report
 # "stop", FINISH_LENGTH "length": the only finishes that are whole answers.
 FINISHED = frozenset({"stop", "length"})
@@ -85,55 +79,19 @@ class SGLangRule:
 RULE = SGLangRule()
 
 
-class SGLangClient:
-    """Talks to one SGLang server (or router). Raises only fleetgen.base.errors.EngineError."""
+class SGLangClient(EngineClient):
+    """Talks to one SGLang server (or router) through its native /generate."""
 
     rule = RULE
-
-    def __init__(self, base_url: str, *, timeout_s: float, concurrency: int,
-                 api_key: str | None = None) -> None:
-        # The shared client: probes and limits (generations use ThreadPosts below).
-        limits = httpx.Limits(max_connections=concurrency + 4,
-                              max_keepalive_connections=concurrency + 4)
-        timeout = httpx.Timeout(timeout_s, connect=5.0, pool=timeout_s)
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(api_key),
-                                  limits=limits, timeout=timeout)
-        self._probe = Prober(self._http, PROBE_TIMEOUT_S)
-        # Generations go through a transport of their own per pool thread (see ThreadPosts);
-        # probes and the rest through the shared client.
-        self._posts = ThreadPosts(self.base_url, headers=auth_headers(api_key),
-                                      timeout=timeout)
-
-    def close(self) -> None:
-        self._posts.close()
-        self._http.close()
 
     def generate(self, input_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any], rid: str,
                  options: GenerateOptions = PLAIN) -> Generation:
         body = generate_body(input_ids, max_new_tokens, sampling, rid, options)
-        data = self._post("/generate", body)
-        return parse_generation(data)
+        return parse_generation(self._post("/generate", body))
 
-    def healthy(self) -> bool:
-        # /ready, not /health: 0.5.23's /health (http_server.py `health_generate`) submits a
-        # generation and polls it once a second, so it takes >= 1 s and up to 20 s when busy.
-        return self._probe().up
-
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            # orjson both ways: httpx's `json=` and `.json()` are the stdlib's, ~5x slower
-            # on a body of token ids.
-            response = self._posts.post(path, orjson.dumps(body))
-        except httpx.HTTPError as exc:
-            raise from_transport(exc) from exc
-        if response.status_code != 200:
-            raise from_response(response)
-        try:
-            return response_json(response)
-        except ValueError as exc:
-            raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
+    def refusal(self, response: httpx.Response, body: dict[str, Any]) -> errors.EngineError:
+        return from_response(response)
 
 
 def generate_body(input_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
@@ -309,8 +267,7 @@ def read_limits(base_url: str, *, api_key: str | None = None,
     """Context length from /v1/models (`max_model_len`), the rest from the server info
     (http_server.py `server_info`): KV capacity, the input limit, the speculative reserve, the
     running requests in force, and whether a sampling seed is honoured."""
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
-                      timeout=timeout_s) as http:
+    with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
         models = get_json(http, "/v1/models")
         entry = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
         context = entry.get("max_model_len")
@@ -369,8 +326,7 @@ def listed_servers(http: httpx.Client) -> list[str]:
 def servers_behind(base_url: str, *, api_key: str | None = None,
                    timeout_s: float = 10.0) -> list[str]:
     """The servers behind `base_url` if it is an SGLang router, else []."""
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
-                      timeout=timeout_s) as http:
+    with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
         info = _server_info(http)
         return listed_servers(http) if info.get("router_manager") else []
 

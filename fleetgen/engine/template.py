@@ -31,7 +31,7 @@ import httpx
 
 from fleetgen.base import errors
 from fleetgen.engine.api import ServerLimits
-from fleetgen.engine.http import auth_headers, error_message, from_transport
+from fleetgen.engine.http import error_message, from_transport, server_client
 from fleetgen.engine.preflight import Check
 
 Messages = Sequence[Mapping[str, Any]]
@@ -40,18 +40,21 @@ SHOWN_TOKENS = 6
 
 
 @dataclass(frozen=True)
-class Probe:
+class ChatProbe:
+    """One conversation rendered by both sides, with the template options it adds."""
+
     name: str
     messages: tuple[dict[str, str], ...]
     template_kwargs: dict[str, Any]  # over the run's --chat-template-kwargs
 
 
 PROBES = (
-    Probe("one user turn", ({"role": "user", "content": "What is the capital of France?"},), {}),
-    Probe("one user turn, enable_thinking false",
-          ({"role": "user", "content": "What is the capital of France?"},),
-          {"enable_thinking": False}),
-    Probe("system + history with reasoning_content", (
+    ChatProbe("one user turn",
+              ({"role": "user", "content": "What is the capital of France?"},), {}),
+    ChatProbe("one user turn, enable_thinking false",
+              ({"role": "user", "content": "What is the capital of France?"},),
+              {"enable_thinking": False}),
+    ChatProbe("system + history with reasoning_content", (
         {"role": "system", "content": "You are a concise assistant."},
         {"role": "user", "content": "Name a prime number."},
         {"role": "assistant", "content": "7", "reasoning_content": "Primes: 2, 3, 5, 7."},
@@ -109,13 +112,12 @@ def compare_templates(base_url: str, limits: ServerLimits, renderer: ChatRendere
                       run_kwargs: Mapping[str, Any], *, api_key: str | None = None,
                       timeout_s: float = 60.0) -> list[Comparison]:
     """Every probe through the server's chat path and through `renderer`."""
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
-                      timeout=timeout_s) as http:
+    with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
         return [_compare(http, limits, renderer, probe, {**run_kwargs, **probe.template_kwargs})
                 for probe in PROBES]
 
 
-def _compare(http: httpx.Client, limits: ServerLimits, renderer: ChatRenderer, probe: Probe,
+def _compare(http: httpx.Client, limits: ServerLimits, renderer: ChatRenderer, probe: ChatProbe,
              kwargs: dict[str, Any]) -> Comparison:
     messages = [dict(m) for m in probe.messages]
     try:

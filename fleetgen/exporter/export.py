@@ -17,7 +17,7 @@ from fleetgen.exporter.source import KINDS, DrainedRun
 
 
 @dataclass(frozen=True)
-class Options:
+class ExportOptions:
     format: str
     out: Path | None = None  # default: DIR/export.<format>.jsonl (.parquet)
     reasoning: str = "keep"
@@ -60,7 +60,7 @@ def writes_parquet(fmt: str, out: Path) -> bool:
     return fmt == "parquet" or (fmt in PARQUET_TWINS and out.suffix == PARQUET_SUFFIX)
 
 
-def export(directory: Path, options: Options,
+def export(directory: Path, options: ExportOptions,
            progress: Callable[[int], None] = lambda nbytes: None,
            on_open: Callable[[int], None] = lambda total: None) -> Report:
     """Write the export. The files are read twice (an index, then the records in input
@@ -98,7 +98,7 @@ def export(directory: Path, options: Options,
                       dict(selection.left_out), info.stopped)
 
 
-def _write(source: DrainedRun, f: BinaryIO, options: Options, out: Path,
+def _write(source: DrainedRun, f: BinaryIO, options: ExportOptions, out: Path,
            selection: Selection, prompt_ids: tokens.PromptIds | None = None
            ) -> tuple[int, int]:
     if options.format == "conversations":
@@ -116,7 +116,7 @@ def _write(source: DrainedRun, f: BinaryIO, options: Options, out: Path,
     return openai_batch.write(source, f, ctx)
 
 
-def _refuse_turns(source: DrainedRun, options: Options, out: Path) -> None:
+def _refuse_turns(source: DrainedRun, options: ExportOptions, out: Path) -> None:
     """openai-batch has one response per request line; a `--turns all` conversation is several
     requests, each built on the answer before it, which no Batch input line asked for."""
     settings = (source.info.summary or {}).get("settings") or {}
@@ -132,7 +132,7 @@ def _refuse_turns(source: DrainedRun, options: Options, out: Path) -> None:
                           "only for now; give --out a .jsonl name")
 
 
-def _prompt_ids(source: DrainedRun, options: Options) -> tokens.PromptIds | None:
+def _prompt_ids(source: DrainedRun, options: ExportOptions) -> tokens.PromptIds | None:
     if options.format != "tokens":
         return None
     settings = (source.info.summary or {}).get("settings")

@@ -29,7 +29,7 @@ import orjson
 
 from fleetgen.base.contract import KIND_REJECTED, KIND_RESULT
 from fleetgen.exporter import shape
-from fleetgen.exporter.source import KINDS, DrainedRun, Outcome
+from fleetgen.exporter.source import KINDS, DrainedLine, DrainedRun
 
 DEFAULT_MODEL = "fleetgen"
 REJECTED_STATUS = 400  # what the engine answers a request it cannot take
@@ -43,7 +43,7 @@ class Context:
     reasoning: str
 
 
-def batch_line(group: list[Outcome], ctx: Context) -> dict[str, Any]:
+def batch_line(group: list[DrainedLine], ctx: Context) -> dict[str, Any]:
     """The output line of one input line, from its outcomes (one per sample, in order).
 
     Follows vLLM 0.33 `run_request` (vllm/entrypoints/launchers/run_batch.py): an answer is
@@ -69,7 +69,7 @@ def batch_line(group: list[Outcome], ctx: Context) -> dict[str, Any]:
     return line
 
 
-def _custom_id(group: list[Outcome]) -> str:
+def _custom_id(group: list[DrainedLine]) -> str:
     """The input line's custom_id: a Batch row's own; for other rows the id, which is what a
     Batch row's id is too. A duplicate row's rejection names the id it repeats."""
     for outcome in group:
@@ -81,7 +81,7 @@ def _custom_id(group: list[Outcome]) -> str:
     return str(group[0].record["id"])
 
 
-def _error(errors: list[Outcome], answered: int) -> tuple[int | None, dict[str, Any]]:
+def _error(errors: list[DrainedLine], answered: int) -> tuple[int | None, dict[str, Any]]:
     """The line's status and error, from its first unanswered sample; when other samples were
     answered, the message says how many were not."""
     kind, record, _ = errors[0]

@@ -15,7 +15,7 @@ bodies differ in shape from row to row); the file's metadata lists these columns
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -133,25 +133,37 @@ def write_rows(source: DrainedRun, out: BinaryIO,
             builder.add(to_row(record), size)
 
     index = source.index((KIND_RESULT,), observe=observe)
-    schema = builder.schema(source.info.run)
     json_columns = builder.json
-    written = 0
-    rows: list[dict[str, Any]] = []
-    size = 0
-    with pq.ParquetWriter(out, schema) as writer:
+
+    def batches() -> Iterator[list[dict[str, Any]]]:
+        rows: list[dict[str, Any]] = []
+        size = 0
         for group in index.groups():
             for outcome in group:
                 if selection.admit(outcome.record):
                     rows.append(_encoded(to_row(outcome.record), json_columns))
                     size += outcome.size
             if len(rows) >= GROUP_ROWS or size >= GROUP_BYTES:
-                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-                written += len(rows)
+                yield rows
                 rows, size = [], 0
-        if rows or not written:
-            writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-            written += len(rows)
-    return written, index.superseded
+        yield rows
+
+    return write_row_groups(out, builder.schema(source.info.run), batches()), index.superseded
+
+
+def write_row_groups(out: BinaryIO, schema: pa.Schema,
+                     batches: Iterable[list[dict[str, Any]]]) -> int:
+    """One Parquet file, each non-empty batch of rows a row group (no rows at all: one empty
+    group, so that the file still has its schema); returns the rows written."""
+    written = 0
+    with pq.ParquetWriter(out, schema) as writer:
+        for batch in batches:
+            if batch:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                written += len(batch)
+        if not written:
+            writer.write_table(pa.Table.from_pylist([], schema=schema))
+    return written
 
 
 def _encoded(row: dict[str, Any], json_columns: set[str]) -> dict[str, Any]:

@@ -33,7 +33,9 @@ NO_SAMPLE = -1  # the sort key of a record without `sample`: a row asked for onc
 Observer = Callable[[dict[str, Any], int], None]
 
 
-class Outcome(NamedTuple):
+class DrainedLine(NamedTuple):
+    """One outcome as the output files hold it: its kind (the file), its record, its size."""
+
     kind: str
     record: dict[str, Any]
     size: int  # bytes of its line in the output file
@@ -79,12 +81,12 @@ class Index:
     def __len__(self) -> int:
         return len(self.order)
 
-    def groups(self) -> Iterator[list[Outcome]]:
+    def groups(self) -> Iterator[list[DrainedLine]]:
         """One list per input line, its samples in order, one outcome per sample (per
         sample and turn, turns in order, for a --turns all run)."""
         lines, samples, turns = (self.columns[k] for k in ("line", "sample", "turn"))
         kinds, offsets, lengths = (self.columns[k] for k in ("kind", "offset", "length"))
-        group: list[Outcome] = []
+        group: list[DrainedLine] = []
         current = (-1, -1, -1)  # no line has this key
         for position in _positions(self.order):
             key = (lines[position], samples[position], turns[position])
@@ -97,7 +99,7 @@ class Index:
             current = key
             raw = os.pread(self.files[kinds[position]].fileno(), lengths[position],
                            offsets[position])
-            group.append(Outcome(KINDS[kinds[position]], orjson.loads(raw), len(raw)))
+            group.append(DrainedLine(KINDS[kinds[position]], orjson.loads(raw), len(raw)))
             self.progress(len(raw))
         if group:
             yield group

@@ -29,7 +29,6 @@ from typing import Any, BinaryIO
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.errors import ConfigError, InputError
@@ -37,6 +36,7 @@ from fleetgen.base.outcomes import ids_digest
 from fleetgen.base.outdir import SUMMARY
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import Selection, unfinished
+from fleetgen.exporter.parquet import write_row_groups
 from fleetgen.exporter.source import DrainedRun
 
 PARQUET_SUFFIX = ".parquet"
@@ -174,20 +174,20 @@ def _write_jsonl(rows: Iterator[dict[str, Any]], out: BinaryIO) -> int:
 
 def _write_parquet(rows: Iterator[dict[str, Any]], out: BinaryIO,
                    schema: pa.Schema = SCHEMA) -> int:
-    written = tokens = 0
+    return write_row_groups(out, schema, _by_tokens(rows))
+
+
+def _by_tokens(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """The rows in batches of about GROUP_TOKENS ids each (the last one the rest)."""
     batch: list[dict[str, Any]] = []
-    with pq.ParquetWriter(out, schema) as writer:
-        for row in rows:
-            batch.append(row)
-            tokens += len(row["input_ids"])
-            if tokens >= GROUP_TOKENS:
-                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-                written += len(batch)
-                batch, tokens = [], 0
-        if batch or not written:
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-            written += len(batch)
-    return written
+    tokens = 0
+    for row in rows:
+        batch.append(row)
+        tokens += len(row["input_ids"])
+        if tokens >= GROUP_TOKENS:
+            yield batch
+            batch, tokens = [], 0
+    yield batch
 
 
 def _where(record: Mapping[str, Any]) -> str:

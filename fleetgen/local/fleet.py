@@ -17,21 +17,30 @@ from fleetgen.local.procs import (
     wait_for,
 )
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.simulator.config import SimConfig
 
 # The simulator's ready line (fleetgen/simulator/cli.py): "serving N server(s) on URL",
 # "URL..LAST_PORT" or "URL, URL, ...", then the limits in parentheses.
 SIM_READY = re.compile(r"fleetgen sim: serving (\d+) server\(s\) on (.+?) \(context")
 
 
+# The simulator's own defaults, the one home of what a simulated GPU is unless said otherwise.
+SIM = SimConfig()
+
+
 @dataclass
 class FleetSpec:
+    """A local fleet: its GPUs (a simulator and a worker each, or real servers), Redis, and
+    the simulated GPU's settings, whose defaults are the simulator's (`SIM`)."""
+
     gpus: int = 8
-    context_length: int = 8192
-    max_running_requests: int = 32
-    ttft_ms: float = 20.0
-    tpot_ms: float = 1.0
-    output_tokens_mean: int = 200
-    seed: int = 0
+    context_length: int = SIM.context_length
+    # Always passed to the simulators: the workers size their pools from it (-c K).
+    max_running_requests: int = SIM.total_slots
+    ttft_ms: float = SIM.ttft_ms
+    tpot_ms: float = SIM.tpot_ms
+    output_tokens_mean: int = SIM.output_tokens_mean
+    seed: int = SIM.seed
     sim_args: list[str] = field(default_factory=list)  # extra `fleetgen sim` flags
     # Flags for single GPUs (a half-speed card, a server that dies): GPUs named here get a
     # simulator process of their own; the others share one.
@@ -47,6 +56,17 @@ class FleetSpec:
     task_events: bool = False  # workers send task events from the start (-E): Flower watches
     redis_password: str | None = None
     redis_url: str | None = None  # an existing Redis (e.g. rediss://); else an embedded Valkey
+
+    def sim_flags(self) -> list[str]:
+        """The `fleetgen sim` flags of each simulated GPU, `sim_args` last."""
+        return ["--context-length", str(self.context_length),
+                "--max-running-requests", str(self.max_running_requests),
+                "--ttft-ms", str(self.ttft_ms), "--tpot-ms", str(self.tpot_ms),
+                # Free prefill unless `sim_args` passes a rate: these fleets run
+                # 25-500x faster than a GPU decodes (docs/simulator.md, Prefill).
+                "--prefill-tokens-per-s", "inf",
+                "--output-tokens-mean", str(self.output_tokens_mean),
+                "--seed", str(self.seed), *self.sim_args]
 
 
 class LocalFleet:
@@ -97,18 +117,10 @@ class LocalFleet:
         return self
 
     def sim_argv(self, count: int, extra: list[str]) -> list[str]:
-        s = self.spec
         # Port 0: each server binds a port of the kernel's choosing and reports it in its
         # ready line, so no two fleets (or anything else) can ever be handed the same one.
         return python_argv("-m", "fleetgen.simulator", "--port", "0", "--count", str(count),
-                           "--context-length", str(s.context_length),
-                           "--max-running-requests", str(s.max_running_requests),
-                           "--ttft-ms", str(s.ttft_ms), "--tpot-ms", str(s.tpot_ms),
-                           # Free prefill unless `sim_args` passes a rate: these fleets run
-                           # 25-500x faster than a GPU decodes (docs/simulator.md, Prefill).
-                           "--prefill-tokens-per-s", "inf",
-                           "--output-tokens-mean", str(s.output_tokens_mean),
-                           "--seed", str(s.seed), *s.sim_args, *extra)
+                           *self.spec.sim_flags(), *extra)
 
     def start_sims(self, timeout_s: float) -> None:
         s = self.spec

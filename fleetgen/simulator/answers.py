@@ -93,6 +93,10 @@ class Style:
     # them, whatever skip_special_tokens says); vLLM matches the text it returns.
     stop_sees_special: bool = True
     stop_trim: bool = True  # SGLang `no_stop_trim: true` keeps the matched string in the text
+    # What holds a plain answer's end-of-turn back: none before `min_new_tokens`, none at all
+    # with `ignore_eos` (the request's sampling params).
+    min_new_tokens: int = 0
+    ignore_eos: bool = False
 
 
 PLAIN = Style()
@@ -126,20 +130,20 @@ def grammar(prompt: Sequence[int] | str, style: Style) -> Any:
 
 
 def compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[int] | str,
-            style: Style = PLAIN, min_new_tokens: int = 0, ignore_eos: bool = False,
-            ) -> Completion:
+            style: Style = PLAIN) -> Completion:
     """The deterministic answer for `key` under this style, cut at `max_new_tokens`; a
     smaller budget gives a prefix of the same answer. A plain answer is `model.generate`'s.
-    A document ends where it ends: `min_new_tokens` and `ignore_eos` do not stretch it."""
-    answer = _compose(key, mean_tokens, max_new_tokens, prompt, style, min_new_tokens,
-                      ignore_eos)
+    A document ends where it ends: the style's `min_new_tokens` and `ignore_eos` do not
+    stretch it."""
+    answer = _compose(key, mean_tokens, max_new_tokens, prompt, style)
     if not style.stop:
         return answer
     return stop_at(answer, style.stop, style.stop_sees_special, style.stop_trim)
 
 
 def _compose(key: int, mean_tokens: int, max_new_tokens: int, prompt: Sequence[int] | str,
-             style: Style, min_new_tokens: int, ignore_eos: bool) -> Completion:
+             style: Style) -> Completion:
+    min_new_tokens, ignore_eos = style.min_new_tokens, style.ignore_eos
     thinks = reasons(prompt, style)
     schema = grammar(prompt, style)
     if not thinks and schema is None:

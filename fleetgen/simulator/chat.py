@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,11 @@ from fleetgen.simulator.answers import THINK_END_ID
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.protocol import (
     ApiError,
+    GenerationRequest,
     InFlight,
-    Job,
-    Outcome,
+    ServedItem,
     bad_request,
+    openai_response,
     parse_completions,
     usage_of,
 )
@@ -68,24 +68,25 @@ def template_messages(raw: Any) -> list[dict[str, Any]]:
     which drops every key whose value is None)."""
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages must be a non-empty list of message objects.")
-    messages = []
-    for index, message in enumerate(raw):
-        if not isinstance(message, dict):
-            raise bad_request(f"messages[{index}] must be an object.")
-        role = message.get("role")
-        if not isinstance(role, str) or role.lower() not in ROLES:
-            allowed = ", ".join(repr(r) for r in sorted(ROLES))
-            raise bad_request(f"messages[{index}]: 'role' must be one of {allowed} "
-                              "(case-insensitive).")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise bad_request(f"messages[{index}]: content must be a string, a list of parts "
-                              "or null.")
-        turn = {key: value for key, value in message.items() if value is not None}
-        turn["role"] = role.lower()
-        turn["content"] = "" if content is None else content
-        messages.append(turn)
-    return messages
+    return [_template_turn(index, message) for index, message in enumerate(raw)]
+
+
+def _template_turn(index: int, message: Any) -> dict[str, Any]:
+    """One message as the template sees it, or the 400 pydantic's validation would give."""
+    if not isinstance(message, dict):
+        raise bad_request(f"messages[{index}] must be an object.")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or role.lower() not in ROLES:
+        allowed = ", ".join(repr(r) for r in sorted(ROLES))
+        raise bad_request(f"messages[{index}]: 'role' must be one of {allowed} "
+                          "(case-insensitive).")
+    if content is not None and not isinstance(content, str | list):
+        raise bad_request(f"messages[{index}]: content must be a string, a list of parts "
+                          "or null.")
+    turn = {key: value for key, value in message.items() if value is not None}
+    turn["role"] = role.lower()
+    turn["content"] = "" if content is None else content
+    return turn
 
 
 def render(config: SimConfig, messages: list[dict[str, Any]], add_generation_prompt: bool,
@@ -124,7 +125,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
 
 
 def parse_chat(body: Any, config: SimConfig, in_flight: InFlight,
-               ids: list[int] | None = None) -> Job:
+               ids: list[int] | None = None) -> GenerationRequest:
     """Render the messages, then run the ids as `/v1/completions` runs a token-id prompt: the
     same length rules, capacity and faults. `max_new_tokens` is `max_completion_tokens or
     max_tokens` (protocol.py `ChatCompletionRequest.to_sampling_params`); the grammar is the
@@ -208,7 +209,7 @@ def json_schema_of(response_format: dict[str, Any]) -> str:
     return json.dumps(schema)
 
 
-def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, str]:
+def _split_reasoning(outcome: ServedItem, config: SimConfig) -> tuple[str | None, str]:
     """With a reasoning parser (`--thinking` without `--no-reasoning-parser`) the message
     carries the reasoning as `reasoning_content` and the rest as `content`; an answer cut short
     inside its reasoning is reasoning only (the parser never saw `</think>`)."""
@@ -229,7 +230,8 @@ def _split_reasoning(outcome: Outcome, config: SimConfig) -> tuple[str | None, s
     return reasoning.strip(), content.lstrip()
 
 
-def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def render_chat(job: GenerationRequest, outcomes: list[ServedItem],
+                config: SimConfig) -> dict[str, Any]:
     """`_build_chat_response`: one choice per sample; `usage.prompt_tokens` is the rendered
     prompt's length once per prompt (meta_info `prompt_tokens`, `_reported_prompt_tokens`);
     `reasoning_tokens` the samples' meta_info counts (`UsageProcessor.
@@ -246,17 +248,12 @@ def render_chat(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[st
             "finish_reason": finish["type"],
             "matched_stop": finish.get("matched"),
         })
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": config.model_name,
-        "choices": choices,
-        "usage": chat_usage(job, outcomes, config),
-    }
+    return openai_response("chat.completion", f"chatcmpl-{uuid.uuid4().hex}", config, choices,
+                           chat_usage(job, outcomes, config))
 
 
-def chat_usage(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def chat_usage(job: GenerationRequest, outcomes: list[ServedItem],
+               config: SimConfig) -> dict[str, Any]:
     thought = sum(answers.reasoning_tokens(o.completion.output_ids,
                                            config.reasoning_parser is not None,
                                            job.extras.require_reasoning) for o in outcomes)

@@ -27,6 +27,15 @@ API_KEY_ENV = "FLEETGEN_SIM_API_KEY"
 # SimConfig's own default is free prefill, the building block of the protocol tests.
 PREFILL_TOKENS_PER_S = 8000.0
 
+# The fault rates' flags and what each does to that fraction of the requests.
+FAULT_RATE_FLAGS = (
+    ("--error-rate", "of requests answered 500/502/503/504"),
+    ("--queue-full-rate", "answered 503 'The request queue is full.'"),
+    ("--hang-rate", "never answered until the client gives up"),
+    ("--drop-rate", "whose connection is closed without an answer"),
+    ("--json-invalid-rate", "of JSON-schema answers written invalid (deterministic per request)"),
+)
+
 logger = logging.getLogger(__name__)
 
 
@@ -158,9 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "token; vLLM: 128-token blocks) (default %(default)s; "
                              "docs/simulator.md)")
     timing.add_argument("--mamba-track-interval", metavar="TOKENS", type=int,
-                        default=d.mamba_track_interval,
-                        help="SGLang's flag: a decoding hybrid request keeps a state this "
-                             "often (default %(default)s)")
+                        default=d.mamba_track_interval, help="SGLang's flag: a decoding "
+                        "hybrid request keeps a state this often (default %(default)s)")
     timing.add_argument("--cache-block-size", metavar="TOKENS", type=int, default=None,
                         help="--flavor vllm: vLLM's --block-size (default: 128, vLLM's on "
                              "CPU; 640 with --prefix-cache hybrid)")
@@ -177,17 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed of answers and faults (default %(default)s)")
 
     faults = parser.add_argument_group("fault injection")
-    faults.add_argument("--error-rate", metavar="RATE", type=float, default=0.0,
-                        help="fraction of requests answered 500/502/503/504")
-    faults.add_argument("--queue-full-rate", metavar="RATE", type=float, default=0.0,
-                        help="fraction answered 503 'The request queue is full.'")
-    faults.add_argument("--hang-rate", metavar="RATE", type=float, default=0.0,
-                        help="fraction never answered until the client gives up")
-    faults.add_argument("--drop-rate", metavar="RATE", type=float, default=0.0,
-                        help="fraction whose connection is closed without an answer")
-    faults.add_argument("--json-invalid-rate", metavar="RATE", type=float, default=0.0,
-                        help="fraction of JSON-schema answers written invalid (deterministic "
-                             "per request)")
+    for flag, what in FAULT_RATE_FLAGS:
+        faults.add_argument(flag, metavar="RATE", type=float, default=0.0,
+                            help=f"fraction {what}")
     faults.add_argument("--extra-prompt-tokens", metavar="N", type=int, default=0,
                         help="count every prompt as N tokens longer than sent")
     faults.add_argument("--die-after-s", metavar="S", type=float, default=None,

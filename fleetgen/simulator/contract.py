@@ -67,12 +67,23 @@ def _seq(value: Any) -> list[Any]:
     return value
 
 
-def _str_or_list(value: Any) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _str(item)
-    elif not isinstance(value, str):
-        raise _invalid(value, "a value or an array of values for StringOrList")
+def _one_or_list(one: Callable[[Any], None], name: str) -> Callable[[Any], None]:
+    """SGLang's `<name>` (StringOrList, ...): one value `one` accepts, or an array of them. A
+    bad item is named by `one`; a bad single value by the union type."""
+    def check(value: Any) -> None:
+        if isinstance(value, list):
+            for item in value:
+                one(item)
+            return
+        try:
+            one(value)
+        except ContractError:
+            raise _invalid(value, f"a value or an array of values for {name}") from None
+
+    return check
+
+
+_str_or_list = _one_or_list(_str, "StringOrList")
 
 
 def _int_list(value: Any) -> None:
@@ -161,20 +172,8 @@ def _token_ids_or_list(value: Any) -> None:
             _int_list(item)
 
 
-def _bool_or_list(value: Any) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _bool(item)
-    elif not isinstance(value, bool):
-        raise _invalid(value, "a value or an array of values for BoolOrList")
-
-
-def _int_or_list(value: Any) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _int(item)
-    elif not isinstance(value, int) or isinstance(value, bool):
-        raise _invalid(value, "a value or an array of values for Int64OrList")
+_bool_or_list = _one_or_list(_bool, "BoolOrList")
+_int_or_list = _one_or_list(_int, "Int64OrList")
 
 
 # The GenerateRequest fields the simulator reads; its other fields are not checked.

@@ -12,6 +12,8 @@ from fleetgen.simulator.config import SimConfig
 # A hung request sleeps this long: far past any sane client timeout, and still
 # cancellable, so a client that gives up frees it at once.
 HANG_S = 3600.0
+# What a hung request gets if its wait ever ends (a backstop: the client gives up first).
+HANG_ANSWER = (504, "The request hung and was given up by the server (simulated fault).")
 
 # What an unhealthy SGLang deployment answers: its own 500/503, and the 502/504 a
 # proxy in front of it adds. Messages are the simulator's own.

@@ -1,4 +1,5 @@
-"""The /server_info body of SGLang 0.5.23, built from the simulator's config.
+"""The info bodies a simulated server answers (/server_info, /model_info, /v1/models), built
+from the simulator's config.
 
 http_server `server_info` returns `build_server_info` (the resolved server args,
 then the scheduler's init info) plus `internal_states`, one per DP rank
@@ -8,6 +9,7 @@ might read are modelled; a real server sends many more.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from fleetgen.simulator.config import SGLANG_VERSION, SimConfig
@@ -76,3 +78,38 @@ def server_info(config: SimConfig, port: int, started_at: float) -> dict[str, An
     info["frontend"] = "python"
     info["simulated_by"] = "fleetgen-sim"
     return info
+
+
+def model_info(config: SimConfig) -> dict[str, Any]:
+    """http_server `get_model_info`."""
+    name = config.model_name
+    return {
+        "model_path": name, "served_model_name": name, "tokenizer_path": name,
+        "is_generation": True, "preferred_sampling_params": None,
+        "weight_version": "default", "load_format": "auto",
+        "reasoning_parser": config.reasoning_parser,
+        "tool_call_parser": None, "disaggregation_mode": "null",
+        "has_image_understanding": False, "has_audio_understanding": False,
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+    }
+
+
+def models(config: SimConfig, created: int) -> dict[str, Any]:
+    """/v1/models: the one served model, as the flavour's server describes it."""
+    name = config.model_name
+    return {"object": "list", "data": [{
+        "id": name, "object": "model", "created": created,
+        "owned_by": {"vllm": "vllm", "llama": "llamacpp"}.get(config.flavor, "sglang"),
+        "root": name, "max_model_len": config.context_length,
+        **(_vllm_model_fields(created) if config.flavor == "vllm" else {}),
+    }]}
+
+
+def _vllm_model_fields(created: int) -> dict[str, Any]:
+    """vLLM's `ModelCard` beyond SGLang's: `parent` and one `ModelPermission`."""
+    return {"parent": None, "permission": [{
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+        "created": created, "allow_create_engine": False, "allow_sampling": True,
+        "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+        "allow_fine_tuning": False, "organization": "*", "group": None,
+        "is_blocking": False}]}

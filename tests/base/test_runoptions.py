@@ -67,7 +67,7 @@ def test_stored_names_are_the_ones_runs_were_started_with() -> None:
     assert set(PINNED) >= PINNED_BEFORE and len(set(PINNED)) == len(PINNED)
     assert {o.stored_as for o in STORED} >= STORED_BEFORE
     assert set(SUMMARY_SETTINGS) >= SUMMARY_BEFORE
-    assert not {o.stored_as for o in TABLE if o.summary and o.secret}
+    assert not {o.stored_as for o in TABLE if o.kept.summary and o.secret}
     assert len({o.name for o in TABLE}) == len(TABLE)
 
 
@@ -90,7 +90,7 @@ def test_every_option_flag_of_a_command_is_the_tables(command: str) -> None:
 
 def test_settings_take_their_defaults_from_the_table() -> None:
     fields = {f.name: f for f in dataclasses.fields(ProducerSettings)}
-    options = {o.name for o in TABLE if o.setting}
+    options = {o.name for o in TABLE if o.kept.setting}
     assert options - set(fields) == set(), "a setting of the table with no field"
     assert set(fields) - options == NOT_OPTIONS, "a field that is no option of the table"
     for name in options:

@@ -19,7 +19,7 @@ from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.monitor.metrics import FleetCollector
 from fleetgen.monitor.status import WorkerStatus, gather, render
-from producer.pipeline import Progress
+from producer.progress import Progress
 from tests.support import held
 from tests.support.cli import fleetgen_cli
 from tests.support.content import assert_fleet_content

@@ -25,6 +25,17 @@ def test_no_help_shows_python_none(command: str) -> None:
     assert "None" not in text, [line for line in text.splitlines() if "None" in line]
 
 
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_command_describes_itself_not_its_module(command: str) -> None:
+    # A command's --help description is the last paragraph of its module's docstring
+    # (fleetgen/cli/flags.py subcommand): a module docstring without it would show the
+    # module's role, written for the reader of the code, or nothing.
+    parser = subcommands()[command]
+    assert parser.description and len(parser.description) > 60, parser.description
+    assert not parser.description.startswith("`fleetgen"), parser.description
+    assert "\n" not in parser.description
+
+
 def test_the_demo_says_how_it_starts_another_run(tmp_path: Path) -> None:
     # The demo has no --run: its run lives in its --out, and a resume that does not match
     # says to use another --out (producer/manifest.py's message takes it from the settings).

@@ -125,6 +125,28 @@ def test_servers_that_do_not_speculate_are_refused(tmp_path: Path) -> None:
     assert done.returncode == exitcodes.CONFIG, done.stdout + done.stderr
     assert "no --engine-url runs a speculative algorithm" in done.stderr
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists(), "a refused run leaves no --out behind"
+
+
+def test_a_server_that_does_not_speculate_is_named_and_its_answers_carry_no_spec(
+        tmp_path: Path) -> None:
+    write_prompts(tmp_path / "holdout.jsonl")
+    with sim(tmp_path, "spec", spec_args(0.6)) as drafting, sim(tmp_path, "plain", []) as plain:
+        done = subprocess.run(fleetgen_cli("run", "holdout.jsonl", "--engine-url", drafting,
+                                           "--engine-url", plain, "--out", "out/mixed",
+                                           "--measure-acceptance"),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    warning = [line for line in done.stderr.splitlines() if "run no speculative" in line]
+    assert len(warning) == 1 and plain in warning[0] and drafting not in warning[0], done.stderr
+    results = [orjson.loads(line) for line in
+               (tmp_path / "out/mixed/results.jsonl").read_bytes().splitlines()]
+    assert len(results) == ROWS
+    by_gpu = defaultdict(set)
+    for r in results:
+        by_gpu[r["worker"].split("@")[0]].add("spec" in r)
+    # gpu0 is the first --engine-url (the drafting one), gpu1 the plain one.
+    assert by_gpu == {"gpu0": {True}, "gpu1": {False}}, by_gpu
 
 
 def test_vllm_servers_acceptance_from_their_counters(tmp_path: Path) -> None:

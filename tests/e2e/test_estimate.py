@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -36,6 +37,16 @@ def fleetgen(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def requests_answered(urls: list[str]) -> float:
+    """Generation requests the servers have answered, from their /metrics."""
+    total = 0.0
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("fleetgen_sim_requests_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) -> None:
     make_prompts(tmp_path / "p.jsonl", ROWS)
     servers = engine_flags(urls)
@@ -43,6 +54,13 @@ def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) 
     assert "--max-output-tokens" in shown.stdout and "4096" in shown.stdout
     est = orjson.loads((tmp_path / "estimate.json").read_bytes())  # the working directory
     assert est["sample"]["answered"] == SAMPLE and est["input"]["rows"] == ROWS
+    # The same command again reuses its sample run (docs/plan.md): the servers see its
+    # pre-flight probes (6 a server today), none of the sample's 300 rows again.
+    asked = requests_answered(urls)
+    fleetgen(tmp_path, "estimate", "p.jsonl", *servers, "--sample", str(SAMPLE))
+    assert requests_answered(urls) - asked <= 8 * len(urls) < SAMPLE
+    again = orjson.loads((tmp_path / "estimate.json").read_bytes())
+    assert again["output_tokens"] == est["output_tokens"] and again["cut_share"] == est["cut_share"]
 
     fleetgen(tmp_path, "run", "p.jsonl", *servers, "--out", "out/full")
     results = [orjson.loads(x) for x in (tmp_path / "out/full/results.jsonl")

@@ -92,6 +92,34 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes_once_there_is_room
           f"command wrote the rest once there was room")
 
 
+def test_a_full_disk_under_the_files_alone_stops_the_drainer_and_the_same_command_resumes(
+        tmp_path: Path) -> None:
+    """The fault on the output files, not on Valkey: the run's Valkey state has a disk of its
+    own (a second tmpfs mounted at out/run/.fleetgen-state), so the drainer is the one that
+    meets ENOSPC, after it has written some rows, and the resume writes the rest once."""
+    prompts = tmp_path / "prompts.jsonl"
+    kinds = make_prompts(prompts, 200)
+    with small_disk(tmp_path / "disk", "96k") as disk, \
+            small_disk(tmp_path / "disk" / OUT / ".fleetgen-state", "64m"), \
+            sim_process(tmp_path / "sim.log", count=2) as urls:
+        full = fleetgen_run(disk.path, prompts, urls)
+        assert full.returncode == exitcodes.DISK_FULL, full.stdout[-3000:] + full.stderr[-3000:]
+        lines = said(full)
+        assert len(lines) == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
+        assert "results.jsonl" in lines[0] and "Valkey" not in lines[0], lines
+        out = disk.path / OUT
+        partial = assert_whole_lines(out)
+        # The fault landed on the drainer mid-run: some rows were written, not all.
+        assert 0 < partial < 200, partial
+        disk.grow("64m")
+        again = fleetgen_run(disk.path, prompts, urls)
+        assert again.returncode == exitcodes.OK, again.stdout[-3000:] + again.stderr[-3000:]
+        data = assert_exactly_once(out, set(kinds["good"]))
+        assert len(data["results"]) == 200
+    print(f"\nfleetgen run, its files on a 96 KiB disk: {lines[0]}; {partial} rows were written "
+          f"before it, the same command wrote the rest once there was room")
+
+
 def assert_whole_lines(out: Path) -> int:
     """Lines in the output files (each whole: a torn one fails here)."""
     total = 0

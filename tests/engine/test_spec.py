@@ -112,7 +112,11 @@ def test_a_server_without_counters_is_never_read_again() -> None:
     from fleetgen.engine.speculation import CounterDeltas
 
     reads: list[int] = []
-    deltas = CounterDeltas(lambda: reads.append(1) or None, clock=lambda: 99.0)
+
+    def read() -> None:  # a server whose /metrics has no spec_decode counters
+        reads.append(1)
+
+    deltas = CounterDeltas(read, clock=lambda: 99.0)
     deltas.prime()
     deltas.prime()
     assert deltas.snapshot() is None and len(reads) == 1

@@ -20,7 +20,8 @@ CITED = re.compile(r"(?<![\w./-])((?:" + "|".join(TOPS) + r")/[\w./-]*\w)")
 # repository shares.
 DOCS = ("README.md", "docs/design.md", "docs/cluster.md", "docs/faults.md",
         "docs/performance.md", "docs/reference.md", "docs/formats.md", "docs/engines.md",
-        "docs/report.md", "docs/training.md", "docs/testing.md", "docs/acceptance.md")
+        "docs/report.md", "docs/training.md", "docs/testing.md", "docs/acceptance.md",
+        "docs/architecture.md")
 PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 # [text](target) and ![alt](target); code (fenced blocks, `spans`) is not a link.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

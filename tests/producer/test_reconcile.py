@@ -13,7 +13,7 @@ from fleetgen.base.contract import QUEUE, RunKeys
 from fleetgen.base.wire import task_payload
 from producer.build import resolve_limits
 from producer.enqueue import Enqueuer
-from producer.pipeline import Producer
+from producer.run import Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import load_tokenizer
 from tests.support.waiting import wait_until

@@ -112,7 +112,7 @@ def expected(ids: list[int], max_tokens: int, config: SimConfig,
              sampling: Mapping[str, Any], options: Mapping[str, Any] | None = None,
              ) -> dict[str, Any]:
     """What the simulator answers for these ids under this budget (fleetgen/simulator/protocol.py
-    `_build_job` and `style_of`, fleetgen/simulator/server.py `_answer`), as a result record
+    `_build_job` and `style_of`, fleetgen/simulator/scheduler.py `_answer`), as a result record
     holds it."""
     options = options or {}
     prompt_tokens = len(ids) + config.extra_prompt_tokens

@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import redis
 
+from fleetgen.base.bitmap import Bits
 from fleetgen.base.contract import QUEUE, RunKeys, worker_key
 from fleetgen.base.redisconn import read_hash
 from fleetgen.base.wire import KOMBU_UNACKED, task_payload
-from producer.reconcile import Bits
 
 
 def worker_name(gpu: int) -> str:

@@ -18,7 +18,7 @@ from fleetgen.base.redisconn import connect
 from fleetgen.cli.job import Beside
 from fleetgen.drainer import Drainer
 from fleetgen.local.fleet import LocalFleet
-from producer.pipeline import Progress
+from producer.progress import Progress
 from producer.runner import produce as produce_run
 from producer.settings import ProducerSettings
 from producer.tokenizer import QwenTokenizer, load_tokenizer

@@ -15,7 +15,13 @@ import pytest
 from fleetgen.base.contract import TaskPayload
 from fleetgen.engine.sglang import SGLangClient, generate_body
 from tests.support.httpd import serving
-from workers.generate import RetryPolicy, generate_one, generate_options, request_id
+from workers.generate import (
+    Pacing,
+    RetryPolicy,
+    generate_one,
+    generate_options,
+    request_id,
+)
 
 ABORTED = {"text": "the model", "output_ids": [1, 2], "meta_info": {
     "id": "r", "prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 0,
@@ -70,7 +76,7 @@ def test_aborted_on_every_attempt_is_a_failure_with_the_abort_message(
     payload = TaskPayload(run="r", line=7, id="x7", input_ids=[1, 2, 3], max_tokens=8,
                           sampling={}, row={})
     kind = generate_one(payload, client, sink, RetryPolicy(max_attempts=3), worker="w",
-                        sleep=lambda _: None, rng=random.Random(0))
+                        pacing=Pacing(sleep=lambda _: None, rng=random.Random(0)))
     client.close()
     assert kind == "failure"
     [(emitted, record)] = sink.emitted

@@ -1,0 +1,38 @@
+"""A local fleet's simulated GPU is `fleetgen sim` at the simulator's own defaults unless its
+spec says otherwise: FleetSpec takes its defaults from SimConfig, so the two cannot disagree."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from fleetgen.local.fleet import FleetSpec
+from fleetgen.simulator.cli import add_arguments, config_from_args
+from fleetgen.simulator.config import SimConfig
+
+
+def parsed(*argv: str) -> SimConfig:
+    """The config `fleetgen sim ARGV` serves with (no server is started)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)))
+
+
+def test_a_local_fleets_gpu_is_the_simulator_at_its_defaults() -> None:
+    fleet, alone = parsed(*FleetSpec().sim_flags()), parsed()
+    assert fleet.total_slots == alone.total_slots
+    # What a local fleet sets on purpose: free prefill (docs/simulator.md, Prefill), and the
+    # slot count passed as a flag, since its workers size their pools from it.
+    deliberate = ("prefill_tokens_per_s", "max_running_requests")
+    differ = {name: (value, asdict(alone)[name]) for name, value in asdict(fleet).items()
+              if name not in deliberate and value != asdict(alone)[name]}
+    assert differ == {}
+
+
+def test_a_spec_that_says_otherwise_is_what_its_simulators_serve() -> None:
+    spec = FleetSpec(context_length=4096, max_running_requests=8, ttft_ms=5, tpot_ms=0.5,
+                     output_tokens_mean=40, seed=7, sim_args=["--flavor", "vllm"])
+    config = parsed(*spec.sim_flags())
+    assert (config.context_length, config.total_slots, config.ttft_ms, config.tpot_ms,
+            config.output_tokens_mean, config.seed, config.flavor) == \
+        (4096, 8, 5, 0.5, 40, 7, "vllm")
