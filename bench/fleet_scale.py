@@ -1,18 +1,23 @@
-"""What N workers cost one Valkey whether or not they produce rows (docs/scale.md): N emulated
-workers, packed many to a process, each on its own kombu connection through fleetgen's
-transport (fleetgen/base/broker.py), holding K + 1 prompts as a GPU's worker does, at the
-seed's row rate (~0.9 rows/s a GPU), with `status` and the live page polled as an operator
-would and the producer's reconciliation scan every 30 s.
+"""What N workers cost one Valkey whether or not they produce rows (docs/scale.md): N workers
+in a few processes, each on its own connection, holding K + 1 prompts as a GPU's worker does,
+at the seed's row rate (~0.9 rows/s a GPU), with `status` and the live page polled as an
+operator would and the producer's reconciliation scan every 30 s.
 
-Each emulated worker runs the worker's own code on each path: a task fetched through kombu
-(`basic_get`: RPOP, then `QoS.append`, the unacked copy and its lease), the worker's
-`generate_one` with the real `StreamSink` (the outcome's script) against an engine that
-answers at once, the ack (`QoS.ack`), the heartbeat with its lease renewal every 2 s
-(`QoS.renew`, `heartbeat.fields`), kombu's sweep every `sweep_interval_s` (`restore_visible`)
-and, at the end, the hand-back (`QoS.restore_unacked`). What it does not run: Celery's
-consumer loop and an idle worker's BRPOP (a worker whose slots are full does not poll).
-Measured per N: Valkey's main-thread CPU (INFO cpu deltas), a bystander's PING every 100 ms
-(its own process), commands/s by command (INFO commandstats deltas), memory, rows/s.
+Real and emulated: the first `REAL` workers of each process run the worker's own code
+through kombu and fleetgen's transport (`Worker`: the take by `basic_get`, `generate_one` with
+the real `StreamSink` against an engine that answers at once, the ack, the heartbeat with its
+renewal every 2 s, kombu's sweep, and the hand-back at the end). The others are wire workers
+(bench/fleet_wire.py) on one event loop a process: the same commands and scripts on each path,
+round trip for round trip (tests/bench/test_fleet_wire.py compares them, counted by Valkey),
+at a fraction of kombu's and redis-py's CPU. Neither runs Celery's consumer loop or an idle
+worker's BRPOP (a worker whose slots are full does not poll).
+
+Placement (`--no-pin` to leave it to the scheduler): Valkey alone on core 0 at SCHED_FIFO, as
+a deployment gives it a core of its own, the bystander on core 1 at SCHED_FIFO, everything
+else on both at normal priority. Measured per N: Valkey's main-thread CPU (INFO cpu deltas), a
+bystander's PING every 100 ms (its own process), commands/s by command (INFO commandstats
+deltas), memory, rows/s, beats/s, lapsed leases, Valkey's slowlog and forks, and the load
+average as each window opened.
 """
 
 from __future__ import annotations
