@@ -21,7 +21,7 @@ from fleetgen.monitor.metrics import FleetCollector
 from fleetgen.monitor.status import WorkerStatus, gather, render
 from producer.progress import Progress
 from tests.support import held
-from tests.support.cli import fleetgen_cli
+from tests.support.cli import Logged, fleetgen_cli
 from tests.support.content import assert_fleet_content
 from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sim_stats, written
 from tests.support.held import worker_name
@@ -266,25 +266,27 @@ def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path:
     fleet = make_fleet()
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out"
     kinds = make_prompts(prompts, N)
-    producer = subprocess.Popen(
+    producer = Logged(
         # A small high-water mark keeps the producer mid-enqueue when Redis goes away.
-        fleetgen_cli("produce", str(prompts), "--run", "vk", "--context-length", "4096",
-                     "--reconcile-interval", "2", "--high-water", "30", "--batch-size", "10",
-                     "--redis", fleet.redis_url),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    drainer = subprocess.Popen(
-        fleetgen_cli("drain", "--run", "vk", "--out", str(out), "--redis", fleet.redis_url),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        tmp_path / "produce.log", "produce", str(prompts), "--run", "vk", "--context-length",
+        "4096", "--reconcile-interval", "2", "--high-water", "30", "--batch-size", "10",
+        "--redis", fleet.redis_url)
+    drainer = Logged(tmp_path / "drain.log", "drain", "--run", "vk", "--out", str(out),
+                     "--redis", fleet.redis_url)
     wait_until(lambda: written(out) >= N // 4, 90, "a quarter of the rows written")
     # Valkey comes back from a copy older than the moment it died (as after a crash that
     # lost unsynced writes, only more): rows queued since the copy are gone with it.
     copy = copy_data(fleet.valkey, tmp_path / "copy")
     wait_until(lambda: written(out) >= N // 2, 90, "half of the rows written")
     restart_from(fleet.valkey, copy)
-    assert drainer.wait(timeout=150) == 0, drainer.stdout.read().decode() if drainer.stdout \
-        else ""
-    assert producer.wait(timeout=30) == 0
-    report = producer.stdout.read().decode() if producer.stdout else ""
+    client = redis.Redis.from_url(fleet.redis_url)
+
+    def stuck() -> str:
+        return (f"{written(out)} rows written; {where_missing(client, 'vk', N, set())}\n"
+                f"the producer's log:\n{producer.text()[-4000:]}")
+
+    drainer.wait(150, also=stuck)
+    report = producer.wait(30)
     requeued = re.search(r"(\d+) re-enqueued after loss", report)
     assert requeued and int(requeued.group(1)) > 0, report  # reconciliation really ran
     print(f"re-enqueued after the restore: {requeued.group(1)}")

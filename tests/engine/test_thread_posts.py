@@ -20,6 +20,9 @@ from fleetgen.local.ports import lease_port
 from tests.support.httpd import serving
 
 TIMEOUT = httpx.Timeout(0.5, connect=1.0)
+# Tests that are not about the timeout wait as an engine's client would: a 0.5 s read timeout
+# fired under a loaded CI (two xdist workers on two cores) and failed a test about connections.
+PATIENT = httpx.Timeout(30.0, connect=10.0)
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -51,7 +54,7 @@ def server() -> Iterator[str]:
 
 
 def test_a_post_carries_its_headers_and_body_and_is_read_whole(server: str) -> None:
-    posts = ThreadPosts(server, headers={"Authorization": "Bearer k"}, timeout=TIMEOUT)
+    posts = ThreadPosts(server, headers={"Authorization": "Bearer k"}, timeout=PATIENT)
     try:
         response = posts.post("/generate", b'{"a": 1}', {"X-Request-Id": "run:1:abc"})
         plain = posts.post("/generate", b'{"a": 2}')
@@ -69,7 +72,7 @@ def test_a_post_carries_its_headers_and_body_and_is_read_whole(server: str) -> N
 
 
 def test_an_error_status_is_a_response_not_an_exception(server: str) -> None:
-    posts = ThreadPosts(server, headers={}, timeout=TIMEOUT)
+    posts = ThreadPosts(server, headers={}, timeout=PATIENT)
     try:
         response = posts.post("/bad", b'{"b": 1}')
     finally:
@@ -78,7 +81,7 @@ def test_an_error_status_is_a_response_not_an_exception(server: str) -> None:
 
 
 def test_each_thread_keeps_one_connection_of_its_own(server: str) -> None:
-    posts = ThreadPosts(server, headers={}, timeout=TIMEOUT)
+    posts = ThreadPosts(server, headers={}, timeout=PATIENT)
 
     def three() -> None:
         for i in range(3):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def fleetgen_cli(*args: str) -> list[str]:
@@ -38,3 +39,40 @@ class Ran:
 
 
 Export = Callable[..., Ran]  # the type of tests/exporter's `export` fixture
+
+
+class Logged:
+    """`fleetgen ARGS...` in the background, its output into a file rather than a pipe: a pipe
+    nobody reads until the end blocks the child once it holds 64 KiB, and a child blocked on a
+    log line looks exactly like one that hangs. `wait` fails with both ends of the log."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.log = log
+        self.name = args[0]
+        with log.open("wb") as sink:
+            self.proc = subprocess.Popen(fleetgen_cli(*args), stdout=sink,
+                                         stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout_s: float, *, also: Callable[[], str] = str) -> str:
+        """Its exit 0 within `timeout_s`, then its output; else kill it and fail with its log
+        (first and last lines) and what `also` says of the run at that moment."""
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            where = also()
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"fleetgen {self.name} still running after {timeout_s} s; "
+                                 f"{where}\n{_ends(self.text())}") from None
+        assert code == 0, f"fleetgen {self.name} exited {code}:\n{_ends(self.text())}"
+        return self.text()
+
+
+def _ends(text: str, lines: int = 40) -> str:
+    rows = text.splitlines()
+    if len(rows) <= 2 * lines:
+        return text
+    return "\n".join([*rows[:lines], f"[... {len(rows) - 2 * lines} lines ...]", *rows[-lines:]])
