@@ -12,11 +12,13 @@ beats and no rows. The Valkey traffic is what matters here, and it is made by th
 - row: the worker's `generate_one` with the real `StreamSink` (its is_done pipeline of GETBIT +
   EXISTS, then the outcome's script), the record built by the real code and only the sending
   done here; then the ack (kombu's `QoS.ack`: MULTI, ZREM, HDEL, SREM, HDEL, EXEC).
-- beat (workers/gate.py `_heartbeat`): the renewal script, then MULTI, HSET, EXPIRE, GET of
-  the closing key, EXEC, with the real `heartbeat.fields`.
-- sweep (`QoS.restore_visible`): TIME, the lock's SET NX PX (redis-py's `Lock`, as kombu's
-  `Mutex`), the ZRANGEBYSCORE of lapsed leases and of old-scored tags, the lock's release
-  script; a lapsed holder is restored by the real `QoS` code.
+- beat (workers/gate.py `_heartbeat`, fleetgen's `QoS.beat`): one script that renews the lease
+  and writes the heartbeat hash (HSET, EXPIRE) and reads the closing key, with the real
+  `heartbeat.lease_fields`.
+- sweep (`QoS.restore_visible`): the due script (is this the fleet's sweep of the period?
+  with Valkey's TIME); if it is, the lock's SET NX PX (redis-py's `Lock`, as kombu's `Mutex`),
+  the ZRANGEBYSCORE of lapsed leases and of old-scored tags, the lock's release script; a
+  lapsed holder is restored by the real `QoS` code.
 
 tests/bench/test_fleet_wire.py checks each path's commands against the real code's, counted by
 Valkey. What differs from a real worker: one connection where kombu keeps two or three (its
@@ -38,13 +40,15 @@ import orjson
 from redis.lock import Lock
 
 from fleetgen.base import heartbeat
-from fleetgen.base.broker import _APPEND, _RENEW, _SWEPT, _seconds
+from fleetgen.base.broker import _APPEND, _BEAT, _SWEEP_DUE, _SWEPT, SWEEP_DUE_SHARE, _seconds
+from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import QUEUE, RunKeys, closing_key, worker_key
 from fleetgen.base.wire import (
     IN_FLIGHT,
     KOMBU_UNACKED,
     KOMBU_UNACKED_INDEX,
     LEASES,
+    SWEEP_DUE,
     held_key,
     in_flight_entry,
     task_payload,
@@ -63,8 +67,8 @@ def sha(source: str) -> str:
 
 
 SCRIPTS = {name: (sha(source), source) for name, source in
-           {"append": _APPEND, "renew": _RENEW, "swept": _SWEPT, "emit": _EMIT_IF_RUN_EXISTS,
-            "release": Lock.LUA_RELEASE_SCRIPT}.items()}
+           {"append": _APPEND, "beat": _BEAT, "swept": _SWEPT, "due": _SWEEP_DUE,
+            "emit": _EMIT_IF_RUN_EXISTS, "release": Lock.LUA_RELEASE_SCRIPT}.items()}
 
 
 class ReplyError(Exception):
@@ -230,25 +234,28 @@ class WireWorker:
 
     async def beat(self, fields: dict[str, Any], interval_s: float, lease_s: float,
                    sweep_s: float) -> None:
-        """The gate's beat: the renewal script, then the heartbeat hash in a MULTI."""
-        before = time.time()
-        server = _seconds(await self.wire.one("EVALSHA", SCRIPTS["renew"][0], 1, LEASES,
-                                              self.holder))
-        self.skew_s = (before + time.time()) / 2 - server
-        self.renewed_at = server
+        """The gate's beat: `QoS.beat`'s script, the lease and the heartbeat hash."""
         beat = {**fields, "inflight": len(self.held),
-                **heartbeat.fields(interval_s=interval_s, lease_s=lease_s, sweep_s=sweep_s,
-                                   held=len(self.held), now=server, skew_s=self.skew_s)}
+                **heartbeat.lease_fields(interval_s=interval_s, lease_s=lease_s, sweep_s=sweep_s,
+                                         held=len(self.held))}
         key = worker_key(self.name)
-        await self.wire.call(("MULTI",), ("HSET", key, *(w for kv in beat.items() for w in kv)),
-                             ("EXPIRE", key, heartbeat.ttl_s(interval_s, lease_s, sweep_s)),
-                             ("GET", closing_key()), ("EXEC",))
+        before = time.time()
+        t, _closing = await self.wire.one(
+            "EVALSHA", SCRIPTS["beat"][0], 3, LEASES, key, closing_key(), self.holder,
+            repr(before), heartbeat.ttl_s(interval_s, lease_s, sweep_s),
+            *(w for kv in beat.items() for w in kv))
+        self.renewed_at = _seconds(t)
+        self.skew_s = (before + time.time()) / 2 - self.renewed_at
 
     async def sweep(self, lease_s: float,
                     restore: Callable[[list[bytes], float], Awaitable[None]]) -> None:
         """kombu's sweep under its lock; the lapsed holders it finds are restored by
         `restore` (the real code) before the lock is released."""
-        cutoff = _seconds(await self.wire.one("TIME")) - lease_s
+        period_ms = int(sweep_interval_s(lease_s) * 1000 * SWEEP_DUE_SHARE)
+        now = await self.wire.one("EVALSHA", SCRIPTS["due"][0], 1, SWEEP_DUE, period_ms)
+        if now is None:
+            return
+        cutoff = _seconds(now) - lease_s
         token = uuid.uuid1().hex
         if await self.wire.one("SET", MUTEX_KEY, token, "NX", "PX", MUTEX_EXPIRE_MS) is None:
             return

@@ -84,23 +84,17 @@ class HealthGate(bootsteps.StartStopStep):
         key = worker_key(rt.worker)
         try:
             qos = c.task_consumer.channel.qos
-            held = qos.renew()
-            # The beat's time is the renewal's, on Valkey's clock (what `status` compares it
-            # with); the skew is shown, never used.
-            beat = heartbeat.fields(interval_s=s.health_interval_s,
-                                    lease_s=s.visibility_timeout_s, sweep_s=sweep_s, held=held,
-                                    now=qos.renewed_at, skew_s=qos.clock_skew_s)
+            # One script (`QoS.beat`): the beat's `at` is the renewal's time on Valkey's clock,
+            # what `status` compares it with.
             fields: dict[Any, Any] = {
                 "engine": rt.engine.base_url, "healthy": int(watch.up()),
                 "engine_state": watch.last.state.value, "consuming": int(self._consuming),
-                "concurrency": runtime.concurrency(), "inflight": runtime.in_flight_count()}
-            fields.update(beat)
-            pipe = rt.redis.pipeline()
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, heartbeat.ttl_s(s.health_interval_s, s.visibility_timeout_s,
-                                             sweep_s))
-            pipe.get(closing_key())
-            ended = closing.closing(pipe.execute()[-1])
+                "concurrency": runtime.concurrency(), "inflight": runtime.in_flight_count(),
+                **heartbeat.lease_fields(interval_s=s.health_interval_s,
+                                         lease_s=s.visibility_timeout_s, sweep_s=sweep_s,
+                                         held=qos.held())}
+            ttl = heartbeat.ttl_s(s.health_interval_s, s.visibility_timeout_s, sweep_s)
+            ended = closing.closing(qos.beat(key, fields, ttl, closing_key()))
         except Exception:  # a heartbeat must never kill the consumer's timer
             log.debug("heartbeat failed", exc_info=True)
             return

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
@@ -35,8 +36,8 @@ from kombu.utils.scheduling import priority_cycle
 
 from fleetgen.base.contract import AFFINITY_PREFIX
 from fleetgen.base.redisconn import text
-from fleetgen.base.serverclock import LUA_NOW, server_time
-from fleetgen.base.wire import IN_FLIGHT, LEASES, held_key, in_flight_entry
+from fleetgen.base.serverclock import LUA_NOW
+from fleetgen.base.wire import IN_FLIGHT, LEASES, SWEEP_DUE, held_key, in_flight_entry
 
 # What Celery's `broker_transport` names (fleetgen/base/celeryconf.py).
 TRANSPORT = f"{__name__}:Transport"
@@ -77,11 +78,28 @@ redis.call('ZADD', KEYS[4], now, ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[5], ARGV[1], ARGV[4]) end
 return t
 """
-# A renewal: the holder's lease, one member, however many prompts it holds.
-_RENEW = LUA_NOW + """
+# The beat: the holder's lease renewed (one member, however many prompts it holds) and the
+# worker's heartbeat hash (KEYS[2]) in one step, so a
+# thousand workers cost Valkey one round trip a beat, not two (docs/scale.md). The hash's `at`
+# is the renewal's time; `skew_s` the worker's clock when it sent the call (ARGV[2]) less
+# Valkey's, shown to the operator and used by nothing; ARGV[3] its TTL, ARGV[4..] the other
+# fields. Returns TIME and the closing key (KEYS[3], fleetgen/base/closing.py).
+_BEAT = LUA_NOW + """
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-return t
+local skew = tonumber(ARGV[2]) - (tonumber(t[1]) + tonumber(t[2]) / 1000000)
+redis.call('HSET', KEYS[2], 'at', now, 'skew_s', string.format('%.3f', skew), unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return {t, redis.call('GET', KEYS[3])}
 """
+# Whether this worker's sweep is the fleet's for this period (KEYS[1] was unset: it is set for
+# ARGV[1] ms); if so, Valkey's TIME for the cutoff, in the same round trip.
+_SWEEP_DUE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return redis.call('TIME') end
+return false
+"""
+# A period's share the due key lasts: a lone worker, whose timer fires a little early or late,
+# still sweeps every period.
+SWEEP_DUE_SHARE = 0.9
 # After a sweep restored the tags ARGV[3..] of holder ARGV[1] (KEYS[2], its set): they leave the
 # set, and the holder leaves the leases if its lease is still the lapsed one (a frozen worker
 # that woke meanwhile keeps its lease and what it took since).
@@ -162,29 +180,46 @@ class QoS(kombu_redis.QoS):
         return super()._remove_from_indices(delivery_tag, pipe) \
             .srem(self.held_key, delivery_tag).hdel(IN_FLIGHT, delivery_tag)
 
-    def renew(self) -> int:
-        """Renew this channel's lease on every message it holds (delivered, not acked): one
-        ZADD of its holder to Valkey's now, kept in `renewed_at`. Returns how many it holds.
-        Called from the worker's heartbeat (workers/gate.py): while the worker lives, nothing
-        it holds is redelivered, however long a generation takes; once it is dead its lease
-        lapses after the visibility timeout and the next sweep hands its prompts to others."""
-        held = self._held()
+    def beat(self, key: str, fields: Mapping[str, Any], ttl_s: int, closing: str) -> Any:
+        """Renew this channel's lease on every message it holds (one ZADD of its holder to
+        Valkey's now, kept in `renewed_at`) and write the worker's heartbeat hash `key`
+        (`fields`, then `at` and `skew_s` from Valkey's clock, expiring after `ttl_s`), in one
+        script; returns the value of the `closing` key. Called from the worker's heartbeat
+        (workers/gate.py): while the worker lives, nothing it holds is redelivered, however
+        long a generation takes; once it is dead its lease lapses after the visibility timeout
+        and the next sweep hands its prompts to others. `fields` should say `held()`."""
+        words = [word for item in fields.items() for word in item]
         with self.channel.conn_or_acquire() as client:
             before = time.time()
-            server = _seconds(self._script(client, _RENEW, [LEASES], [self.holder]))
+            args = [self.holder, repr(before), ttl_s, *words]
+            t, closed = self._script(client, _BEAT, [LEASES, key, closing], args)
+            server = _seconds(t)
             self.clock_skew_s = (before + time.time()) / 2 - server
         self.renewed_at = server
-        return len(held)
+        return closed
+
+    def held(self) -> int:
+        """How many messages this channel holds (delivered, not acked)."""
+        return len(self._held())
 
     def restore_visible(self, start: int = 0, num: int | None = 10, interval: int = 10) -> None:
         """The sweep (kombu's throttle and lock, its `restore_by_tag` transaction for each
-        message): the tags of every holder whose lease lapsed on Valkey's clock, and any tag
-        an older worker scored with its delivery time that is older than the timeout."""
+        message), when it is the fleet's for this period (`_SWEEP_DUE`): the tags of every
+        holder whose lease lapsed on Valkey's clock, and any tag an older worker scored with
+        its delivery time that is older than the timeout."""
         self._vrestore_count += 1
         if (self._vrestore_count - 1) % (interval or 1):
             return
         with self.channel.conn_or_acquire() as client:
-            cutoff = server_time(client) - self.visibility_timeout
+            # Each worker's timer fires every period, and every sweep covers every holder: at
+            # 1,000 workers that was a sweep every 6 ms and ~730 round trips a second (TIME,
+            # the lock, two ZRANGEBYSCOREs, the release) for nothing. One a period is what the
+            # bound needs (lease + one period, docs/design.md "Leases").
+            period_ms = int(self.channel.unacked_restore_interval * 1000 * SWEEP_DUE_SHARE)
+            now = self._script(client, _SWEEP_DUE, [SWEEP_DUE], [max(period_ms, 1)])
+            if not now:
+                return
+            cutoff = _seconds(now) - self.visibility_timeout
             try:
                 with Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
                     for holder in client.zrangebyscore(LEASES, "-inf", cutoff):

@@ -118,7 +118,7 @@ ENGINE_GONE_S = _seconds("FLEETGEN_ENGINE_GONE_S", 10.0, "refused or not ready t
 ENGINE_WAIT_S = _seconds("FLEETGEN_ENGINE_WAIT_S", 600.0, "how long a worker without `-c` waits "
                          "for its engine at start-up; then exit code 4")
 # The visibility timeout is a lease, not a bound on a task: every heartbeat renews it on each
-# prompt the worker holds (fleetgen/base/broker.py `QoS.renew`), so a generation of any length
+# prompt the worker holds (fleetgen/base/broker.py `QoS.beat`), so a generation of any length
 # is never redelivered while its worker lives, and a SIGKILLed worker's prompts come back this
 # long after its last beat, plus one sweep. A worker stopped with SIGTERM hands back what it
 # still runs after FLEETGEN_HANDBACK_S (workers/handback.py).

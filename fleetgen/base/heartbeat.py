@@ -3,7 +3,7 @@ reading of it that `status`, the live page and `metrics` share: alive or lost, w
 and when a lost worker's prompts are back in the queue.
 
 Each beat also renews the worker's lease on every prompt it holds (fleetgen/base/broker.py
-`QoS.renew`), so the two lapse together: a worker whose beats stop is lost after
+`QoS.beat`), so the two lapse together: a worker whose beats stop is lost after
 LOST_AFTER_BEATS intervals, and the prompts it held are handed to the others by the next sweep
 once the visibility timeout has passed since its last beat (docs/design.md "Leases"). Both
 are on Valkey's clock (fleetgen/base/serverclock.py): a beat's `at` is Valkey's time of its
@@ -30,13 +30,20 @@ def ttl_s(interval_s: float, lease_s: float, sweep_s: float) -> int:
     return math.ceil(lease_s + 2 * sweep_s + interval_s)
 
 
+def lease_fields(*, interval_s: float, lease_s: float, sweep_s: float, held: int
+                 ) -> dict[str, float]:
+    """The lease part of a beat but its times: the beat's script (fleetgen/base/broker.py
+    `QoS.beat`) adds `at` and `skew_s` from Valkey's clock; the gate adds the engine's state."""
+    return {"interval_s": interval_s, "lease_s": lease_s, "sweep_s": sweep_s, "held": held}
+
+
 def fields(*, interval_s: float, lease_s: float, sweep_s: float, held: int,
            now: float | None = None, skew_s: float = 0.0) -> dict[str, float]:
-    """The lease part of a beat (the gate adds the engine's state). `now` is Valkey's time of
-    the renewal (fleetgen/base/serverclock.py): readers compare it with Valkey's clock, never
+    """A whole beat's lease part, as `QoS.beat` writes it. `now` is Valkey's time of the
+    renewal (fleetgen/base/serverclock.py): readers compare it with Valkey's clock, never
     with their own. `skew_s`: the worker's clock less Valkey's, for the operator to see."""
-    return {"at": time.time() if now is None else now, "interval_s": interval_s,
-            "lease_s": lease_s, "sweep_s": sweep_s, "held": held, "skew_s": round(skew_s, 3)}
+    return {"at": time.time() if now is None else now, "skew_s": round(skew_s, 3),
+            **lease_fields(interval_s=interval_s, lease_s=lease_s, sweep_s=sweep_s, held=held)}
 
 
 @dataclass(frozen=True)

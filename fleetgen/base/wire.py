@@ -40,6 +40,11 @@ LEASES = f"{PREFIX}:leases"
 IN_FLIGHT = f"{PREFIX}:inflight"
 
 
+# Set for most of a sweep period by the sweep that finds it unset (fleetgen/base/broker.py
+# `QoS.restore_visible`): the fleet sweeps about once a period, not once a period a worker.
+SWEEP_DUE = f"{PREFIX}:sweep-due"
+
+
 def held_key(holder: str) -> str:
     return f"{PREFIX}:held:{holder}"
 

@@ -10,6 +10,8 @@ import json
 import math
 import uuid
 from datetime import UTC, datetime
+from typing import Any
+from unittest import mock
 
 import orjson
 import pytest
@@ -146,7 +148,7 @@ def _zadds(rclient: redis.Redis) -> int:
 def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
                                                           rclient: redis.Redis) -> None:
     """Each channel holds its prompts under one lease (its holder's, in `wire.LEASES`), which
-    the heartbeat's `renew` moves to Valkey's now with one ZADD however many it holds (one a
+    the heartbeat's `beat` moves to Valkey's now with one ZADD however many it holds (one a
     prompt before: 64,500 a second at 1,000 workers of 129); the sweep (`restore_visible`, 60 s
     timeout) hands back what a holder whose lease lapsed held and leaves a live one's."""
     live, dead = _channel(redis_url), _channel(redis_url)
@@ -159,7 +161,8 @@ def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
     lapsed = server_time(rclient) - 61  # renewed last 61 s ago: past a 60 s lease
     rclient.zadd(LEASES, {live.qos.holder: lapsed, dead.qos.holder: lapsed})
     before = _zadds(rclient)
-    assert live.qos.renew() == 5
+    assert live.qos.held() == 5
+    assert _beat(live) is None  # the closing key: unset
     assert _zadds(rclient) - before == 1, "a renewal wrote more than the holder's lease"
     renewed = rclient.zscore(LEASES, live.qos.holder)
     assert renewed is not None and renewed == pytest.approx(server_time(rclient), abs=5)
@@ -172,7 +175,39 @@ def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
     assert not rclient.exists(held_key(dead.qos.holder))
     for tag in tags:
         live.qos.ack(tag)
-    assert live.qos.renew() == 0 and not rclient.exists(held_key(live.qos.holder))
+    assert live.qos.held() == 0 and not rclient.exists(held_key(live.qos.holder))
+
+
+def _beat(channel: Any, key: str = "beat") -> Any:
+    return channel.qos.beat(key, {"held": channel.qos.held()}, 30, "closing")
+
+
+def test_the_beat_is_one_script_on_valkeys_clock(redis_url: str, rclient: redis.Redis) -> None:
+    """The heartbeat hash is written by the renewal's own script: one round trip a beat (two
+    before: 1,000 a second at 1,000 workers), its `at` Valkey's time of the renewal whatever
+    this host's clock says, `skew_s` this host's clock less Valkey's, the TTL set, and the
+    closing key's value returned."""
+    channel = _channel(redis_url)
+    _beat(channel)  # the script loaded
+    rclient.set("closing", "run-7")
+    ahead = server_time(rclient) + 120.0  # this host's clock two minutes ahead
+    before = _commands(rclient)
+    with mock.patch("time.time", return_value=ahead):
+        assert channel.qos.beat("beat", {"held": 0, "engine": "e"}, 30, "closing") == b"run-7"
+    ran = {name: n - before.get(name, 0) for name, n in _commands(rclient).items()
+           if n != before.get(name, 0) and name != "info"}
+    assert ran == {"evalsha": 1, "time": 1, "zadd": 1, "hset": 1, "expire": 1, "get": 1}
+    beat = {k.decode(): v.decode() for k, v in rclient.hgetall("beat").items()}
+    assert beat["held"] == "0" and beat["engine"] == "e"
+    assert float(beat["at"]) == pytest.approx(server_time(rclient), abs=5)
+    assert float(beat["at"]) == rclient.zscore(LEASES, channel.qos.holder)
+    assert float(beat["skew_s"]) == pytest.approx(120.0, abs=5)
+    assert 0 < rclient.ttl("beat") <= 30
+
+
+def _commands(rclient: redis.Redis) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): int(stats["calls"])
+            for name, stats in rclient.info("commandstats").items()}
 
 
 def test_a_worker_takes_its_own_queue_before_the_shared_one(redis_url: str,

@@ -13,7 +13,7 @@ from bench import fleet_scale
 from bench.central import InstantEngine
 from bench.fleet_wire import Wire, WireWorker, load_scripts
 from fleetgen.base.contract import QUEUE, STATE_PRODUCED, RunKeys
-from fleetgen.base.wire import task_message
+from fleetgen.base.wire import SWEEP_DUE, task_message
 
 # Connection set-up (redis-py's HELLO 3 and CLIENT SETINFO) and the test's own reads.
 NOT_A_PATH = {"hello", "client|setinfo", "info", "config|resetstat"}
@@ -55,9 +55,16 @@ def test_each_wire_path_sends_the_real_codes_commands(redis_url: str,
         "sweep": (real.sweep, lambda: run(emulated.sweep(60.0, no_restore))),
     }
     for name, (real_path, wire_path) in paths.items():
+        rclient.delete(SWEEP_DUE)  # each sweep the fleet's of its period, not skipped
         sent = _counted(rclient, real_path)
         assert sent, name
+        rclient.delete(SWEEP_DUE)
         assert _counted(rclient, wire_path) == sent, name
+    # Within the period another worker's sweep is one round trip, the due script's, and
+    # nothing else: the fleet sweeps once a period, not once a period a worker.
+    skipped = {"evalsha": 1, "set": 1}  # the script's own SET NX that found the key
+    assert _counted(rclient, real.sweep) == skipped
+    assert _counted(rclient, lambda: run(emulated.sweep(60.0, no_restore))) == skipped
     assert rclient.hlen("unacked") == 0 and rclient.xlen(RunKeys(fleet_scale.RUN).stream) == 2
     wire.close()
     loop.close()

@@ -1,5 +1,5 @@
 """A worker's hold on a prompt is a lease its heartbeat renews (fleetgen/base/broker.py
-`QoS.renew`), at the defaults a user gets (FLEETGEN_VISIBILITY_TIMEOUT_S 60 s, heartbeat every
+`QoS.beat`), at the defaults a user gets (FLEETGEN_VISIBILITY_TIMEOUT_S 60 s, heartbeat every
 2 s): a generation that outlasts the lease is never redelivered while its worker lives, and a
 worker frozen past its lease loses its prompts to the others and, woken, writes none of them a
 second time. The SIGKILLed worker: tests/chaos/test_process_faults.py."""
