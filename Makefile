@@ -95,7 +95,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python tools/perf_tables.py
 
-# One Valkey under 100, 300 and 1,000 emulated workers (docs/scale.md; ~10 minutes here).
+# One Valkey under 100, 300 and 1,000 emulated workers (docs/scale.md; ~2 minutes here).
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench fleet_scale
 	$(BIN)/python tools/perf_tables.py
