@@ -164,7 +164,7 @@ class _Sink(StreamSink):
 class WireWorker:
     """One emulated worker: its connection, its holder (one lease) and the tags it holds."""
 
-    __slots__ = ("held", "held_key", "holder", "name", "renewed_at", "sink", "skew_s", "wire")
+    __slots__ = ("held", "held_key", "holder", "name", "sink", "wire")
 
     def __init__(self, name: str, wire: Wire) -> None:
         self.name, self.wire = name, wire
@@ -172,7 +172,6 @@ class WireWorker:
         self.held_key = held_key(self.holder)
         self.held: dict[bytes, int] = {}  # tag -> line (the payload is rebuilt from it)
         self.sink = _Sink(name)
-        self.renewed_at, self.skew_s = 0.0, 0.0
 
     def _append(self, raw: bytes) -> tuple[tuple[Any, ...], int, bytes]:
         """The append script's call for a popped message (fleetgen's `QoS.append`)."""
@@ -239,13 +238,10 @@ class WireWorker:
                 **heartbeat.lease_fields(interval_s=interval_s, lease_s=lease_s, sweep_s=sweep_s,
                                          held=len(self.held))}
         key = worker_key(self.name)
-        before = time.time()
-        t, _closing = await self.wire.one(
-            "EVALSHA", SCRIPTS["beat"][0], 3, LEASES, key, closing_key(), self.holder,
-            repr(before), heartbeat.ttl_s(interval_s, lease_s, sweep_s),
-            *(w for kv in beat.items() for w in kv))
-        self.renewed_at = _seconds(t)
-        self.skew_s = (before + time.time()) / 2 - self.renewed_at
+        await self.wire.one("EVALSHA", SCRIPTS["beat"][0], 3, LEASES, key, closing_key(),
+                            self.holder, repr(time.time()),
+                            heartbeat.ttl_s(interval_s, lease_s, sweep_s),
+                            *(w for kv in beat.items() for w in kv))
 
     async def sweep(self, lease_s: float,
                     restore: Callable[[list[bytes], float], Awaitable[None]]) -> None:

@@ -83,13 +83,13 @@ return t
 # thousand workers cost Valkey one round trip a beat, not two (docs/scale.md). The hash's `at`
 # is the renewal's time; `skew_s` the worker's clock when it sent the call (ARGV[2]) less
 # Valkey's, shown to the operator and used by nothing; ARGV[3] its TTL, ARGV[4..] the other
-# fields. Returns TIME and the closing key (KEYS[3], fleetgen/base/closing.py).
+# fields. Returns the closing key (KEYS[3], fleetgen/base/closing.py).
 _BEAT = LUA_NOW + """
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local skew = tonumber(ARGV[2]) - (tonumber(t[1]) + tonumber(t[2]) / 1000000)
 redis.call('HSET', KEYS[2], 'at', now, 'skew_s', string.format('%.3f', skew), unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[2], ARGV[3])
-return {t, redis.call('GET', KEYS[3])}
+return redis.call('GET', KEYS[3])
 """
 # Whether this worker's sweep is the fleet's for this period (KEYS[1] was unset: it is set for
 # ARGV[1] ms); if so, Valkey's TIME for the cutoff, in the same round trip.
@@ -129,9 +129,6 @@ class QoS(kombu_redis.QoS):
     beat, and a set of the tags it holds (`wire.held_key`), changed only when it takes or acks
     one; the sweep restores the tags of holders whose lease lapsed. Every time is Valkey's
     TIME, read inside the scripts: no host's clock is in it."""
-
-    renewed_at: float | None = None  # Valkey's time of the last renewal (the beat's `at`)
-    clock_skew_s: float = 0.0  # this host's clock less Valkey's, as of the last renewal
 
     @cached_property
     def holder(self) -> str:
@@ -182,7 +179,7 @@ class QoS(kombu_redis.QoS):
 
     def beat(self, key: str, fields: Mapping[str, Any], ttl_s: int, closing: str) -> Any:
         """Renew this channel's lease on every message it holds (one ZADD of its holder to
-        Valkey's now, kept in `renewed_at`) and write the worker's heartbeat hash `key`
+        Valkey's now) and write the worker's heartbeat hash `key`
         (`fields`, then `at` and `skew_s` from Valkey's clock, expiring after `ttl_s`), in one
         script; returns the value of the `closing` key. Called from the worker's heartbeat
         (workers/gate.py): while the worker lives, nothing it holds is redelivered, however
@@ -190,13 +187,8 @@ class QoS(kombu_redis.QoS):
         and the next sweep hands its prompts to others. `fields` should say `held()`."""
         words = [word for item in fields.items() for word in item]
         with self.channel.conn_or_acquire() as client:
-            before = time.time()
-            args = [self.holder, repr(before), ttl_s, *words]
-            t, closed = self._script(client, _BEAT, [LEASES, key, closing], args)
-            server = _seconds(t)
-            self.clock_skew_s = (before + time.time()) / 2 - server
-        self.renewed_at = server
-        return closed
+            args = [self.holder, repr(time.time()), ttl_s, *words]
+            return self._script(client, _BEAT, [LEASES, key, closing], args)
 
     def held(self) -> int:
         """How many messages this channel holds (delivered, not acked)."""

@@ -145,15 +145,16 @@ def assert_shown_lost(client: redis.Redis, run: str, worker: str) -> WorkerStatu
     return w
 
 
-def where_missing(client: redis.Redis, run: str, rows: int, stuck: set[int]) -> str:
-    """Where the rows without an outcome are: a failure of the SIGKILL test says which path
-    did not bring them back (kombu's restore: in `unacked`, its lock's TTL; the producer's
-    reconciliation: in neither)."""
+def where_missing(client: redis.Redis, run: str, rows: int, stuck: set[int] | None = None
+                  ) -> str:
+    """Where the rows without an outcome are: a failure says which path did not bring them
+    back (kombu's restore: in `unacked`, its lock's TTL; the producer's reconciliation: in
+    neither). `stuck`: what the SIGKILLed gpu1 held."""
     missing = set(range(1, rows + 1)) - held.done_lines(client, run, rows)
     unacked, queued = held.unacked_lines(client, run), held.queued_lines(client, run)
-    return (f"missing lines {sorted(missing)}: held by gpu1 at the kill "
-            f"{sorted(missing & stuck)}, in unacked {sorted(missing & unacked)}, queued "
-            f"{sorted(missing & queued)}; restore lock TTL {client.ttl('unacked_mutex')} s")
+    at_kill = "" if stuck is None else f"held by gpu1 at the kill {sorted(missing & stuck)}, "
+    return (f"missing lines {sorted(missing)}: {at_kill}in unacked {sorted(missing & unacked)}, "
+            f"queued {sorted(missing & queued)}; restore lock TTL {client.ttl('unacked_mutex')} s")
 
 
 def test_worker_sigterm_finishes_what_it_holds(make_fleet: FleetFactory,
@@ -282,7 +283,7 @@ def test_valkey_killed_and_restarted_mid_run(make_fleet: FleetFactory, tmp_path:
     client = redis.Redis.from_url(fleet.redis_url)
 
     def stuck() -> str:
-        return (f"{written(out)} rows written; {where_missing(client, 'vk', N, set())}\n"
+        return (f"{written(out)} rows written; {where_missing(client, 'vk', N)}\n"
                 f"the producer's log:\n{producer.text()[-4000:]}")
 
     drainer.wait(150, also=stuck)

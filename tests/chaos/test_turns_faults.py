@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import redis
 
-from tests.support.cli import fleetgen_cli
+from tests.support.cli import Logged, fleetgen_cli
 from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sim_stats, written
 from tests.support.pipeline import assert_exactly_once, read_output, write_jsonl
 from tests.support.turns import assert_turns_content, expected_keys, input_row
@@ -29,14 +29,6 @@ def many(n: int) -> dict[str, dict[str, Any]]:
                                 for j in range(1 + i % 4)]} for i in range(n)}
 
 
-def start(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def output(proc: subprocess.Popen[bytes]) -> str:
-    return proc.stdout.read().decode() if proc.stdout else ""
-
-
 def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
         make_fleet: FleetFactory, tmp_path: Path) -> None:
     # The lease and request timeout are the users' defaults: the SIGKILLed worker's turns come
@@ -46,12 +38,13 @@ def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
     turns = sum(len(c["users"]) for c in convs.values())
     prompts = write_jsonl(tmp_path / "p.jsonl", [input_row(i, c) for i, c in convs.items()])
     out = tmp_path / "out"
-    produce = fleetgen_cli("produce", str(prompts), "--run", "tk", "--context-length", "4096",
-                           "--turns", "all", "--out", str(out), "--reconcile-interval", "2",
-                           "--max-output-tokens", "400", "--redis", fleet.redis_url)
-    drain = fleetgen_cli("drain", "--run", "tk", "--out", str(out), "--batch", "16",
-                         "--redis", fleet.redis_url)
-    producer, drainer = start(produce), start(drain)
+    produce = ("produce", str(prompts), "--run", "tk", "--context-length", "4096",
+               "--turns", "all", "--out", str(out), "--reconcile-interval", "2",
+               "--max-output-tokens", "400", "--redis", fleet.redis_url)
+    drain = ("drain", "--run", "tk", "--out", str(out), "--batch", "16",
+             "--redis", fleet.redis_url)
+    producer = Logged(tmp_path / "produce.log", *produce)
+    drainer = Logged(tmp_path / "drain.log", *drain)
     gpu1 = fleet.workers[1]
 
     wait_until(lambda: written(out) >= turns // 5 and sim_stats(fleet)[1]["num_running_reqs"] > 0,
@@ -64,22 +57,22 @@ def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
     wait_until(lambda: written(out) >= at_worker_kill + turns // 5
                and events.xlen("fleetgen:run:tk:events") > 0, 90,
                "more turns written, outcomes in the stream the drainer has not written yet")
-    assert drainer.poll() is None, output(drainer)
-    drainer.kill()
-    assert drainer.wait() == -signal.SIGKILL
+    assert drainer.proc.poll() is None, drainer.text()
+    drainer.proc.kill()
+    assert drainer.proc.wait() == -signal.SIGKILL
     at_drainer_kill = written(out)
-    drainer = start(drain)
+    drainer = Logged(tmp_path / "drain-again.log", *drain)
 
     wait_until(lambda: written(out) >= at_drainer_kill + turns // 5, 90, "more turns written")
-    assert producer.poll() is None, output(producer)
-    producer.kill()
-    assert producer.wait() == -signal.SIGKILL
+    assert producer.proc.poll() is None, producer.text()
+    producer.proc.kill()
+    assert producer.proc.wait() == -signal.SIGKILL
     at_producer_kill = written(out)
     assert at_producer_kill < turns - 20, "the run was nearly over: the kill proves little"
-    producer = start(produce)
+    producer = Logged(tmp_path / "produce-again.log", *produce)
 
-    assert producer.wait(timeout=180) == 0, output(producer)
-    assert drainer.wait(timeout=60) == 0, output(drainer)
+    report = producer.wait(180)
+    drainer.wait(60)
     data = assert_exactly_once(out, expected_keys(convs))
     assert len(data["results"]) == turns and not data["failures"] and not data["rejected"]
     assert assert_turns_content(fleet, convs, data["results"], {}) == turns
@@ -87,7 +80,7 @@ def test_turns_exactly_once_through_worker_drainer_and_producer_kills(
     print(f"\n--turns all, {len(convs)} conversations, {turns} turns: gpu1 SIGKILLed at "
           f"{at_worker_kill} written, drainer at {at_drainer_kill}, producer at "
           f"{at_producer_kill}; {turns} results exactly once, {served} completions served by "
-          f"the simulators; {output(producer).strip()}")
+          f"the simulators; {report.strip()}")
 
 
 def test_turns_converge_after_valkey_restored_from_an_older_copy(
@@ -97,21 +90,21 @@ def test_turns_converge_after_valkey_restored_from_an_older_copy(
     turns = sum(len(c["users"]) for c in convs.values())
     prompts = write_jsonl(tmp_path / "p.jsonl", [input_row(i, c) for i, c in convs.items()])
     out = tmp_path / "out"
-    producer = start(fleetgen_cli(
+    producer = Logged(
         # A small high-water mark keeps first turns waiting to be enqueued when Valkey goes.
-        "produce", str(prompts), "--run", "tv", "--context-length", "4096", "--turns", "all",
-        "--out", str(out), "--reconcile-interval", "2", "--max-output-tokens", "400",
-        "--high-water", "20", "--batch-size", "10", "--redis", fleet.redis_url))
-    drainer = start(fleetgen_cli("drain", "--run", "tv", "--out", str(out),
-                                 "--redis", fleet.redis_url))
+        tmp_path / "produce.log", "produce", str(prompts), "--run", "tv", "--context-length",
+        "4096", "--turns", "all", "--out", str(out), "--reconcile-interval", "2",
+        "--max-output-tokens", "400", "--high-water", "20", "--batch-size", "10",
+        "--redis", fleet.redis_url)
+    drainer = Logged(tmp_path / "drain.log", "drain", "--run", "tv", "--out", str(out),
+                     "--redis", fleet.redis_url)
     wait_until(lambda: written(out) >= turns // 4, 90, "a quarter of the turns written")
     # Queued next turns, done bits and stream entries written after the copy are lost with it.
     copy = copy_data(fleet.valkey, tmp_path / "copy")
     wait_until(lambda: written(out) >= turns // 2, 90, "half of the turns written")
     restart_from(fleet.valkey, copy)
-    assert drainer.wait(timeout=150) == 0, output(drainer)
-    assert producer.wait(timeout=60) == 0, output(producer)
-    report = output(producer)
+    drainer.wait(150, also=lambda: f"the producer's log:\n{producer.text()[-4000:]}")
+    report = producer.wait(60)
     requeued = re.search(r"(\d+) re-enqueued after loss", report)
     assert requeued and int(requeued.group(1)) > 0, report  # reconciliation really ran
     data = assert_exactly_once(out, expected_keys(convs))
@@ -137,13 +130,13 @@ def test_failed_turn_stops_its_conversation_and_retry_resumes_it(
     argv = ("--run", "tr", "--context-length", "4096", "--max-output-tokens", "100")
 
     def round_trip() -> dict[str, Any]:
-        producer = start(fleetgen_cli("produce", str(prompts), *argv, "--turns", "all",
-                                      "--out", str(out), "--reconcile-interval", "2",
-                                      "--redis", fleet.redis_url))
-        drainer = start(fleetgen_cli("drain", "--run", "tr", "--out", str(out),
-                                     "--redis", fleet.redis_url))
-        assert producer.wait(timeout=120) == 0, output(producer)
-        assert drainer.wait(timeout=60) == 0, output(drainer)
+        producer = Logged(tmp_path / "produce.log", "produce", str(prompts), *argv, "--turns",
+                          "all", "--out", str(out), "--reconcile-interval", "2",
+                          "--redis", fleet.redis_url)
+        drainer = Logged(tmp_path / "drain.log", "drain", "--run", "tr", "--out", str(out),
+                         "--redis", fleet.redis_url)
+        producer.wait(120)
+        drainer.wait(60)
         summary: dict[str, Any] = orjson.loads((out / "summary.json").read_bytes())
         assert summary["complete"], summary
         return summary
