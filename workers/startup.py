@@ -138,11 +138,13 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
             size = share_of(size, share)
             why += f", {size} for this process ({share[0]} of {share[1]})"
         return LimitPlan(pool=size, limit=size, source=why)
-    where = (f"the router in front of {limits.servers_behind} server(s)"
-             if limits.servers_behind else limits.engine)
     if reader is not None:
         ceiling = settings.max_in_flight
-        why = f"{where} reports no slot count: found from its queue ({reader.gauges.waiting})"
+        why = (f"the SGLang router in front of {limits.servers_behind} server(s): found from "
+               f"their queues ({reader.gauges.waiting}), shared with whichever workers use them"
+               if limits.servers_behind else
+               f"{limits.engine} reports no slot count: found from its queue "
+               f"({reader.gauges.waiting})")
         return LimitPlan(pool=ceiling, limit=min(START_LIMIT, ceiling), source=why, paced=True)
     if limits.servers_behind:
         raise StartupRefused(
@@ -151,7 +153,7 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
             "them is not the router's to say; pass -c (their running requests / workers + 1)",
             exitcodes.CONFIG)
     return LimitPlan(pool=FALLBACK_LIMIT, limit=FALLBACK_LIMIT,
-                     source=f"{where} reports neither its slot count nor its queue on "
+                     source=f"{limits.engine} reports neither its slot count nor its queue on "
                             f"/metrics: {FALLBACK_LIMIT}; pass -c to set it")
 
 
