@@ -30,8 +30,10 @@ log = logging.getLogger("fleetgen.worker")
 # How often the pacer reads the engine's queue: a few steps of a GPU's scheduler, so that the
 # limit reaches a server's hundreds of slots within seconds of the first prompt.
 PACE_EVERY_S = 0.5
-# A paced worker's first limit: requests any server runs at once, then doubled per reading.
-START_LIMIT = 16
+# A paced worker's first limit, then doubled per reading: what any GPU server runs at once
+# (vLLM's smallest default --max-num-seqs is 128, on CPU), so the first second is not a ramp;
+# a server with fewer slots cuts it at the first reading.
+START_LIMIT = 64
 # The queue held in the server once it is full: its running requests over this, at least 2.
 QUEUE_SHARE = 16
 MIN_QUEUE = 2

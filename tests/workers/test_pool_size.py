@@ -95,7 +95,7 @@ def test_worker_paces_from_the_queue_of_an_engine_that_reports_no_slots(
     held = [int(b[b"engine_waiting"]) for b in full]
     # Once settled the queue stays small: the median reading, not the first overshoot.
     assert sorted(held)[len(held) // 2] <= 2 * held_queue(slots), held
-    assert "in-flight limit 16: vllm reports no slot count: found from its queue" \
+    assert "in-flight limit 64: vllm reports no slot count: found from its queue" \
         in log.read_text()
 
 
