@@ -29,8 +29,8 @@ EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 Figures = dict[str, dict[str, Any]]
 # The arguments that set a bench's size, named in each table's provenance.
-SIZE_ARGUMENTS = ("rows", "max_tokens", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets",
-                  "requests", "rounds", "processes", "consumers", "words")
+SIZE_ARGUMENTS = ("rows", "max_tokens", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus",
+                  "fleets", "requests", "rounds", "processes", "consumers", "words")
 
 
 def num(value: float, digits: int = 0) -> str:

@@ -75,7 +75,7 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
             limits = startup.wait_for_limits(proto, _settings)
         startup.check_usable(limits, _settings.engine_url)
         reader = startup.queue_reader(limits, _settings)
-        plan = startup.fixed_plan(fixed) if fixed else \
+        plan = startup.fixed_plan(fixed, limits) if fixed else \
             startup.plan_limit(proto, limits, _settings, reader)
     except StartupRefused as exc:
         _refuse(exc)

@@ -83,6 +83,7 @@ class Pace:
     source: str  # where the limit comes from, one line
     paced: bool  # found from the server's queue, and changing with it
     load: Load | None = None  # the server's last reading, where it can be read
+    slots: int | None = None  # the running requests the server reports, where it does
 
 
 def beat_fields(pace: Pace | None, pool: int) -> dict[str, int | str]:
@@ -91,12 +92,14 @@ def beat_fields(pace: Pace | None, pool: int) -> dict[str, int | str]:
     queue where it was read (-1: not read)."""
     if pace is None:  # -c given before the engine answered: Celery's pool is the limit
         return {"concurrency": pool, "limit_from": f"-c {pool}, as given", "paced": 0,
-                "limit_max": pool, "engine_running": -1, "engine_waiting": -1}
+                "limit_max": pool, "engine_running": -1, "engine_waiting": -1,
+                "engine_slots": -1}
     load = pace.load
     return {"concurrency": pace.limit, "limit_from": pace.source, "paced": int(pace.paced),
             "limit_max": pool,
             "engine_running": -1 if load is None else load.running,
-            "engine_waiting": -1 if load is None else load.waiting}
+            "engine_waiting": -1 if load is None else load.waiting,
+            "engine_slots": pace.slots or -1}
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class LimitPlan:
     limit: int
     source: str
     paced: bool = False
+    slots: int | None = None  # the running requests the server reports, where it does
 
 
 class InFlightLimit:
@@ -121,7 +125,7 @@ class InFlightLimit:
         self._in_flight = in_flight
         self._interval_s = interval_s
         self._pacer = Pacer(plan.limit, plan.pool) if plan.paced else None
-        self.current = Pace(plan.limit, plan.source, plan.paced)
+        self.current = Pace(plan.limit, plan.source, plan.paced, slots=plan.slots)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -134,7 +138,7 @@ class InFlightLimit:
             if limit != self.current.limit:
                 log.debug("in-flight limit %d -> %d (%d running, %d waiting)",
                           self.current.limit, limit, load.running, load.waiting)
-        self.current = Pace(limit, self.plan.source, self.plan.paced, load)
+        self.current = Pace(limit, self.plan.source, self.plan.paced, load, self.plan.slots)
         return self.current
 
     def start(self) -> None:

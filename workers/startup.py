@@ -137,7 +137,7 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
         if share[1] > 1:
             size = share_of(size, share)
             why += f", {size} for this process ({share[0]} of {share[1]})"
-        return LimitPlan(pool=size, limit=size, source=why)
+        return LimitPlan(pool=size, limit=size, source=why, slots=limits.max_running_requests)
     if reader is not None:
         ceiling = settings.max_in_flight
         why = (f"the SGLang router in front of {limits.servers_behind} server(s): found from "
@@ -145,7 +145,8 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
                if limits.servers_behind else
                f"{limits.engine} reports no slot count: found from its queue "
                f"({reader.gauges.waiting})")
-        return LimitPlan(pool=ceiling, limit=min(START_LIMIT, ceiling), source=why, paced=True)
+        return LimitPlan(pool=ceiling, limit=min(START_LIMIT, ceiling), source=why, paced=True,
+                         slots=limits.max_running_requests)
     if limits.servers_behind:
         raise StartupRefused(
             f"the engine is an SGLang router in front of {limits.servers_behind} server(s) whose "
@@ -157,5 +158,6 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
                             f"/metrics: {FALLBACK_LIMIT}; pass -c to set it")
 
 
-def fixed_plan(concurrency: int) -> LimitPlan:
-    return LimitPlan(pool=concurrency, limit=concurrency, source=f"-c {concurrency}, as given")
+def fixed_plan(concurrency: int, limits: ServerLimits) -> LimitPlan:
+    return LimitPlan(pool=concurrency, limit=concurrency, source=f"-c {concurrency}, as given",
+                     slots=limits.max_running_requests)

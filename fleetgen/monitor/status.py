@@ -44,6 +44,7 @@ class WorkerStatus:
     paced: bool | None = None
     engine_running: int | None = None  # the engine's own queue, where its /metrics say
     engine_waiting: int | None = None
+    engine_slots: int | None = None  # the running requests it reports, where it does
     # Its heartbeat lapsed (fleetgen/base/heartbeat.py): dead or frozen. `held` prompts are
     # its until its leases lapse, back in the queue within `back_in_s`.
     lost: bool = False
@@ -254,6 +255,7 @@ def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str], now: float) -> None:
     w.limit_from, w.limit_max, w.paced = beat.get("limit_from"), number("limit_max"), \
         flag("paced")
     w.engine_running, w.engine_waiting = number("engine_running"), number("engine_waiting")
+    w.engine_slots = number("engine_slots")
     lease = Heartbeat.of(beat)
     w.lost, w.held = lease.lost(now), lease.held
     if w.lost:
@@ -353,9 +355,17 @@ def limit_line(w: WorkerStatus) -> str:
 
 
 def holds_back(w: WorkerStatus) -> bool:
-    """The worker uses its whole limit, the engine queues nothing (so it could run more), and
+    """The worker uses its whole limit, all of it at the engine, which queues nothing and has
+    free slots (as far as it says: one that reports K and runs K is full without a queue), and
     the limit cannot grow by itself (fixed, or paced up to its ceiling)."""
     if not w.concurrency or w.in_flight is None or w.engine_waiting != 0:
+        return False
+    running = w.engine_running or 0
+    if w.engine_slots and running >= w.engine_slots:
+        return False
+    # Most of what the worker holds must be at the engine: when it is not, the worker's own
+    # bookkeeping (a fast engine, a busy host) is what limits, not the limit.
+    if running < w.in_flight * 3 // 4:
         return False
     in_use = w.in_flight >= w.concurrency - max(1, w.concurrency // 8)
     grows = bool(w.paced) and w.concurrency < (w.limit_max or 0)

@@ -88,7 +88,9 @@ def status_of(beat: dict[str, int | str], in_flight: int) -> WorkerStatus:
                         limit_from=str(beat["limit_from"]), limit_max=int(beat["limit_max"]),
                         paced=bool(beat["paced"]),
                         engine_running=int(beat["engine_running"]),
-                        engine_waiting=int(beat["engine_waiting"]))
+                        engine_waiting=int(beat["engine_waiting"]),
+                        engine_slots=int(beat["engine_slots"]) if beat["engine_slots"] != -1
+                        else None)
 
 
 def test_a_fixed_limit_in_use_on_an_engine_with_room_holds_it_back() -> None:
@@ -103,3 +105,11 @@ def test_a_fixed_limit_in_use_on_an_engine_with_room_holds_it_back() -> None:
     assert holds_back(status_of(at_ceiling, in_flight=2048))
     unread = beat_fields(Pace(8, "-c 8, as given", False, None), 8)
     assert not holds_back(status_of(unread, in_flight=8))  # nothing known of the engine
+    # An engine that reports 8 slots and runs 8 is full, queue or not (-c K on SGLang).
+    full = beat_fields(Pace(8, "-c 8, as given", False, Load(8, 0), slots=8), 8)
+    assert not holds_back(status_of(full, in_flight=8))
+    roomy = beat_fields(Pace(8, "-c 8, as given", False, Load(8, 0), slots=32), 8)
+    assert holds_back(status_of(roomy, in_flight=8))
+    # 8 held, 2 at the engine: the worker's own bookkeeping limits (a fast engine), not -c.
+    busy_worker = beat_fields(Pace(8, "-c 8, as given", False, Load(2, 0), slots=32), 8)
+    assert not holds_back(status_of(busy_worker, in_flight=8))
