@@ -4,9 +4,14 @@ workers that pace against real servers: tests/workers/test_pool_size.py)."""
 
 from __future__ import annotations
 
+import pytest
+
+from fleetgen.engine import PROTOCOLS, ServerLimits
 from fleetgen.engine.load import Gauges, Load, parse_load
 from fleetgen.monitor.status import WorkerStatus, holds_back
-from workers.pacing import Pace, Pacer, beat_fields, held_queue
+from workers.pacing import START_LIMIT, Pace, Pacer, beat_fields, held_queue
+from workers.settings import WorkerSettings
+from workers.startup import FALLBACK_LIMIT, StartupRefused, plan_limit
 
 
 def reading(held: list[int], slots: int) -> Load:
@@ -113,3 +118,35 @@ def test_a_fixed_limit_in_use_on_an_engine_with_room_holds_it_back() -> None:
     # 8 held, 2 at the engine: the worker's own bookkeeping limits (a fast engine), not -c.
     busy_worker = beat_fields(Pace(8, "-c 8, as given", False, Load(2, 0), slots=32), 8)
     assert not holds_back(status_of(busy_worker, in_flight=8))
+
+
+def settings_of(**env: str) -> WorkerSettings:
+    return WorkerSettings.from_env({"FLEETGEN_REDIS_URL": "redis://127.0.0.1:1/0",
+                                    "FLEETGEN_ENGINE_URL": "http://127.0.0.1:9", **env})
+
+
+class Reader:
+    """Stands in for a LoadReader that has read the queue once (plan_limit asks only that)."""
+
+    gauges = Gauges("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def test_the_plan_takes_the_reported_slots_then_the_queue_then_a_fallback() -> None:
+    sglang = ServerLimits(context_length=8192, max_running_requests=7,
+                          running_requests_from="internal_states")
+    plan = plan_limit(PROTOCOLS["sglang"], sglang, settings_of(), None)
+    assert (plan.pool, plan.limit, plan.paced, plan.slots) == (8, 8, False, 7)
+    shared = plan_limit(PROTOCOLS["sglang"], sglang, settings_of(FLEETGEN_ENGINE_SHARE="2/2"),
+                        None)
+    assert shared.limit == 4 and "4 for this process (2 of 2)" in shared.source
+    vllm = ServerLimits(context_length=4096, engine="vllm")
+    paced = plan_limit(PROTOCOLS["openai"], vllm, settings_of(FLEETGEN_MAX_IN_FLIGHT="500"),
+                       Reader())  # type: ignore[arg-type]
+    assert (paced.pool, paced.limit, paced.paced) == (500, START_LIMIT, True)
+    assert paced.source == ("vllm reports no slot count: found from its queue "
+                            "(vllm:num_requests_waiting)")
+    blind = plan_limit(PROTOCOLS["openai"], vllm, settings_of(), None)
+    assert (blind.limit, blind.paced) == (FALLBACK_LIMIT, False) and "pass -c" in blind.source
+    router = ServerLimits(context_length=4096, max_running_requests=8, servers_behind=2)
+    with pytest.raises(StartupRefused, match="--enable-metrics"):
+        plan_limit(PROTOCOLS["sglang"], router, settings_of(), None)
