@@ -303,13 +303,20 @@ def drain_beside(drainer: Drainer, producer: Beside, *,
     producer.raise_error()
 
 
+def held_out(s: dict[str, Any]) -> str:
+    """Held-out requests and the rows they are (holdout.jsonl's lines): a row of --n 4 or of
+    four turns is four requests, and `requests` above counts requests."""
+    rows = s.get("holdout_rows")
+    return f"{s['holdout']} requests" + ("" if rows is None else f" ({rows} rows)")
+
+
 def summary_table(s: dict[str, Any], out: Path) -> str:
     rows = [("run", s["run"]), ("requests", s["total"])]
     if s.get("input_rows") is not None:
         rows.append(("input lines", s["input_rows"]))
     rows += [("done", s["done"]),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
-            *([("held out (holdout.jsonl)", s["holdout"])] if s.get("holdout") else []),
+            *([("held out (holdout.jsonl)", held_out(s))] if s.get("holdout") else []),
             ("truncated (finish=length)", s["truncated"]),
             ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),
             ("wall time", f"{s['wall_s']} s"), ("rows/s", s["rows_per_s"]),

@@ -91,19 +91,29 @@ def test_measure_acceptance_on_three_drafters(servers: list[str], tmp_path: Path
     order = sorted(spec["by_worker"], key=lambda w: spec["by_worker"][w]["accept_length"])
     assert [int(w.split("@")[0][3:]) for w in order] == sorted(range(3), key=lambda i: RATES[i])
 
+    # Three drafters: each breakdown is a server x group table, each cell its own Σ/Σ.
     report = orjson.loads(_report_data(out / "report.html"))["spec"]
-    sources = {g["group"]: g["accept_length"] for g in report["breakdowns"]["field:source"]}
-    assert sources == {s: round(pooled([r for r in results if r["source"] == s]), 4)
-                       for s in SOURCES}
-    thinking = {g["group"]: g["requests"] for g in report["breakdowns"]["thinking"]}
+    assert report["compared"].startswith("within each server")
+    sources = {(g["server"], g["group"]): g["accept_length"]
+               for g in report["breakdowns"]["field:source"]}
+    assert sources == {(w, s): round(pooled(cell), 4) for w in {r["worker"] for r in results}
+                       for s in SOURCES
+                       if (cell := [r for r in results if r["source"] == s and r["worker"] == w])}
+    thinking = defaultdict(int)
+    for g in report["breakdowns"]["thinking"]:
+        thinking[g["group"]] += g["requests"]
     assert thinking == {"off": ROWS // 4, "on": ROWS - ROWS // 4}
 
+    # The lowest rows are each server's lowest, taken rank by rank across the servers.
     weak = [orjson.loads(line) for line in (out / "weak.jsonl").read_bytes().splitlines()]
-    lowest = sorted(results, key=lambda r: (r["spec"]["accept_length"], r["line"]))[:20]
+    ranked = [sorted((r for r in results if r["worker"] == w),
+                     key=lambda r: (r["spec"]["accept_length"], r["line"]))
+              for w in sorted({r["worker"] for r in results})]
+    lowest = [rows[rank] for rank in range(7) for rows in ranked][:20]
     assert [w["id"] for w in weak] == [r["id"] for r in lowest]
     assert all(set(w) <= {"id", "source", "messages", "chat_template_kwargs"} for w in weak)
     assert "acceptance: " in done.stdout and "tokens per verify step pooled" in done.stdout
-    assert "by source, lowest first" in done.stdout and "weak.jsonl" in done.stdout
+    assert "by source within gpu0@" in done.stdout and "weak.jsonl" in done.stdout
     print(f"\npooled {spec['accept_length']} vs per-request mean {spec['accept_length_mean']};"
           f" by server {[spec['by_worker'][w]['accept_length'] for w in order]}")
 

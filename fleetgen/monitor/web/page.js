@@ -145,11 +145,17 @@ function report(root, d) {
   root.append(head);
 
   const f = d.figures, s = section(root, "Outcomes");
-  table(s, ["total", "done", "failed", "rejected", "truncated", "prompt tokens",
-            "completion tokens", "empty", "unfinished reasoning", "JSON invalid"],
-        [["total", "done", "failed", "rejected", "truncated", "prompt_tokens", "completion_tokens",
-          "empty", "reasoning_unfinished", "json_invalid"].map(n => figureCell(n, f[n]))],
+  /* Requests, each in one file: total = done + failed + rejected + held out. */
+  table(s, ["total (requests)", "done", "failed", "rejected", "held out", "truncated",
+            "prompt tokens", "completion tokens", "empty", "unfinished reasoning",
+            "JSON invalid"],
+        [["total", "done", "failed", "rejected", "holdout", "truncated", "prompt_tokens",
+          "completion_tokens", "empty", "reasoning_unfinished", "json_invalid"].map(
+          n => figureCell(n, f[n]))],
         {id: "figures"});
+  if (d.holdout_rows) s.append(el("p", {class: "note", id: "holdout-rows"},
+    num(f.holdout) + " requests held out: " + num(d.holdout_rows) +
+    " rows in holdout.jsonl (a row of --n samples or of several turns is several requests)"));
   table(s, ["truncated (finish length)", "unfinished reasoning", "empty", "JSON invalid",
             "failed (of answers)"],
         [["truncated", "reasoning_unfinished", "empty", "json_invalid", "failed"].map(
