@@ -194,11 +194,22 @@ def length_bucket(record: Mapping[str, Any]) -> str:
     return f"{low}+"
 
 
+NO_FIELD: Final = "(none)"
+FIELDS_KEPT: Final = 50  # row field names remembered, to name them when --group-by finds none
+
+
 def field_of(name: str) -> Callable[[Mapping[str, Any]], str]:
-    """The row's own field `name` as a group (a list or object as its JSON-ish text)."""
+    """The row's own field `name` as a group (a list or object as its JSON-ish text); dots
+    name a nested field (`meta.src`). A value with spaces at either end is quoted: `code` and
+    `code ` are two groups and must not print alike."""
     def key(record: Mapping[str, Any]) -> str:
-        value = split_result(record).row.get(name)
-        return "(none)" if value is None else str(value)
+        value: Any = split_result(record).row
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            return NO_FIELD
+        text = str(value)
+        return repr(text) if text != text.strip() else text
     return key
 
 
@@ -267,11 +278,16 @@ class AcceptanceScan:
     # dimension -> (server, group) -> the pool of that cell
     groups: dict[str, dict[tuple[str, str], Pool]] = field(default_factory=dict)
     counters: CounterSessions = field(default_factory=CounterSessions)
+    without_spec: int = 0  # answers with no acceptance (a server that does not speculate)
+    fields: set[str] = field(default_factory=set)  # the rows' own field names, FIELDS_KEPT
     _lowest: dict[str, LowestRows] = field(default_factory=dict)
 
     def add(self, record: dict[str, Any], slot: int) -> None:
         self.counters.add(record)
+        if len(self.fields) < FIELDS_KEPT:
+            self.fields.update(list(split_result(record).row)[:FIELDS_KEPT])
         if not self.pool.add(record):
+            self.without_spec += 1
             return
         server = server_of(record)
         for name, key in self._dimensions().items():
@@ -316,11 +332,21 @@ class AcceptanceScan:
             "note": NOTE,
             "group_by": self.group_by,
             "compared": WITHIN_SERVER if self.servers > 1 else ONE_SERVER,
+            "without_spec": self.without_spec,
+            **self._group_by_found(breakdowns),
             "breakdowns": breakdowns,
             "lowest_groups": lowest_groups(breakdowns),
             "lowest_rows": [_row_line(r) for r in self.lowest_rows()],
             **({"vllm": vllm} if vllm else {}),
         }
+
+    def _group_by_found(self, breakdowns: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        """Where no answered row has the --group-by field (a typo, a nested field named
+        without its dots): say so, with the fields the rows have."""
+        groups = breakdowns.get(f"field:{self.group_by}")
+        if not groups or any(g["group"] != NO_FIELD for g in groups):
+            return {}
+        return {"group_by_missing": sorted(self.fields)}
 
     def _breakdown(self, cells: dict[tuple[str, str], Pool]) -> list[dict[str, Any]]:
         """A breakdown's groups, lowest first within each server (the server's name on each

@@ -65,10 +65,15 @@ def acceptance_lines(spec: dict[str, Any] | None, weak: Any) -> list[str]:
     lines = _vllm_lines(spec.get("vllm"))
     if not spec["requests"]:
         return lines
+    without = spec.get("without_spec") or 0
     lines += [f"acceptance: {_fig(spec['accept_length'])} tokens per verify step pooled "
-             f"(sum of completion tokens / sum of verify steps over {spec['requests']} answers); "
+             f"(sum of tokens / sum of verify steps over {spec['requests']} answers); "
              f"per-request mean {_fig(spec['accept_length_mean'])}; accept rate "
              f"{_fig(spec['accept_rate'])}",
+             *([f"  {without} more answers carried no acceptance (their server does not "
+                "speculate): in summary.json's without_spec, in no figure here"]
+               if without else []),
+             *_missing_field(spec),
              "  the pooled figure weighs every verify step alike, the mean every answer alike: "
              "compare drafters on the pooled one"]
     if spec.get("compared"):
@@ -83,6 +88,15 @@ def acceptance_lines(spec: dict[str, Any] | None, weak: Any) -> list[str]:
         lines.append(f"  the {len(spec['lowest_rows'])} lowest answers' rows: {weak} (`fleetgen "
                      f"run {weak} ...` generates more of them)")
     return lines
+
+
+def _missing_field(spec: dict[str, Any]) -> list[str]:
+    fields = spec.get("group_by_missing")
+    if fields is None:
+        return []
+    return [f"  warning: --group-by {spec['group_by']}: no answered row has that field, every "
+            f"row is (none); the rows' fields: {', '.join(fields) or 'none'} (a nested one "
+            "with dots: meta.src)"]
 
 
 def _breakdown_lines(name: str, groups: list[dict[str, Any]]) -> list[str]:

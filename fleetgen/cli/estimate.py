@@ -41,6 +41,8 @@ DEFAULT_SAMPLE = 500
 DEFAULT_CAPS = (2048, 4096, 8192)
 STRATA = 10  # prompt-length strata (fewer for a small sample: at least MIN_PER_STRATUM each)
 MIN_PER_STRATUM = 20
+# `run`'s options the estimate refuses (check_args): hidden from its --help.
+REFUSED = ("max_output_tokens", "holdout", "turns")
 SCRATCH = ".fleetgen-estimate"  # under --out: the sample and its run, one per sample drawn
 ESTIMATE = "estimate.json"
 
@@ -55,7 +57,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="where estimate.json and the sample's run go (the working directory)")
     p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
-                   help="requests to generate (%(default)s)")
+                   help="input rows (prompts) to sample: each is --n requests (%(default)s)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="S",
                    help="the sample's seed: the same seed draws the same rows (%(default)s)")
     p.add_argument("--cap", type=int, action="append", metavar="N",
@@ -64,6 +66,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpus-per-engine", type=int, default=1, metavar="N",
                    help="GPUs behind each server, for GPU-hours (tensor parallel) (1)")
     add_producer_options(p, runoptions.RUN)
+    for action in p._actions:  # run's options the estimate refuses (check_args): not offered
+        if action.dest in REFUSED:
+            action.help = argparse.SUPPRESS
     # What `run` reads that the estimate's sample does not use.
     p.set_defaults(run=None, listen=None, measure_acceptance=False,
                    group_by=None, retry_failures=False)

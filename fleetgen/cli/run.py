@@ -136,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
                           "--turns all run's failed turns go on with `fleetgen retry` while "
                           "the run is not complete")
+    if args.measure_acceptance and args.holdout:
+        # Measured on holdout.jsonl with --holdout still on, the held-out rows were held out
+        # again, never sent, and the run exited 0 having measured nothing.
+        raise ConfigError("--measure-acceptance measures the drafter on every row given; drop "
+                          f"--holdout {args.holdout} (it would hold rows out of the measure)")
     made = usable_dir(args.out)
     try:
         return _run_in(args, urls, listen, external)

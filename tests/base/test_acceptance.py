@@ -147,3 +147,34 @@ def test_the_lowest_rows_are_the_lowest_within_their_server() -> None:
     assert [r["worker"] for r in rows[:6]] == ["gpu0", "gpu1"] * 3
     assert rows[0]["category"] == rows[1]["category"] == "math"
     assert sum(r["worker"] == "gpu1" for r in rows) == 10
+
+
+def test_group_by_a_nested_field_a_typo_and_values_that_print_alike() -> None:
+    """`--group-by categroy` or a nested `meta.src` gave (none) for every row with no word;
+    `code` and `code ` were two groups that printed alike."""
+    from fleetgen.cli.acceptance import acceptance_lines
+
+    def scan_of(group_by: str) -> dict[str, Any]:
+        scan = AcceptanceScan(group_by=group_by)
+        for i in range(6):
+            scan.add(result(100, 30 + i, id=f"q{i}", category="code" if i % 2 else "code ",
+                            meta={"src": "web" if i < 3 else "book"}), slot=i)
+        scan.add({"id": "plain", "completion_tokens": 9, "category": "code"}, slot=6)
+        figures = scan.figures()
+        assert figures is not None
+        return figures
+
+    nested = scan_of("meta.src")["breakdowns"]["field:meta.src"]
+    assert sorted(g["group"] for g in nested) == ["book", "web"]
+    spaced = scan_of("category")
+    assert sorted(g["group"] for g in spaced["breakdowns"]["field:category"]) == [
+        "'code '", "code"]
+    assert "group_by_missing" not in spaced
+    typo = scan_of("categroy")
+    assert typo["group_by_missing"] == ["category", "meta"]
+    lines = acceptance_lines(typo, None)
+    assert any("warning: --group-by categroy: no answered row has that field" in line
+               and "category, meta" in line for line in lines), lines
+    # The answer of a server that does not speculate is named, not silently left out.
+    assert typo["without_spec"] == 1
+    assert any("1 more answers carried no acceptance" in line for line in lines), lines
