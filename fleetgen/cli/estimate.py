@@ -122,7 +122,7 @@ def estimate(args: argparse.Namespace) -> int:
                           "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
     answers, failed = read_answers(run_out, stratum_of)
     fleet = Fleet(len(urls), args.gpus_per_engine, fleet_slots(settings))
-    result = project(answers, sizes, sorted(set(args.cap or DEFAULT_CAPS)), fleet, failed)
+    result = project(answers, sizes, caps_for(args.cap, limits.context_length), fleet, failed)
     result = {"input": input_part(survey, args), "sample": {
         "requests": len(chosen), "answered": len(answers), "failed": failed,
         "strata": len(sizes), "seed": args.sample_seed, "run": str(run_out)}, **result}
@@ -280,6 +280,32 @@ def input_part(survey: Survey, args: argparse.Namespace) -> dict[str, Any]:
                               "p90": at(0.9), "p99": at(0.99), "max": lengths[-1]}}
 
 
+def caps_for(given: list[int] | None, context_length: int) -> list[int]:
+    """The caps of the table: the user's, else the defaults up to the context (a cap above it
+    cuts what the budget, the `none` row, cuts: 8192 on a 4,096 context says nothing)."""
+    return sorted(set(given or [c for c in DEFAULT_CAPS if c <= context_length]))
+
+
+def duration(hours: float | None) -> str:
+    """A time for a person: 15 s, 4.2 min, 3.4 h, 1,250 h (not 0.004206)."""
+    if hours is None:
+        return "-"
+    seconds = hours * 3600
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{hours:,.1f} h" if hours < 100 else f"{hours:,.0f} h"
+
+
+def size(nbytes: float) -> str:
+    """Bytes for a person: 640 B, 12.5 KB, 3.4 MB, 7.1 GB (not 0.00 GB)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
 def table(e: dict[str, Any]) -> str:
     """The estimate on the terminal: the input, then one line per cap."""
     o, i, f = e["output_tokens"], e["input"], e["fleet"]
@@ -297,18 +323,17 @@ def table(e: dict[str, Any]) -> str:
         ("fleet", f"{f['gpus']} GPU(s), {f['tokens_per_s']:,.0f} tokens/s when full "
                   f"({f['slots'] or '?'} slots; the sample kept {f['sample_concurrency']} "
                   f"busy on average{bound})"),
-        ("output size", f"{e['output_bytes']['without_token_ids'] / 1e9:,.2f} GB, "
-                        f"{e['output_bytes']['with_token_ids'] / 1e9:,.2f} GB with --token-ids"),
+        ("output size", f"{size(e['output_bytes']['without_token_ids'])}, "
+                        f"{size(e['output_bytes']['with_token_ids'])} with --token-ids"),
     ]
     width = max(len(k) for k, _ in head)
     lines = [f"  {k:<{width}}  {v}" for k, v in head]
     lines.append(f"\n  {'--max-output-tokens':<20} {'cut':>7} {'95%':>15} {'mean out':>9} "
-                 f"{'tokens':>14} {'wall h':>8} {'GPU-h':>8}")
+                 f"{'tokens':>14} {'wall time':>9} {'GPU time':>9}")
     for cap, row in e["by_cap"].items():
         low, high = row["cut_share_ci95"]
         lines.append(f"  {cap if cap != 'none' else 'none (the budget)':<20} "
                      f"{row['cut_share']:>7.1%} {f'{low:.1%}-{high:.1%}':>15} "
                      f"{row['output_tokens_mean']:>9,.0f} {row['output_tokens_total']:>14,} "
-                     f"{row['wall_h'] if row['wall_h'] is not None else '-':>8} "
-                     f"{row['gpu_hours'] if row['gpu_hours'] is not None else '-':>8}")
+                     f"{duration(row['wall_h']):>9} {duration(row['gpu_hours']):>9}")
     return "\n".join(lines)

@@ -42,3 +42,17 @@ def test_a_small_sample_or_input_has_fewer_strata() -> None:
     assert len(sizes) == 2 and sum(sizes) == sum(s.requests) and len(chosen) == 50
     every, sizes = draw(survey(3), 500, seed=0)  # no more strata than rows: all drawn
     assert len(sizes) == 3 and sorted(every) == [1, 3, 5]
+
+
+def test_times_sizes_and_caps_read_as_a_person_reads_them() -> None:
+    """Hours printed as `0.004206`, sizes as `0.00 GB`, and the default caps listed 8192 on a
+    4,096 context (a cap the budget already is)."""
+    from fleetgen.cli.estimate import caps_for, duration, size
+
+    assert [duration(h) for h in (0.004206, 0.07, 3.44, 1250.2, None)] == [
+        "15 s", "4.2 min", "3.4 h", "1,250 h", "-"]
+    assert [size(b) for b in (640, 12_500, 3_400_000, 7.1e9)] == [
+        "640 B", "12.5 KB", "3.4 MB", "7.1 GB"]
+    assert caps_for(None, 4096) == [2048, 4096]
+    assert caps_for(None, 32768) == [2048, 4096, 8192]
+    assert caps_for([8192, 100], 4096) == [100, 8192]  # the user's, as given
