@@ -110,13 +110,15 @@ def estimate(args: argparse.Namespace) -> int:
     chosen, sizes = draw(survey, args.sample, args.sample_seed)
     sample_path, stratum_of = write_sample(args, settings.input, chosen)
     run_out = sample_path.parent / "run"
-    say(f"generating {len(chosen)} sampled rows on {len(urls)} server(s) (`fleetgen run` "
-        f"into {run_out})")
+    say(f"generating {sample_words(len(chosen), len(survey.lines))} on {len(urls)} server(s) "
+        f"(`fleetgen run` into {run_out})")
     # The sample's run as the user would type it (what its messages quote to go on with).
     argv = ["run", str(sample_path), *(a for u in urls for a in ("--engine-url", u)),
             "--out", str(run_out)]
+    hint = f"run the same `fleetgen estimate` command (same --out {args.out}) to resume it"
     code = run_command.run(argparse.Namespace(**{**vars(args), "input": sample_path,
-                                                 "out": run_out, "argv": argv}))
+                                                 "out": run_out, "argv": argv,
+                                                 "resume_hint": hint}))
     if code != exitcodes.OK:
         raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
                           "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
@@ -278,6 +280,14 @@ def input_part(survey: Survey, args: argparse.Namespace) -> dict[str, Any]:
             "rejected_by_reason": dict(survey.rejected.most_common()),
             "prompt_tokens": {"mean": round(sum(lengths) / len(lengths), 1), "p50": at(0.5),
                               "p90": at(0.9), "p99": at(0.99), "max": lengths[-1]}}
+
+
+def sample_words(chosen: int, usable: int) -> str:
+    """What the sample is: a sample, or the whole input (then the figures are no sample's:
+    only the answers' own randomness is left in them)."""
+    if chosen >= usable:
+        return f"all {usable:,} usable rows (the sample is the whole input)"
+    return f"{chosen:,} sampled rows of {usable:,}"
 
 
 def caps_for(given: list[int] | None, context_length: int) -> list[int]:

@@ -167,7 +167,7 @@ def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] |
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
             on_redis=(lambda f: _say_join(f, listen)) if listen else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
-            group_by=args.group_by,
+            group_by=args.group_by, resume_hint=vars(args).get("resume_hint"),
             on_report=measure.print_report if measure is not None else None))
 
 

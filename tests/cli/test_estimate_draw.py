@@ -5,6 +5,9 @@ requests each stratum stands for summing to the input's."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+import pytest
 
 from fleetgen.cli.estimate import Survey, draw
 
@@ -56,3 +59,25 @@ def test_times_sizes_and_caps_read_as_a_person_reads_them() -> None:
     assert caps_for(None, 4096) == [2048, 4096]
     assert caps_for(None, 32768) == [2048, 4096, 8192]
     assert caps_for([8192, 100], 4096) == [100, 8192]  # the user's, as given
+
+
+def test_the_estimate_says_when_its_sample_is_the_whole_input() -> None:
+    """It printed `generating 302 sampled rows`: the whole input, without saying so."""
+    from fleetgen.cli.estimate import sample_words
+
+    assert sample_words(302, 302) == "all 302 usable rows (the sample is the whole input)"
+    assert sample_words(500, 2000) == "500 sampled rows of 2,000"
+
+
+def test_an_interrupted_estimate_names_its_own_command_not_its_inner_out(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """After Ctrl-C the resume hint named the sample run's --out, which the user never typed."""
+    from fleetgen.cli.job import NodeJob, _say_how_it_ended
+
+    inner = tmp_path / ".fleetgen-estimate" / "k" / "run"
+    hint = f"run the same `fleetgen estimate` command (same --out {tmp_path}) to resume it"
+    job = NodeJob("run", None, None, inner, inner / "state", resumed=False,  # type: ignore
+                  resume_hint=hint)
+    _say_how_it_ended(job, {"run": "estimate-k"}, interrupted=True)
+    said = capsys.readouterr().out
+    assert hint in said and str(inner) not in said
