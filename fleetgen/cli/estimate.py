@@ -127,6 +127,7 @@ def estimate(args: argparse.Namespace) -> int:
     result = project(answers, sizes, caps_for(args.cap, limits.context_length), fleet, failed)
     result = {"input": input_part(survey, args), "sample": {
         "requests": len(chosen), "answered": len(answers), "failed": failed,
+        "whole_input": len(chosen) >= len(survey.lines),
         "strata": len(sizes), "seed": args.sample_seed, "run": str(run_out)}, **result}
     with atomic_file(args.out / ESTIMATE) as f:
         f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
