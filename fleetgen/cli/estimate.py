@@ -110,18 +110,8 @@ def estimate(args: argparse.Namespace) -> int:
     chosen, sizes = draw(survey, args.sample, args.sample_seed)
     sample_path, stratum_of = write_sample(args, settings.input, chosen)
     run_out = sample_path.parent / "run"
-    say(f"generating {sample_words(len(chosen), len(survey.lines))} on {len(urls)} server(s) "
-        f"(`fleetgen run` into {run_out})")
-    # The sample's run as the user would type it (what its messages quote to go on with).
-    argv = ["run", str(sample_path), *(a for u in urls for a in ("--engine-url", u)),
-            "--out", str(run_out)]
-    hint = f"run the same `fleetgen estimate` command (same --out {args.out}) to resume it"
-    code = run_command.run(argparse.Namespace(**{**vars(args), "input": sample_path,
-                                                 "out": run_out, "argv": argv,
-                                                 "resume_hint": hint}))
-    if code != exitcodes.OK:
-        raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
-                          "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
+    generate_sample(args, urls, sample_path, run_out, sample_words(len(chosen),
+                                                                   len(survey.lines)))
     answers, failed = read_answers(run_out, stratum_of)
     fleet = Fleet(len(urls), args.gpus_per_engine, fleet_slots(settings))
     result = project(answers, sizes, caps_for(args.cap, limits.context_length), fleet, failed)
@@ -133,11 +123,49 @@ def estimate(args: argparse.Namespace) -> int:
         f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     print(table(result))
     say(f"written to {args.out / ESTIMATE}")
+    say(reuse_note(len(answers), run_out))
     return exitcodes.OK
 
 
 def say(text: str) -> None:
     print(f"fleetgen estimate: {text}", flush=True)
+
+
+def generate_sample(args: argparse.Namespace, urls: list[str], sample_path: Path,
+                    run_out: Path, what: str) -> None:
+    """The sample's `fleetgen run`, unless a complete one is there: the same estimate again
+    reads its answers, where it started Valkey and a worker a server to generate nothing."""
+    if sample_done(run_out):
+        say(f"the sample's run in {run_out} is complete: its answers are read again, nothing "
+            "is generated")
+        return
+    say(f"generating {what} on {len(urls)} server(s) (`fleetgen run` into {run_out})")
+    # The sample's run as the user would type it (what its messages quote to go on with).
+    argv = ["run", str(sample_path), *(a for u in urls for a in ("--engine-url", u)),
+            "--out", str(run_out)]
+    hint = f"run the same `fleetgen estimate` command (same --out {args.out}) to resume it"
+    code = run_command.run(argparse.Namespace(**{**vars(args), "input": sample_path,
+                                                 "out": run_out, "argv": argv,
+                                                 "resume_hint": hint}))
+    if code != exitcodes.OK:
+        raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
+                          "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
+
+
+def reuse_note(answered: int, run_out: Path) -> str:
+    """Why `fleetgen run` will generate the sampled rows again: said, not left to be found."""
+    return (f"`fleetgen run` does not reuse the sample's {answered:,} answers ({run_out}): it "
+            "generates every row again, as its drainer is the one writer of its output and "
+            "the sample ran uncapped; a run with other settings could not use them anyway")
+
+
+def sample_done(run_out: Path) -> bool:
+    """Whether the sample's run finished with every request answered (its summary.json)."""
+    try:
+        summary = DrainDir(run_out).read_summary() if run_out.is_dir() else None
+    except (OSError, ValueError):
+        return False
+    return bool(summary and summary.get("complete") and not summary.get("failed"))
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -81,3 +81,31 @@ def test_an_interrupted_estimate_names_its_own_command_not_its_inner_out(
     _say_how_it_ended(job, {"run": "estimate-k"}, interrupted=True)
     said = capsys.readouterr().out
     assert hint in said and str(inner) not in said
+
+
+def test_a_complete_sample_run_is_read_not_run_again(tmp_path: Path) -> None:
+    """Re-running the same estimate started Valkey and a worker a server to generate nothing:
+    a sample run whose summary.json says complete, with no failure, is read as it is."""
+    import orjson
+
+    from fleetgen.cli.estimate import sample_done
+
+    run = tmp_path / "run"
+    assert not sample_done(run)
+    run.mkdir()
+    for summary, done in (({"complete": True, "failed": 0}, True),
+                          ({"complete": True, "failed": 2}, False),
+                          ({"complete": False, "failed": 0}, False)):
+        (run / "summary.json").write_bytes(orjson.dumps(summary))
+        assert sample_done(run) is done, summary
+    (run / "summary.json").write_bytes(b"{torn")
+    assert not sample_done(run)
+
+
+def test_the_estimate_says_its_answers_are_not_reused() -> None:
+    """`fleetgen run` with the same settings generated all 302 again and said nothing."""
+    from fleetgen.cli.estimate import reuse_note
+
+    note = reuse_note(302, Path("x/run"))
+    assert note.startswith("`fleetgen run` does not reuse the sample's 302 answers (x/run)")
+    assert "generates every row again" in note
