@@ -108,7 +108,8 @@ def estimate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.input}: no row fits the servers' budget "
                           f"({sum(survey.rejected.values())} rejected); nothing to estimate")
     chosen, sizes = draw(survey, args.sample, args.sample_seed)
-    sample_path, stratum_of = write_sample(args, settings.input, chosen)
+    own_caps: list[int] = []
+    sample_path, stratum_of = write_sample(args, settings.input, chosen, own_caps)
     run_out = sample_path.parent / "run"
     generate_sample(args, urls, sample_path, run_out, sample_words(len(chosen),
                                                                    len(survey.lines)))
@@ -117,11 +118,13 @@ def estimate(args: argparse.Namespace) -> int:
     result = project(answers, sizes, caps_for(args.cap, limits.context_length), fleet, failed)
     result = {"input": input_part(survey, args), "sample": {
         "requests": len(chosen), "answered": len(answers), "failed": failed,
-        "whole_input": len(chosen) >= len(survey.lines),
+        "whole_input": len(chosen) >= len(survey.lines), "own_caps": len(own_caps),
         "strata": len(sizes), "seed": args.sample_seed, "run": str(run_out)}, **result}
     with atomic_file(args.out / ESTIMATE) as f:
         f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     print(table(result))
+    if own_caps:
+        say(own_caps_note(own_caps, len(chosen)))
     say(f"written to {args.out / ESTIMATE}")
     say(reuse_note(len(answers), run_out))
     return exitcodes.OK
@@ -150,6 +153,14 @@ def generate_sample(args: argparse.Namespace, urls: list[str], sample_path: Path
     if code != exitcodes.OK:
         raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
                           "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
+
+
+def own_caps_note(caps: list[int], rows: int) -> str:
+    """The rows' own max_tokens cut their answers in any run, whatever --max-output-tokens:
+    a Batch file's `max_tokens: 200` made every cap's row read the same share, unexplained."""
+    return (f"{len(caps):,} of the {rows:,} sampled rows carry their own max_tokens (from "
+            f"{min(caps):,} to {max(caps):,}): their answers stop there in any run, so every "
+            "cap's cut share counts them, whatever --max-output-tokens")
 
 
 def reuse_note(answered: int, run_out: Path) -> str:
@@ -246,11 +257,12 @@ def draw(survey: Survey, n: int, seed: int) -> tuple[dict[int, int], list[int]]:
     return chosen, sizes
 
 
-def write_sample(args: argparse.Namespace, source: Path,
-                 chosen: dict[int, int]) -> tuple[Path, dict[str, int]]:
+def write_sample(args: argparse.Namespace, source: Path, chosen: dict[int, int],
+                 own_caps: list[int] | None = None) -> tuple[Path, dict[str, int]]:
     """The sampled rows as they were (their ids written out), in a directory named by their
     bytes and the settings: the same sample is the same run, resumed; another is a new one.
-    Returns the sample's path and each sampled id's stratum (what its answer is filed by)."""
+    Returns the sample's path and each sampled id's stratum (what its answer is filed by);
+    `own_caps` gets the sampled rows' own max_tokens (a Batch body's, a `sampling` one's)."""
     from producer.rows import Row, read_rows
 
     stratum_of: dict[str, int] = {}
@@ -259,6 +271,8 @@ def write_sample(args: argparse.Namespace, source: Path,
         if item.line in chosen and isinstance(item, Row):
             body += orjson.dumps({"id": item.id, **item.fields}) + b"\n"
             stratum_of[item.id] = chosen[item.line]
+            if own_caps is not None and item.max_tokens is not None:
+                own_caps.append(item.max_tokens)
     pinned = {o.attr: getattr(args, o.attr, None) for o in runoptions.TABLE
               if o.kept.pinned and o.flags}
     key = hashlib.blake2b(bytes(body) + json.dumps(pinned, sort_keys=True, default=str)

@@ -109,3 +109,25 @@ def test_the_estimate_says_its_answers_are_not_reused() -> None:
     note = reuse_note(302, Path("x/run"))
     assert note.startswith("`fleetgen run` does not reuse the sample's 302 answers (x/run)")
     assert "generates every row again" in note
+
+
+def test_rows_own_caps_are_named_in_the_estimate(tmp_path: Path) -> None:
+    """A Batch file's own `max_tokens: 200` made every cap row read `66.7 %` cut, with nothing
+    saying the rows' own caps did it."""
+    import argparse
+
+    import orjson
+
+    from fleetgen.cli.estimate import own_caps_note, write_sample
+
+    source = tmp_path / "batch.jsonl"
+    rows = [{"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": f"q{i}"}],
+                      **({"max_tokens": 200} if i % 3 else {})}} for i in range(6)]
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    caps: list[int] = []
+    args = argparse.Namespace(out=tmp_path)
+    write_sample(args, source, {line: 0 for line in range(1, 7)}, caps)
+    assert caps == [200] * 4
+    assert own_caps_note(caps, 6).startswith("4 of the 6 sampled rows carry their own "
+                                             "max_tokens (from 200 to 200)")
