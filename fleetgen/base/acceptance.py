@@ -165,7 +165,7 @@ def pooled_summary(pool: Pool, by_worker: Mapping[str, Pool], done: int,
                    counters: CounterSessions | None = None) -> dict[str, Any]:
     """summary.json's `spec`: the pooled figure, the mean beside it, the answers without one,
     and each worker's (one per server under `fleetgen run`); `vllm`, from the counters of
-    servers that report acceptance only as counters."""
+    servers that report acceptance only as counters (vLLM without per-request metrics)."""
     vllm = counters.figures() if counters is not None else None
     return {**pool.figures(), "without_spec": done - pool.requests,
             "by_worker": {name: by_worker[name].figures() for name in sorted(by_worker)},

@@ -1,8 +1,8 @@
 """`fleetgen run --measure-acceptance`: refuse servers that do not speculate, and once the run
 is written print the drafter's acceptance on these prompts (pooled, the per-request mean, by
 server and the other breakdowns, the lowest groups, weak.jsonl), as the report computed it
-from the files; vLLM servers, which report acceptance only as counters, by the counters' growth
-the workers wrote into the results."""
+from the files; vLLM servers started without --per-request-spec-decode-metrics, which report
+acceptance only as counters, by the counters' growth the workers wrote into the results."""
 
 from __future__ import annotations
 
