@@ -35,12 +35,13 @@ from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.load import gauges_of
-from fleetgen.engine.openai import LLAMA_CPP
+from fleetgen.engine.openai import LLAMA_CPP, VLLM
 from fleetgen.engine.preflight import (
     Check,
     combine,
     fleet_disagreements,
     keeps_verbose,
+    per_request_acceptance,
     refuses_long_input,
     refuses_past_total,
     tiny_generation,
@@ -175,7 +176,9 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
             checks.append(refuses_past_total(client, limits))
     finally:
         client.close()
-    return checks
+    acceptance = per_request_acceptance(url, api_key, timeout_s) if limits.engine == VLLM \
+        else None
+    return checks + ([acceptance] if acceptance else [])
 
 
 def exit_code(reports: list[ServerReport], fleet_checks: list[Check]) -> int:
@@ -296,8 +299,7 @@ def render_text(reports: list[ServerReport], fleet_checks: list[Check],
                          "answers are not reproducible")
     lines += [f"note: {r.url} {line}" for r in reports if r.limits is not None
               for line in [reasoning_line(r.limits)] if line]
-    lines += [f"{'ok  ' if c.ok else 'FAIL'} {r.url} {c.name}: {c.detail}"
-              for r in reports for c in r.checks]
+    lines += [f"{c.line()[:4]} {r.url} {c.name}: {c.detail}" for r in reports for c in r.checks]
     lines += [c.line() for c in fleet_checks]
     lines.append(VERDICTS[code])
     return "\n".join(lines)

@@ -136,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
                           "--turns all run's failed turns go on with `fleetgen retry` while "
                           "the run is not complete")
+    if args.measure_acceptance and args.holdout:
+        # Measured on holdout.jsonl with --holdout still on, the held-out rows were held out
+        # again, never sent, and the run exited 0 having measured nothing.
+        raise ConfigError("--measure-acceptance measures the drafter on every row given; drop "
+                          f"--holdout {args.holdout} (it would hold rows out of the measure)")
     made = usable_dir(args.out)
     try:
         return _run_in(args, urls, listen, external)
@@ -162,7 +167,7 @@ def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] |
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
             on_redis=(lambda f: _say_join(f, listen)) if listen else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
-            group_by=args.group_by,
+            group_by=args.group_by, resume_hint=vars(args).get("resume_hint"),
             on_report=measure.print_report if measure is not None else None))
 
 

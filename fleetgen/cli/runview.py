@@ -30,6 +30,10 @@ class EngineState:
     up: bool = True
     since: float = 0.0  # when it went down or came back (epoch s)
     in_flight: int = 0  # what its workers held at the last look while it was up
+    # Answering seen by this run: until then nothing is said of it. On a resume the stopped
+    # run's workers' heartbeats linger (lost) before this run's own first beat, and were said
+    # as "stopped (no heartbeat)", once a worker, each time.
+    seen: bool = False
 
 
 class FleetView:
@@ -80,6 +84,9 @@ class FleetView:
             self.limits.note(engine.url, answering)
             if answering:
                 engine.in_flight = sum(w.in_flight or 0 for w in answering)
+            if not engine.seen:
+                engine.seen, engine.up = bool(answering), bool(answering)
+                continue
             if bool(answering) == engine.up:
                 continue
             if answering:

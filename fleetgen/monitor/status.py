@@ -88,6 +88,8 @@ class RunStatus:
     stop_reason: str | None = None
     # --turns all: later turns held back by a failed turn (settled until `fleetgen retry`).
     blocked: int = 0
+    # Requests of the rows held out (--holdout): never sent, settled in holdout.jsonl.
+    holdout: int = 0
     # Failures the workers have written, counting those a `fleetgen retry` has since fixed
     # (`failed` is what stands now).
     failed_attempts: int = 0
@@ -110,7 +112,8 @@ class RunStatus:
     def remaining(self) -> int | None:
         if self.total is None:
             return None
-        return max(self.total - self.done - self.failed - self.rejected - self.blocked, 0)
+        return max(self.total - self.done - self.failed - self.rejected - self.holdout
+                   - self.blocked, 0)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -183,6 +186,7 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.empty, status.unfinished = outcome("empty"), outcome("reasoning_unfinished")
     status.stop_reason = manifest.stop_reason
     status.blocked = blocked
+    status.holdout = outcome("holdout")
     beats = live_workers(client)  # one SCAN and an HGETALL a worker, for both readings
     status.workers = _workers(beats, stats, elapsed, clock)
     _lost_leases(client, beats, status, clock)
@@ -311,6 +315,7 @@ def render(s: RunStatus) -> str:
         f"in flight {s.in_flight}  written {s.written}",
         f"  outcome done {s.done}  failed {s.failed}  rejected {s.rejected}  "
         f"truncated {s.truncated} ({s.truncation_rate:.1%})  retries {s.retries}"
+        + (f"  held out {s.holdout} requests" if s.holdout else "")
         + (f"  held back by failed turns {s.blocked}" if s.blocked else ""),
         f"  early   truncated {s.share(s.truncated):.1%}  empty {s.share(s.empty):.1%}  "
         f"unfinished reasoning {s.share(s.unfinished):.1%}  failed {s.share(s.failed):.1%}"

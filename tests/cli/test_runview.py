@@ -82,6 +82,28 @@ def test_heartbeats_are_read_on_valkeys_clock(rclient: redis.Redis,
     assert said == [] and view.engines_up == (1, 1) and view.in_flight is not None
 
 
+def test_a_resume_says_nothing_of_the_stopped_runs_workers(rclient: redis.Redis) -> None:
+    """Every resume printed three false `worker … stopped (no heartbeat)` lines: the stopped
+    run's heartbeats linger, lost, until this run's workers beat. An engine is said gone only
+    once this run has seen it answer."""
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    said: list[str] = []
+    now = [time.time()]
+    view = FleetView(rclient, RUN, [A], said.append, clock=lambda: now[0])
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0] - 300, inflight=4)  # last run's, lost
+    now[0] += LOOK_EVERY_S
+    view.look()
+    assert said == [] and view.engines_up == (0, 1)
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0])  # this run's worker beats
+    now[0] += LOOK_EVERY_S
+    view.look()
+    assert said == [] and view.engines_up == (1, 1)
+    beat(rclient, "gpu0@h", A, healthy=False, at=now[0])  # then it falls: said
+    now[0] += LOOK_EVERY_S
+    view.look()
+    assert len(said) == 1 and said[0].startswith(f"engine {A} stopped answering")
+
+
 def limit_beat(client: redis.Redis, name: str, engine: str, at: float, *, inflight: int,
                limit: int, source: str, running: int, waiting: int, paced: int = 1,
                limit_max: int = 2048) -> None:
