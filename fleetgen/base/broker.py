@@ -20,6 +20,7 @@ Profiled in a worker at hundreds of prompts a second (py-spy --gil, docs/perform
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -38,6 +39,8 @@ from fleetgen.base.contract import AFFINITY_PREFIX
 from fleetgen.base.redisconn import text
 from fleetgen.base.serverclock import LUA_NOW
 from fleetgen.base.wire import IN_FLIGHT, LEASES, SWEEP_DUE, held_key, in_flight_entry
+
+log = logging.getLogger("fleetgen.worker")
 
 # What Celery's `broker_transport` names (fleetgen/base/celeryconf.py).
 TRANSPORT = f"{__name__}:Transport"
@@ -100,13 +103,25 @@ return false
 # A period's share the due key lasts: a lone worker, whose timer fires a little early or late,
 # still sweeps every period.
 SWEEP_DUE_SHARE = 0.9
-# After a sweep restored the tags ARGV[3..] of holder ARGV[1] (KEYS[2], its set): they leave the
-# set, and the holder leaves the leases if its lease is still the lapsed one (a frozen worker
-# that woke meanwhile keeps its lease and what it took since).
+# After a sweep restored the tags of holder ARGV[1] (each restore took its tag out of the
+# holder's set, `QoS._restore_held`): the holder leaves the leases if its lease is still the
+# lapsed one (a frozen worker that woke meanwhile keeps its lease and what it took since).
 _SWEPT = """
-for i = 3, #ARGV do redis.call('SREM', KEYS[2], ARGV[i]) end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) <= tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 1
+"""
+# An ack (or a reject without requeue) of tag ARGV[1] by the holder whose set is KEYS[3]: the
+# unacked copy (KEYS[2]), its index entry (KEYS[1]) and its in-flight entry (KEYS[4]) go only if
+# this holder still holds the tag. A holder cut off from Valkey past its lease acks late, after
+# the heal; by then the sweep has handed the prompt back and another worker may hold it under
+# the same tag (kombu's restore keeps it): that worker's copy must stay (issue 52). Returns 1 if
+# removed, 0 if the tag was no longer this holder's.
+_ACK = """
+if redis.call('SREM', KEYS[3], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 return 1
 """
 
@@ -172,10 +187,62 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.append(self, message, delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
-        """kombu's removal at an ack or a restore (ZREM + HDEL), and the tag out of this
-        holder's set and of the in-flight index."""
+        """kombu's removal (ZREM + HDEL), and the tag out of this holder's set and of the
+        in-flight index. Unguarded: an ack or a restore goes through `_drop` or
+        `_restore_held`, which remove only what this holder still holds."""
         return super()._remove_from_indices(delivery_tag, pipe) \
             .srem(self.held_key, delivery_tag).hdel(IN_FLIGHT, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        self._drop(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            self.restore_by_tag(delivery_tag, leftmost=True)
+        else:
+            self._drop(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def _drop(self, delivery_tag: str) -> None:
+        """The ack in Valkey (`_ACK`): nothing is removed unless this holder still holds it."""
+        keys = [self.unacked_index_key, self.unacked_key, self.held_key, IN_FLIGHT]
+        with self.channel.conn_or_acquire() as client:
+            removed = self._script(client, _ACK, keys, [delivery_tag])
+        if not removed:
+            log.warning("late ack of message %s left alone: its lease lapsed and the sweep "
+                        "handed it back (another worker may hold it now)", delivery_tag)
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        """kombu's restore of one message to its queue (a reject with requeue, the hand-back
+        at shutdown, `restore_unacked`), only while this holder still holds it: a late
+        hand-back must not requeue a second copy of what another worker holds."""
+        self._restore_held(tag, self.held_key, client, leftmost)
+
+    def _restore_held(self, tag: Any, held: str | None, client: Any = None,
+                      leftmost: bool = False) -> None:
+        """kombu's `restore_by_tag` (a WATCH transaction on the unacked hash: the copy back to
+        its queue and out of the indices), and out of holder set `held`, done only if `held`
+        still holds the tag (None: a tag of a worker without a holder, kombu's own QoS)."""
+        tag = text(tag)
+
+        def restore_transaction(pipe: Any) -> None:
+            holds = held is None or pipe.sismember(held, tag)
+            copy = pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            if not holds:
+                return
+            pipe.zrem(self.unacked_index_key, tag).hdel(self.unacked_key, tag) \
+                .hdel(IN_FLIGHT, tag)
+            if held is not None:
+                pipe.srem(held, tag)
+            if copy:
+                message, exchange, routing_key = kombu_json.loads(text(copy))
+                self.channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
+
+        watched = [self.unacked_key] if held is None else [self.unacked_key, held]
+        with self.channel.conn_or_acquire(client) as client:
+            client.transaction(restore_transaction, *watched)
 
     def beat(self, key: str, fields: Mapping[str, Any], ttl_s: int, closing: str) -> Any:
         """Renew this channel's lease on every message it holds (one ZADD of its holder to
@@ -218,15 +285,15 @@ class QoS(kombu_redis.QoS):
                         self._restore_holder(client, text(holder), cutoff)
                     for tag in client.zrangebyscore(self.unacked_index_key, 0, cutoff,
                                                     start=start if num else None, num=num):
-                        self.restore_by_tag(tag, client)
+                        self._restore_held(tag, None, client)
             except MutexHeld:
                 pass
 
     def _restore_holder(self, client: Any, holder: str, cutoff: float) -> None:
-        tags = [text(tag) for tag in client.smembers(held_key(holder))]
-        for tag in tags:
-            self.restore_by_tag(tag, client)
-        self._script(client, _SWEPT, [LEASES, held_key(holder)], [holder, cutoff, *tags])
+        held = held_key(holder)
+        for tag in client.smembers(held):
+            self._restore_held(tag, held, client)
+        self._script(client, _SWEPT, [LEASES], [holder, cutoff])
 
     def _held(self) -> list[str]:
         """The tags delivered and not acked. The consumer thread adds and removes tags while
