@@ -21,6 +21,7 @@ Profiled in a worker at hundreds of prompts a second (py-spy --gil, docs/perform
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -347,5 +348,49 @@ class Channel(kombu_redis.Channel):
         return made[1]
 
 
+class Sweeper:
+    """The sweep (`QoS.restore_visible`, through kombu's `MultiChannelPoller
+    .maybe_restore_messages`) on a daemon thread of its own, every sweep period, instead of on
+    Celery's consumer loop: a sweep waits on Valkey (TIME, the lock, a WATCH transaction per
+    message restored; on a cut link a 30 s socket timeout and retries), and a loop that waits
+    on the network stops consuming, acking, and checking its BRPOP connection (issue 52). One
+    a process; after a reconnection it sweeps through the new connection's poller."""
+
+    def __init__(self) -> None:
+        self._cycle: Any = None
+        self._interval_s = 10.0
+        self._thread: Any = None
+        self._lock = threading.Lock()
+
+    def follow(self, cycle: Any, interval_s: float) -> None:
+        with self._lock:
+            self._cycle, self._interval_s = cycle, max(float(interval_s), 0.1)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fleetgen-sweep",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._interval_s)
+            try:
+                self._cycle.maybe_restore_messages()
+            except Exception:  # a sweep must never end the thread; the next one retries
+                log.debug("sweep failed", exc_info=True)
+
+
+SWEEPER = Sweeper()
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """kombu's registration with Celery's loop, less its sweep timer: the `SWEEPER` thread
+        sweeps instead."""
+        super().register_with_event_loop(connection, loop)
+        cycle: Any = self.cycle
+        cycle._restore_messages_tref.cancel()
+        interval_s = connection.client.transport_options.get(
+            "unacked_restore_interval", Channel.unacked_restore_interval)
+        SWEEPER.follow(cycle, interval_s)
