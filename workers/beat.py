@@ -13,6 +13,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, ClassVar
+
+from celery import bootsteps
 
 from fleetgen.base.heartbeat import LOST_AFTER_BEATS
 
@@ -98,3 +101,53 @@ class Beat:
                   if down_s > self.lease_s else "; its lease held")
         log.warning("fleetgen worker %s: Valkey back after %.0f s without a heartbeat%s",
                     self.worker, down_s, lapsed)
+
+
+class ThreadTimer:
+    """What Celery's event heartbeat (`celery.worker.heartbeat.Heart`) asks of its timer, each
+    entry on a daemon thread of its own instead of on the consumer loop."""
+
+    def call_repeatedly(self, interval_s: float, fun: Callable[..., Any], args: Any = (),
+                        priority: int = 0) -> _Repeat:
+        return _Repeat(float(interval_s), fun, tuple(args))
+
+    def cancel(self, tref: _Repeat) -> None:
+        tref.cancel()
+
+
+class _Repeat:
+    def __init__(self, interval_s: float, fun: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._stop = threading.Event()
+        self._interval_s, self._fun, self._args = interval_s, fun, args
+        threading.Thread(target=self._run, name="fleetgen-event-heartbeat", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._fun(*self._args)
+            except Exception:  # the next one retries, as on Celery's timer
+                log.debug("event heartbeat failed", exc_info=True)
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+
+class EventHeartOffLoop(bootsteps.StartStopStep):
+    """Celery's worker-heartbeat event (what Flower shows a worker online by) is a synchronous
+    publish every 2 s on the consumer loop's timer: on a cut link it held the loop for the
+    socket timeout and its retries (issue 52; measured: the loop's own checks stopped for the
+    whole cut). Moved to a thread (`ThreadTimer`), here and whenever events are enabled again."""
+
+    requires: ClassVar[set[str]] = {"celery.worker.consumer.heart:Heart"}
+
+    def start(self, c: Any) -> None:
+        heart = getattr(c, "heart", None)
+        if heart is None:
+            return
+        running = heart.tref is not None
+        if running:
+            heart.timer.cancel(heart.tref)
+        heart.timer = ThreadTimer()
+        if running:
+            heart.tref = heart.timer.call_repeatedly(heart.interval, heart._send,
+                                                     ("worker-heartbeat",))

@@ -15,6 +15,7 @@ from fleetgen.base.celeryconf import make_app
 from fleetgen.base.contract import TASK_NAME, TaskPayload
 from fleetgen.base.errors import ConfigError, EngineError, EngineGone
 from workers import runtime, startup
+from workers.beat import EventHeartOffLoop
 from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.handback import RememberConsumer
@@ -102,4 +103,5 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 app.steps["consumer"].add(HealthGate)
+app.steps["consumer"].add(EventHeartOffLoop)  # Celery's event heartbeat off the loop
 app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)
