@@ -109,7 +109,7 @@ class FleetView:
             when = status.sweep_when(back, sweeper, duration)
             return (f"worker {names} of engine {engine.url} LOST at {_clock(now)} (no "
                     f"heartbeat: stopped, or cut off from Valkey): {prompts} back to the queue "
-                    f"{when}, when its leases lapse")
+                    f"{when}" + (", when its leases lapse" if sweeper else ""))
         return (f"engine {engine.url} stopped answering at {_clock(now)} (worker {names}: "
                 f"{workers[0].health}): {prompts} back to the queue for the other engines; "
                 "its worker takes prompts again once it answers")
