@@ -34,6 +34,7 @@ from fleetgen.base.runoptions import DEFAULT_TOKENIZER
 from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
+from fleetgen.engine.load import gauges_of
 from fleetgen.engine.openai import LLAMA_CPP
 from fleetgen.engine.preflight import (
     Check,
@@ -258,13 +259,21 @@ def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
+def _concurrency(size: int | None, limits: ServerLimits) -> str:
+    """The worker's -c: the slots + 1 where they are reported, else "paced" where the worker
+    finds it from the engine's queue (workers/pacing.py), else "?"."""
+    if size:
+        return str(size)
+    return "paced" if gauges_of(limits.engine) is not None else "?"
+
+
 def _row(r: ServerReport) -> tuple[str, ...]:
     s = r.limits
     if s is None:
         return (r.url, *("-" for _ in COLUMNS[1:]))
     return (r.url, s.model or "?", str(s.context_length), str(r.input_limit),
             str(s.reserved_tokens), str(s.max_running_requests or "?"),
-            str(r.concurrency or "?"), _yes_no(s.deterministic),
+            _concurrency(r.concurrency, s), _yes_no(s.deterministic),
             _yes_no(not s.skip_tokenizer_init))
 
 

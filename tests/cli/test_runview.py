@@ -120,3 +120,35 @@ def test_with_every_worker_cut_off_nothing_says_the_next_sweep(rclient: redis.Re
     assert "only once a worker reaches Valkey again" in status.lost_line(s)
     s.workers[0] = status.WorkerStatus("gpu0@h", health="ok")
     assert "back in the queue at the next sweep" in status.lost_line(s)
+
+
+def limit_beat(client: redis.Redis, name: str, engine: str, at: float, *, inflight: int,
+               limit: int, source: str, running: int, waiting: int, paced: int = 1,
+               limit_max: int = 2048) -> None:
+    beat(client, name, engine, healthy=True, at=at, inflight=inflight)
+    client.hset(worker_key(name), mapping={
+        "concurrency": limit, "limit_from": source, "paced": paced, "limit_max": limit_max,
+        "engine_running": running, "engine_waiting": waiting})
+
+
+def test_the_limit_and_its_source_are_said_once_settled(rclient: redis.Redis) -> None:
+    """The run's terminal names each engine's limit and where it comes from once it settles
+    (not at every step of the pacer's climb), and says when a limit holds an engine back."""
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    said: list[str] = []
+    now = [time.time()]
+    view = FleetView(rclient, RUN, [A, B], said.append, clock=lambda: now[0])
+    source = "vllm reports no slot count: found from its queue (vllm:num_requests_waiting)"
+    for limit, inflight, running, waiting in ((16, 16, 16, 0), (64, 60, 60, 0),
+                                              (132, 132, 128, 4), (134, 133, 128, 5)):
+        now[0] += LOOK_EVERY_S
+        limit_beat(rclient, "gpu0@h", A, now[0], inflight=inflight, limit=limit,
+                   source=source, running=running, waiting=waiting)
+        limit_beat(rclient, "gpu1@h", B, now[0], inflight=8, limit=8, source="-c 8, as given",
+                   running=8, waiting=0, paced=0, limit_max=8)
+        view.look()
+    mine = [line for line in said if line.startswith(f"engine {A}")]
+    assert mine == [f"engine {A}: 133 in flight, limit 134; its queue: 128 running, 5 waiting "
+                    f"({source})"]
+    held = [line for line in said if line.startswith(f"engine {B}") and "HOLDS" in line]
+    assert len(held) == 1 and "raise it (-c)" in held[0] and "8 running, 0 waiting" in held[0]
