@@ -405,12 +405,13 @@ class Channel(kombu_redis.Channel):
     _block_next = False  # the last take found nothing: block on the shared queue next
     _blocked_on = ""
     taken_sha1 = ""  # of the message being delivered from a take, for `QoS.append`
+    _refused_until = 0.0  # a take Valkey refused (OOM, MISCONF): the next waits a second
 
     def _brpop_start(self, timeout: Any = None) -> None:
         if self.global_keyprefix:
             return super()._brpop_start(timeout)
         queues = self._queue_cycle.consume(len(self.active_queues))
-        if not queues:
+        if not queues or monotonic() < self._refused_until:
             return None
         keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
         qos: Any = self.qos
@@ -440,6 +441,10 @@ class Channel(kombu_redis.Channel):
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
+            except self.ResponseError as exc:  # the script writes: a full Valkey refuses it
+                log.warning("Valkey refused a take (%s); trying again in a second", exc)
+                self._refused_until = monotonic() + 1.0
+                raise Empty() from exc
             self._block_next = phase == "take" and not reply
             if not reply:
                 raise Empty()

@@ -135,3 +135,28 @@ def test_a_late_reply_after_the_sweep_is_not_run_twice(redis_url: str,
             assert rclient.hexists(KOMBU_UNACKED, other_message.delivery_tag)
             assert rclient.llen(QUEUE) == 0
             del conn
+
+
+def test_a_take_valkey_refuses_is_tried_again(redis_url: str, rclient: redis.Redis,
+                                              caplog: pytest.LogCaptureFixture,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The take is a script that writes, which a full Valkey refuses (OOM under noeviction,
+    where kombu's BRPOP still went through): the worker says so and tries again a second later
+    instead of ending its consumer; nothing is lost meanwhile."""
+    got: list[Any] = []
+    _publish(redis_url, {"n": 4})
+    # `drain_events` sweeps after each empty poll (a worker sweeps on its own thread, where a
+    # refused sweep is retried next period: `broker.Sweeper`): not this test's subject.
+    monkeypatch.setattr(broker.QoS, "restore_visible", lambda self, *a, **k: None)
+    with _consumer(redis_url, got) as (conn, _channel):
+        rclient.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=1.5)
+            assert "Valkey refused a take" in caplog.text
+            assert rclient.llen(QUEUE) == 1
+        finally:
+            rclient.config_set("maxmemory", 0)
+        conn.drain_events(timeout=5)
+        assert [body for body, _ in got] == [{"n": 4}]
+        got[0][1].ack()
