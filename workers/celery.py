@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any, NoReturn
 
+import redis
 from celery import Celery, signals
 from celery.exceptions import Reject
 
@@ -46,6 +47,12 @@ def generate(self: Any, payload: TaskPayload) -> None:
         # Back to the queue at once, for a GPU whose server is up; the health gate stops
         # this worker from taking more until its own server answers again.
         log.info("id=%s engine gone (%s); prompt handed back", payload["id"], exc)
+        raise Reject(str(exc), requeue=True) from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Valkey out of reach past the client's retries before anything was generated (the
+        # done bit's read; an outcome's write retries by itself, workers/sink.py): back to the
+        # queue, not failed and acked on failure, which left the row nowhere (issue 52).
+        log.warning("id=%s: Valkey out of reach (%s); prompt handed back", payload["id"], exc)
         raise Reject(str(exc), requeue=True) from exc
 
 
