@@ -11,7 +11,8 @@ beats and no rows. The Valkey traffic is what matters here, and it is made by th
   queue (and of its priority lists while it is empty), then the append script (EVALSHA).
 - row: the worker's `generate_one` with the real `StreamSink` (its is_done pipeline of GETBIT +
   EXISTS, then the outcome's script), the record built by the real code and only the sending
-  done here; then the ack (kombu's `QoS.ack`: MULTI, ZREM, HDEL, SREM, HDEL, EXEC).
+  done here; then the ack (fleetgen's `QoS.ack`: one script that removes the message only if
+  this holder still holds it).
 - beat (workers/gate.py `_heartbeat`, fleetgen's `QoS.beat`): one script that renews the lease
   and writes the heartbeat hash (HSET, EXPIRE) and reads the closing key, with the real
   `heartbeat.lease_fields`.
@@ -23,7 +24,8 @@ beats and no rows. The Valkey traffic is what matters here, and it is made by th
 tests/bench/test_fleet_wire.py checks each path's commands against the real code's, counted by
 Valkey. What differs from a real worker: one connection where kombu keeps two or three (its
 BRPOP client and a pool), RESP2 (no HELLO 3), and a take by RPOP (basic_get) where Celery's
-consumer sends a BRPOP that returns at once while the queue holds messages.
+consumer sends the take script (`broker._TAKE`: an LMOVE into the holder's taking list) that
+returns at once while the queue holds messages; the append then pops it off that list.
 """
 
 from __future__ import annotations
@@ -40,7 +42,15 @@ import orjson
 from redis.lock import Lock
 
 from fleetgen.base import heartbeat
-from fleetgen.base.broker import _APPEND, _BEAT, _SWEEP_DUE, _SWEPT, SWEEP_DUE_SHARE, _seconds
+from fleetgen.base.broker import (
+    _ACK,
+    _APPEND,
+    _BEAT,
+    _SWEEP_DUE,
+    _SWEPT,
+    SWEEP_DUE_SHARE,
+    _seconds,
+)
 from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import QUEUE, RunKeys, closing_key, worker_key
 from fleetgen.base.wire import (
@@ -51,6 +61,7 @@ from fleetgen.base.wire import (
     SWEEP_DUE,
     held_key,
     in_flight_entry,
+    taking_key,
     task_payload,
 )
 from workers.sink import _EMIT_IF_RUN_EXISTS, StreamSink
@@ -67,7 +78,7 @@ def sha(source: str) -> str:
 
 
 SCRIPTS = {name: (sha(source), source) for name, source in
-           {"append": _APPEND, "beat": _BEAT, "swept": _SWEPT, "due": _SWEEP_DUE,
+           {"append": _APPEND, "ack": _ACK, "beat": _BEAT, "swept": _SWEPT, "due": _SWEEP_DUE,
             "emit": _EMIT_IF_RUN_EXISTS, "release": Lock.LUA_RELEASE_SCRIPT}.items()}
 
 
@@ -183,9 +194,9 @@ class WireWorker:
         body = orjson.loads(base64.b64decode(message["body"]))
         payload = task_payload(message)
         assert payload is not None
-        command = ("EVALSHA", SCRIPTS["append"][0], 5, KOMBU_UNACKED_INDEX, KOMBU_UNACKED,
-                   self.held_key, LEASES, IN_FLIGHT, tag, copy, self.holder,
-                   in_flight_entry(body) or "")
+        command = ("EVALSHA", SCRIPTS["append"][0], 6, KOMBU_UNACKED_INDEX, KOMBU_UNACKED,
+                   self.held_key, LEASES, IN_FLIGHT, taking_key(self.holder), tag, copy,
+                   self.holder, in_flight_entry(body) or "", "")
         return command, int(payload["line"]), tag
 
     async def take(self) -> bytes | None:
@@ -225,9 +236,8 @@ class WireWorker:
             script_keys, args = self.sink.recorder.sent
             await self.wire.one("EVALSHA", SCRIPTS["emit"][0], len(script_keys), *script_keys,
                                 *args)
-        await self.wire.call(("MULTI",), ("ZREM", KOMBU_UNACKED_INDEX, tag),
-                             ("HDEL", KOMBU_UNACKED, tag), ("SREM", self.held_key, tag),
-                             ("HDEL", IN_FLIGHT, tag), ("EXEC",))
+        await self.wire.one("EVALSHA", SCRIPTS["ack"][0], 4, KOMBU_UNACKED_INDEX, KOMBU_UNACKED,
+                            self.held_key, IN_FLIGHT, tag)
         self.held.pop(tag, None)
         return kind
 

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any, NoReturn
 
+import redis
 from celery import Celery, signals
 from celery.exceptions import Reject
 
@@ -15,6 +16,7 @@ from fleetgen.base.celeryconf import make_app
 from fleetgen.base.contract import TASK_NAME, TaskPayload
 from fleetgen.base.errors import ConfigError, EngineError, EngineGone
 from workers import runtime, startup
+from workers.beat import EventHeartOffLoop
 from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.handback import RememberConsumer
@@ -45,6 +47,12 @@ def generate(self: Any, payload: TaskPayload) -> None:
         # Back to the queue at once, for a GPU whose server is up; the health gate stops
         # this worker from taking more until its own server answers again.
         log.info("id=%s engine gone (%s); prompt handed back", payload["id"], exc)
+        raise Reject(str(exc), requeue=True) from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Valkey out of reach past the client's retries before anything was generated (the
+        # done bit's read; an outcome's write retries by itself, workers/sink.py): back to the
+        # queue, not failed and acked on failure, which left the row nowhere (issue 52).
+        log.warning("id=%s: Valkey out of reach (%s); prompt handed back", payload["id"], exc)
         raise Reject(str(exc), requeue=True) from exc
 
 
@@ -106,4 +114,5 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 app.steps["consumer"].add(HealthGate)
 app.steps["consumer"].add(PaceStep)
+app.steps["consumer"].add(EventHeartOffLoop)  # Celery's event heartbeat off the loop
 app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)

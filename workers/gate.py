@@ -13,15 +13,16 @@ from celery.worker import state as worker_state
 from fleetgen.base import closing, heartbeat
 from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import QUEUE, closing_key, worker_key, worker_queue
-from fleetgen.engine.health import Watch
 from workers import pacing, runtime
+from workers.beat import Beat
 
 log = logging.getLogger("fleetgen.worker")
 
 
 class HealthGate(bootsteps.StartStopStep):
     """Runs on Celery's consumer loop, so it must never wait on the network: the probing is
-    the runtime's `Watch` thread; this step only reads its last answer. Slow (connected,
+    the runtime's `Watch` thread and the heartbeat the `Beat` thread (workers/beat.py); this
+    step only reads their last answers. Slow (connected,
     answering late) keeps the gate open; gone (refused or not ready past
     FLEETGEN_ENGINE_GONE_S, or never up yet) closes it. Prompts already held are handed back
     by the task itself (`EngineGone` -> Reject(requeue=True))."""
@@ -33,6 +34,7 @@ class HealthGate(bootsteps.StartStopStep):
         self._tref: Any = None
         self._consuming = True
         self._leaving = False
+        self._beat: Beat | None = None  # one a process: it outlives a consumer restart
 
     def start(self, c: Any) -> None:
         rt = runtime.get()
@@ -40,6 +42,12 @@ class HealthGate(bootsteps.StartStopStep):
         # server that is still loading its weights must not take (and bounce) prompts.
         rt.watch.start()
         c.add_task_queue(worker_queue(rt.worker))  # the next turns of what it answered
+        if self._beat is None:
+            s = rt.settings
+            self._beat = Beat(lambda: self._send_beat(c), worker=rt.worker,
+                              interval_s=s.health_interval_s, lease_s=s.visibility_timeout_s,
+                              held=lambda: self._held(c))
+            self._beat.start()
         self.check(c)
         self._tref = c.timer.call_repeatedly(rt.settings.health_interval_s, self.check, (c,),
                                              priority=10)
@@ -51,6 +59,8 @@ class HealthGate(bootsteps.StartStopStep):
 
     def shutdown(self, c: Any) -> None:
         self.stop(c)
+        if self._beat is not None:
+            self._beat.stop()
         rt = runtime.get()
         rt.watch.stop()
         if self._leaving:
@@ -74,33 +84,41 @@ class HealthGate(bootsteps.StartStopStep):
             c.add_task_queue(QUEUE)
             c.add_task_queue(worker_queue(rt.worker))
             self._consuming = True
-        self._heartbeat(rt, watch, c)
+        if self._beat is not None:
+            self._beat.check()
+            ended = self._beat.closing
+            if ended is not None and not self._leaving:
+                self._leave(rt, ended)
 
-    def _heartbeat(self, rt: runtime.Runtime, watch: Watch, c: Any) -> None:
-        """The beat and the lease renewal together: what the beat says the worker holds is
-        what it has just renewed, so `status` never shows a live worker's prompts as lost."""
+    @staticmethod
+    def _held(c: Any) -> int:
+        try:
+            return int(c.task_consumer.channel.qos.held())
+        except Exception:  # between two consumers of a restart: nothing to count
+            return 0
+
+    def _send_beat(self, c: Any) -> str | None:
+        """The beat and the lease renewal together (on the beat thread): what the beat says
+        the worker holds is what it has just renewed, so `status` never shows a live worker's
+        prompts as lost. Returns the closing key's value."""
+        rt = runtime.get()
+        watch = rt.watch
         s = rt.settings
         sweep_s = sweep_interval_s(s.visibility_timeout_s)
         key = worker_key(rt.worker)
-        try:
-            qos = c.task_consumer.channel.qos
-            # One script (`QoS.beat`): the beat's `at` is the renewal's time on Valkey's clock,
-            # what `status` compares it with.
-            fields: dict[Any, Any] = {
-                "engine": rt.engine.base_url, "healthy": int(watch.up()),
-                "engine_state": watch.last.state.value, "consuming": int(self._consuming),
-                "inflight": runtime.in_flight_count(),
-                **pacing.beat_fields(runtime.pace(), runtime.concurrency()),
-                **heartbeat.lease_fields(interval_s=s.health_interval_s,
-                                         lease_s=s.visibility_timeout_s, sweep_s=sweep_s,
-                                         held=qos.held())}
-            ttl = heartbeat.ttl_s(s.health_interval_s, s.visibility_timeout_s, sweep_s)
-            ended = closing.closing(qos.beat(key, fields, ttl, closing_key()))
-        except Exception:  # a heartbeat must never kill the consumer's timer
-            log.debug("heartbeat failed", exc_info=True)
-            return
-        if ended is not None and not self._leaving:
-            self._leave(rt, ended)
+        qos = c.task_consumer.channel.qos
+        # One script (`QoS.beat`): the beat's `at` is the renewal's time on Valkey's clock,
+        # what `status` compares it with.
+        fields: dict[Any, Any] = {
+            "engine": rt.engine.base_url, "healthy": int(watch.up()),
+            "engine_state": watch.last.state.value, "consuming": int(self._consuming),
+            "inflight": runtime.in_flight_count(),
+            **pacing.beat_fields(runtime.pace(), runtime.concurrency()),
+            **heartbeat.lease_fields(interval_s=s.health_interval_s,
+                                     lease_s=s.visibility_timeout_s, sweep_s=sweep_s,
+                                     held=qos.held())}
+        ttl = heartbeat.ttl_s(s.health_interval_s, s.visibility_timeout_s, sweep_s)
+        return closing.closing(qos.beat(key, fields, ttl, closing_key()))
 
     def _leave(self, rt: runtime.Runtime, run: str) -> None:
         """The run this Redis served is complete and the Redis stops next (`fleetgen run`

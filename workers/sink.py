@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -9,6 +12,12 @@ import redis
 
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys, request_key
 from fleetgen.base.outcomes import stream_entry
+
+log = logging.getLogger("fleetgen.worker")
+
+# Between two tries of an outcome's write while Valkey is out of reach (past the client's own
+# retries, about 100 s).
+REWRITE_EVERY_S = 2.0
 
 # The counters `status` shows per worker (fleetgen/monitor/status.py `_workers`); the others
 # are kept for the run only. Every HINCRBY is a command in every outcome's script.
@@ -54,11 +63,13 @@ class StreamSink:
     """XADD + SETBIT done + counters, atomically: either the outcome exists and the row is
     marked done, or neither (a redelivered task then simply runs again)."""
 
-    def __init__(self, client: redis.Redis, *, worker: str, wait_aof: bool = False) -> None:
+    def __init__(self, client: redis.Redis, *, worker: str, wait_aof: bool = False,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self._redis = client
         self._worker = worker
         self._wait_aof = wait_aof
         self._emit = client.register_script(_EMIT_IF_RUN_EXISTS)
+        self._sleep = sleep
 
     def is_done(self, run: str, slot: int) -> bool:
         """Raises RunPurged for a run without a manifest: one round trip for both reads."""
@@ -94,7 +105,7 @@ class StreamSink:
         elif kind == KIND_RESULT:
             commands.append(("HDEL", keys.failed, request_key(record)))
         args = [slot, *(word for command in commands for word in (len(command), *command))]
-        written = self._emit(keys=[keys.manifest, keys.done], args=args)
+        written = self._write(keys=[keys.manifest, keys.done], args=args, row=record.get("id"))
         if not written:
             raise RunPurged(run)
         if written == 2:
@@ -103,3 +114,24 @@ class StreamSink:
             # The outcome is on disk before the task is acked (Redis >= 7.2 / Valkey 8).
             self._redis.execute_command("WAITAOF", 1, 0, 1000)
         return True
+
+    def _write(self, *, keys: list[str], args: list[Any], row: Any) -> Any:
+        """The outcome's script, tried again until Valkey answers (issue 52): the answer is
+        the only copy of a generation, and a write given up failed the task, whose ack on
+        failure then removed the message: the row was nowhere, for a waiting producer alone
+        to find. The script is idempotent (a done bit already set refuses a second write)."""
+        since = None
+        while True:
+            try:
+                written = self._emit(keys=keys, args=args)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if since is None:
+                    since = time.monotonic()
+                    log.warning("id=%s answered, but Valkey is out of reach (%s): its outcome "
+                                "is kept and written once Valkey answers", row, exc)
+                self._sleep(REWRITE_EVERY_S)
+                continue
+            if since is not None:
+                log.warning("id=%s outcome written after %.0f s without Valkey", row,
+                            time.monotonic() - since)
+            return written

@@ -8,6 +8,7 @@ from celery import Celery
 
 from fleetgen.base.broker import TRANSPORT, use_orjson_decoder
 from fleetgen.base.contract import QUEUE, TASK_NAME
+from fleetgen.base.redisconn import keepalive_options
 
 
 def celery_config(
@@ -17,6 +18,7 @@ def celery_config(
         "visibility_timeout": visibility_timeout_s,
         "max_connections": max_connections,
         "socket_keepalive": True,
+        "socket_keepalive_options": keepalive_options(),  # a dead link found in ~30 s, not 2 h
         "health_check_interval": 15,
         "socket_connect_timeout": 10,
         "socket_timeout": 30,

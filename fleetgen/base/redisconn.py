@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -10,6 +11,24 @@ from redis.retry import Retry
 
 from fleetgen.base.envvars import REDIS_URL
 from fleetgen.base.errors import ConfigError
+
+# A link that died without a RST (a cut network, a host powered off) is found by TCP alone: the
+# kernel's keepalive defaults probe after 2 h idle (and 11 min more), and data left unacked is
+# retransmitted for ~15 min. These drop such a connection after about 25 s idle (10 s, then 3
+# probes 5 s apart) or 30 s of unacknowledged data, so a client reconnects (and its user is
+# told) within a beat or two of the heal, not hours later (issue 52). A live but slow Valkey
+# still acknowledges at the TCP level: it is never taken for a dead one.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES, USER_TIMEOUT_S = 10, 5, 3, 30
+
+
+def keepalive_options() -> dict[int, int]:
+    """`socket_keepalive_options` for redis-py (and kombu's transport): what this platform
+    has of them (Linux has all four; macOS names the idle time TCP_KEEPALIVE)."""
+    wanted = {"TCP_KEEPIDLE": KEEPALIVE_IDLE_S, "TCP_KEEPALIVE": KEEPALIVE_IDLE_S,
+              "TCP_KEEPINTVL": KEEPALIVE_INTERVAL_S, "TCP_KEEPCNT": KEEPALIVE_PROBES,
+              "TCP_USER_TIMEOUT": USER_TIMEOUT_S * 1000}
+    return {getattr(socket, name): value for name, value in wanted.items()
+            if hasattr(socket, name)}
 
 
 def redis_url(flag: str | None) -> str:
@@ -47,6 +66,7 @@ def connect(url: str, *, timeout_s: float = 10.0, ping: bool = True) -> redis.Re
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         socket_keepalive=True,
+        socket_keepalive_options=keepalive_options(),
         health_check_interval=15,
         retry=retry,
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],

@@ -49,6 +49,22 @@ def held_key(holder: str) -> str:
     return f"{PREFIX}:held:{holder}"
 
 
+def taking_key(holder: str) -> str:
+    """The list a holder takes messages into (fleetgen/base/broker.py `_TAKE`): each is there
+    from its take until the holder records it as held, so a take whose reply is lost (a cut
+    network, a worker killed) leaves the message in Valkey, under the holder's name."""
+    return f"{PREFIX}:taking:{holder}"
+
+
+def routing_key(raw: bytes | str) -> str | None:
+    """The queue a raw queue entry (a kombu message as JSON) was published to, or None."""
+    try:
+        key = orjson.loads(raw)["properties"]["delivery_info"]["routing_key"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return key if isinstance(key, str) and key else None
+
+
 def in_flight_entry(body: Any) -> str | None:
     """The IN_FLIGHT value of a task's decoded body (protocol 2: [args, kwargs, embed]), or None
     if it is not fleetgen's task."""
@@ -123,6 +139,7 @@ def slots_in_flight(client: redis.Redis, run: str) -> set[int]:
     copy without an entry there (held by a worker of an older version) is found by a scan of
     the unacked hash's tags, and only such copies are read."""
     queued = {slot_of(payload) for _, _, payload in _queued_of(client, run)}
+    queued |= _taken_of(client, run)
     short = _index_short(client)
     suffix, held, cursor = f" {run}", set[int](), "0"
     page = client.register_script(_IN_FLIGHT_PAGE)
@@ -136,6 +153,23 @@ def slots_in_flight(client: redis.Redis, run: str) -> set[int]:
     if short or _index_short(client):
         held |= {slot_of(payload) for _, payload in _unindexed_of(client, run)}
     return queued | held
+
+
+def _taken_of(client: redis.Redis, run: str) -> set[int]:
+    """Slots of `run` taken by a worker and not yet recorded as held (fleetgen/base/broker.py
+    `_TAKE`): a take's moment, or a take whose reply a cut network lost. Every holder with a
+    taking list has a lease (the take gives it one); the lists are empty but for those."""
+    holders = [text(h) for h in client.zrange(LEASES, 0, -1)]  # type: ignore[arg-type]
+    pipe = client.pipeline(transaction=False)
+    for holder in holders:
+        pipe.lrange(taking_key(holder), 0, -1)
+    slots: set[int] = set()
+    for items in pipe.execute() if holders else []:
+        for raw in items:
+            payload = task_payload(orjson.loads(raw))
+            if payload is not None and payload.get("run") == run:
+                slots.add(slot_of(payload))
+    return slots
 
 
 def _index_short(client: redis.Redis) -> bool:

@@ -34,6 +34,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fleetgen.cli.job import summary_table
+    from fleetgen.cli.runview import FleetView
     from fleetgen.drainer import Drainer
 
     client = connect(redis_url(args.redis))
@@ -44,9 +45,14 @@ def run(args: argparse.Namespace) -> int:
     bar = Bar("rows written", show=sys.stderr.isatty(),
               lines=f"fleetgen drain: run {args.run!r}: written")
 
+    # A worker that stops beating (dead, or its host cut off from Valkey) and its return are
+    # said here too, as `fleetgen run` says them (issue 52).
+    view = FleetView(client, args.run, [], lambda text: bar.note(f"fleetgen drain: {text}"))
+
     def on_progress(d: Drainer) -> None:
         total = d.manifest().rows
         bar.advance_to(d.tally.written, total)
+        view.look()
 
     try:
         drainer.run_until_complete(follow=args.follow, should_stop=should_stop,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import redact, redis_url
+from fleetgen.base.redisconn import connect, redact, redis_url
 from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.turns == "all" and args.no_wait:
         raise ConfigError("--turns all cannot take --no-wait: the waiting producer builds "
                           "each next turn from the answers written; drop --no-wait")
-    terminal = Terminal(settings.run, show_progress=sys.stderr.isatty())
+    terminal = Terminal(settings.run, show_progress=sys.stderr.isatty(), redis_url=url)
     report = produce(settings, wait=not args.no_wait,
                      reconcile_interval_s=args.reconcile_interval, hooks=terminal)
     if terminal.stopped():
@@ -146,9 +146,11 @@ class Terminal:
     """`fleetgen produce` on a terminal (the producer's Hooks): the resume messages, the
     progress bars (on a tty), and SIGTERM."""
 
-    def __init__(self, run: str, show_progress: bool) -> None:
+    def __init__(self, run: str, show_progress: bool, redis_url: str | None = None) -> None:
         self.run = run
         self.show_progress = show_progress
+        self._redis_url = redis_url
+        self._view: Any = None  # the workers' falls and returns, while the run is waited for
         self._bars: dict[str, Bar] = {}
         self._stop: Callable[[], bool] | None = None
 
@@ -173,7 +175,17 @@ class Terminal:
         self._bar("read").advance_to(rows, total)
 
     def generated(self, rows: int, total: int) -> None:
-        self._bar("generated").advance_to(rows, total)
+        bar = self._bar("generated")
+        bar.advance_to(rows, total)
+        if self._view is None and self._redis_url is not None:
+            from fleetgen.cli.runview import FleetView
+
+            # A worker that stops beating (dead, or cut off from Valkey) and its return, said
+            # where the run was started, as `fleetgen run` says them (issue 52).
+            self._view = FleetView(connect(self._redis_url, ping=False), self.run, [],
+                                   lambda text: bar.note(f"fleetgen produce: {text}"))
+        if self._view is not None:
+            self._view.look()
 
     def close(self) -> None:
         for bar in self._bars.values():

@@ -34,6 +34,7 @@ class EngineState:
     # run's workers' heartbeats linger (lost) before this run's own first beat, and were said
     # as "stopped (no heartbeat)", once a worker, each time.
     seen: bool = False
+    lost: bool = False  # down because its worker's heartbeat stopped (dead, or cut off)
 
 
 class FleetView:
@@ -89,16 +90,22 @@ class FleetView:
                 continue
             if bool(answering) == engine.up:
                 continue
-            if answering:
+            names = ", ".join(w.name for w in answering)
+            if answering and engine.lost:
+                self._say(f"worker {names} of engine {engine.url} back at {_clock(now)} (lost "
+                          f"{duration(now - engine.since)}): it takes prompts again")
+            elif answering:
                 self._say(f"engine {engine.url} answers again at {_clock(now)} (down "
-                          f"{duration(now - engine.since)}): worker "
-                          f"{', '.join(w.name for w in answering)} takes prompts again")
+                          f"{duration(now - engine.since)}): worker {names} takes prompts "
+                          "again")
             else:
-                self._say(self._gone_line(engine, ws, now))
+                self._say(self._gone_line(engine, ws, now, any(map(status.can_sweep, workers))))
             engine.up, engine.since = bool(answering), now
+            engine.lost = not answering and any(w.lost for w in ws)
 
     @staticmethod
-    def _gone_line(engine: EngineState, workers: list[status.WorkerStatus], now: float) -> str:
+    def _gone_line(engine: EngineState, workers: list[status.WorkerStatus], now: float,
+                   sweeper: bool = True) -> str:
         if not workers:
             return (f"engine {engine.url} has no worker alive since {_clock(now)}: nothing is "
                     "sent to it")
@@ -108,9 +115,10 @@ class FleetView:
         lost = [w for w in workers if w.lost]
         if lost:
             back = max((w.back_in_s or 0.0) for w in lost)
-            when = "at the next sweep" if not back else f"within {duration(back)}"
-            return (f"worker {names} of engine {engine.url} stopped at {_clock(now)} (no "
-                    f"heartbeat): {prompts} back to the queue {when}, when its leases lapse")
+            when = status.sweep_when(back, sweeper, duration)
+            return (f"worker {names} of engine {engine.url} LOST at {_clock(now)} (no "
+                    f"heartbeat: stopped, or cut off from Valkey): {prompts} back to the queue "
+                    f"{when}" + (", when its leases lapse" if sweeper else ""))
         return (f"engine {engine.url} stopped answering at {_clock(now)} (worker {names}: "
                 f"{workers[0].health}): {prompts} back to the queue for the other engines; "
                 "its worker takes prompts again once it answers")

@@ -380,10 +380,25 @@ def holds_back(w: WorkerStatus) -> bool:
 def lost_line(s: RunStatus) -> str:
     """Why a run waits while its live workers idle: what lost workers hold, and until when."""
     names = ", ".join(w.name for w in s.workers if w.lost) or "(gone from view)"
-    when = ("at the next sweep" if not s.lost_back_in_s
-            else f"within {_duration(s.lost_back_in_s)}")
+    when = sweep_when(s.lost_back_in_s, any(can_sweep(w) for w in s.workers), _duration)
     return (f"{s.lost_held} prompt(s) held by lost worker(s) {names}: back in the queue {when}, "
             "when their leases lapse (FLEETGEN_VISIBILITY_TIMEOUT_S after the last heartbeat)")
+
+
+def can_sweep(w: WorkerStatus) -> bool:
+    """A worker whose heartbeat reaches Valkey: it (or another such) sweeps lapsed leases."""
+    return not w.lost and w.health != "offline"
+
+
+def sweep_when(back_in_s: float | None, sweeper: bool, duration: Any) -> str:
+    """When lost workers' prompts are back in the queue. Only a worker that reaches Valkey
+    sweeps: with none (every worker cut off from Valkey, or stopped), nothing comes back until
+    one does, whatever the leases say (issue 52)."""
+    if not sweeper:
+        lapse = f" (their leases lapse within {duration(back_in_s)})" if back_in_s else ""
+        return ("only once a worker reaches Valkey again: no worker's heartbeat does now, so "
+                f"none can sweep{lapse}")
+    return "at the next sweep" if not back_in_s else f"within {duration(back_in_s)}"
 
 
 def _duration(seconds: float) -> str:

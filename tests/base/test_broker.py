@@ -27,6 +27,7 @@ from fleetgen.base.wire import (
     KOMBU_UNACKED,
     KOMBU_UNACKED_INDEX,
     LEASES,
+    SWEEP_DUE,
     held_key,
     task_message,
 )
@@ -255,3 +256,52 @@ def test_a_take_parses_the_prompt_once_for_the_index_and_celery(redis_url: str,
     assert message.payload[0][0] == payload
     channel.qos.ack(message.delivery_tag)
     assert not rclient.hexists(IN_FLIGHT, message.delivery_tag)
+
+
+def _swept_and_retaken(redis_url: str, rclient: redis.Redis, tag: str) -> tuple[Any, Any]:
+    """`cut` took `tag` and its lease lapsed (a worker cut off from Valkey past the lease); a
+    sweep handed the message back and `other` took it again under the same tag."""
+    cut, other = _channel(redis_url), _channel(redis_url)
+    rclient.delete("fleetgen")
+    _held(cut, tag)
+    rclient.zadd(LEASES, {cut.qos.holder: server_time(rclient) - 61})
+    rclient.delete(SWEEP_DUE)
+    other.qos.restore_visible(num=None, interval=1)
+    assert rclient.lpop("fleetgen") is not None, "the sweep did not hand the message back"
+    _held(other, tag)
+    return cut, other
+
+
+def _still_held_by(rclient: redis.Redis, channel: Any, tag: str) -> None:
+    assert rclient.hexists(KOMBU_UNACKED, tag), "the other worker's unacked copy is gone"
+    assert rclient.zscore(KOMBU_UNACKED_INDEX, tag) is not None
+    assert rclient.sismember(held_key(channel.qos.holder), tag)
+
+
+def test_a_late_ack_leaves_the_copy_of_the_worker_that_took_it_again(
+        redis_url: str, rclient: redis.Redis) -> None:
+    """Issue 52, point 2: a worker cut off from Valkey past its lease acknowledges after the
+    heal (an answer refused as late, or a failure acked): the ack removes the message only if
+    this holder still holds it (one script). Before, it removed by delivery tag whoever held it
+    now, and the worker that had re-taken it held a prompt with no crash-safe copy."""
+    cut, other = _swept_and_retaken(redis_url, rclient, "retaken")
+    cut.qos.ack("retaken")
+    _still_held_by(rclient, other, "retaken")
+    assert cut.qos.held() == 0, "the late ack is still counted as held in the worker"
+    other.qos.ack("retaken")
+    assert not rclient.hexists(KOMBU_UNACKED, "retaken")
+    assert not rclient.exists(held_key(other.qos.holder))
+
+
+@pytest.mark.parametrize("how", ["reject-requeue", "reject", "hand-back"])
+def test_a_late_reject_or_hand_back_leaves_the_other_workers_copy(
+        redis_url: str, rclient: redis.Redis, how: str) -> None:
+    """The same for a late reject (EngineGone hands the prompt back with requeue) and the
+    hand-back at shutdown: no second copy in the queue, the other worker's copy kept."""
+    cut, other = _swept_and_retaken(redis_url, rclient, "retaken-2")
+    if how == "hand-back":
+        cut.qos.restore_unacked()
+    else:
+        cut.qos.reject("retaken-2", requeue=how == "reject-requeue")
+    _still_held_by(rclient, other, "retaken-2")
+    assert rclient.llen("fleetgen") == 0, "a second copy of a held message was queued"

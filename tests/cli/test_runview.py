@@ -57,15 +57,26 @@ def test_falls_and_returns_are_said_once(rclient: redis.Redis) -> None:
     beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 10)
     look(10)
     assert len(said) == 3 and view.engines_up == (1, 2)
-    assert said[2].startswith(f"worker gpu1@h of engine {B} stopped at ")
-    assert "(no heartbeat): the 3 prompt(s) it was answering go back to the queue within" \
-           in said[2]
+    assert said[2].startswith(f"worker gpu1@h of engine {B} LOST at ")
+    assert "(no heartbeat: stopped, or cut off from Valkey): the 3 prompt(s) it was answering " \
+           "go back to the queue within" in said[2]
+
+    # Its link heals (issue 52): it beats again, and its return is said as a worker's.
+    beat(rclient, "gpu1@h", B, healthy=True, at=now[0] + 2)
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 2)
+    look()
+    assert len(said) == 4 and said[3].startswith(f"worker gpu1@h of engine {B} back at ")
+    assert "(lost 0m02s): it takes prompts again" in said[3]
+    beat(rclient, "gpu1@h", B, healthy=True, at=now[0] + 10)
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 10)
+    look(10)
+    assert len(said) == 4
 
     # A worker that joined from another host brings its engine into the count.
     beat(rclient, "gpu0@other", "http://10.0.0.9:30000", healthy=True, at=now[0] + 2)
     beat(rclient, "gpu0@h", A, healthy=True, at=now[0] + 2)
     look()
-    assert view.engines_up == (2, 3) and len(said) == 3
+    assert view.engines_up == (3, 3) and len(said) == 4
 
 
 def test_heartbeats_are_read_on_valkeys_clock(rclient: redis.Redis,
@@ -134,3 +145,32 @@ def test_the_limit_and_its_source_are_said_once_settled(rclient: redis.Redis) ->
                     f"({source})"]
     held = [line for line in said if line.startswith(f"engine {B}") and "HOLDS" in line]
     assert len(held) == 1 and "raise it (-c)" in held[0] and "8 running, 0 waiting" in held[0]
+
+
+def test_with_every_worker_cut_off_nothing_says_the_next_sweep(rclient: redis.Redis) -> None:
+    """Issue 52, point 4: with every worker cut off from Valkey none can sweep, so neither the
+    run's terminal nor `status` says the prompts are back "at the next sweep"."""
+    from fleetgen.monitor import status
+
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    said: list[str] = []
+    now = [time.time()]
+    view = FleetView(rclient, RUN, [A, B], said.append, clock=lambda: now[0])
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0], inflight=2)
+    beat(rclient, "gpu1@h", B, healthy=True, at=now[0], inflight=3)
+    now[0] += LOOK_EVERY_S
+    view.look()
+    now[0] += 120  # both cut off for two minutes: past the 60 s lease
+    view.look()
+    assert len(said) == 2, said
+    for line in said:
+        assert "LOST at" in line and "next sweep" not in line
+        assert "only once a worker reaches Valkey again" in line
+    s = status.RunStatus(RUN, STATE_PRODUCING, 10, 10, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0,
+                         0.0, None, lost_held=5, lost_back_in_s=0.0,
+                         workers=[status.WorkerStatus("gpu0@h", lost=True, health="LOST"),
+                                  status.WorkerStatus("gpu1@h", lost=True, health="LOST")])
+    assert "next sweep" not in status.lost_line(s)
+    assert "only once a worker reaches Valkey again" in status.lost_line(s)
+    s.workers[0] = status.WorkerStatus("gpu0@h", health="ok")
+    assert "back in the queue at the next sweep" in status.lost_line(s)

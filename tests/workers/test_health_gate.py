@@ -57,7 +57,9 @@ def test_worker_waits_for_its_engine_then_works(redis_url: str, tmp_path: Path) 
         with run_in_thread(SimConfig(port=port, ttft_ms=1, tpot_ms=0)):
             wait_until(lambda: client.getbit(RunKeys("gate").done, 1) == 1, 30,
                        "the prompt to be generated once the engine is up")
-            assert client.hget(key, "consuming") == b"1"
+            # The beat is its own thread's (workers/beat.py): it says the open gate within one
+            # interval (0.5 s here), not in the gate's own step.
+            wait_until(lambda: client.hget(key, "consuming") == b"1", 3, "the beat to say so")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -144,7 +146,9 @@ def test_a_refused_engine_is_gone_only_after_the_threshold(redis_url: str,
         assert client.xlen(keys.stream) == 0
         with run_in_thread(SimConfig(port=port, ttft_ms=1, tpot_ms=0, health_delay_s=0)):
             wait_until(lambda: client.xlen(keys.stream) == 2, 60, "both prompts once it is back")
-            assert client.hget(key, "consuming") == b"1"
+            # The beat is its own thread's (workers/beat.py): it says the open gate within one
+            # interval (0.2 s here), not in the gate's own step.
+            wait_until(lambda: client.hget(key, "consuming") == b"1", 2, "the beat to say so")
     finally:
         stop(proc)
         lease.close()

@@ -54,3 +54,25 @@ def test_a_second_outcome_for_a_done_row_writes_nothing(redis_url: str) -> None:
     client.setbit(keys.done, 1, 0)  # what `fleetgen retry` does (runstate.mark_retrying)
     assert late.emit("late", KIND_RESULT, 1, record, {"done": 1})
     assert client.xlen(keys.stream) == 2
+
+
+def test_an_outcome_is_written_once_valkey_answers_again(redis_url: str) -> None:
+    """Issue 52: with Valkey out of reach past the client's own retries (a cut of minutes),
+    the outcome's write is tried again until it goes through, instead of failing the task,
+    whose ack on failure removed the message with the answer lost."""
+    client = redis.Redis.from_url(redis_url)
+    client.hset(RunKeys("c").manifest, mapping={"total": 1, "started_at": 0})
+    slept: list[float] = []
+    sink = StreamSink(client, worker="gpu0@h", sleep=slept.append)
+    real = sink._emit
+    failures = [redis.TimeoutError("Timeout reading from socket"),
+                redis.ConnectionError("Error 113 connecting: No route to host")]
+
+    def flaky(**kwargs: object) -> object:
+        if failures:
+            raise failures.pop(0)
+        return real(**kwargs)
+
+    sink._emit = flaky  # type: ignore[method-assign]
+    assert sink.emit("c", KIND_RESULT, 1, {"id": "a", "line": 1}, {"done": 1})
+    assert len(slept) == 2 and client.xlen(RunKeys("c").stream) == 1
