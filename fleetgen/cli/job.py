@@ -80,6 +80,8 @@ def execute(job: NodeJob) -> int:
                     before_workers=lambda url: _before_workers(job, url))
         if not should_stop():
             settings = replace(job.settings, redis_url=fleet.redis_url)
+            if fleet.engines is not None:  # the limits of the engines that started
+                settings = replace(settings, engine_url=tuple(fleet.serving_urls()))
             summary = run_pipeline(job, settings, should_stop)
             print(summary_table(summary, job.out))
             _say_how_it_ended(job, summary, should_stop())
@@ -96,7 +98,7 @@ def execute(job: NodeJob) -> int:
         raise full from None
     finally:
         shield_from_signals()
-        fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
+        fleet.stop_processes(grace_s=0.5 if should_stop() else 15.0)
         fleet.valkey.stop()
     if summary["complete"]:
         shutil.rmtree(job.state_dir, ignore_errors=True)  # nothing left to resume
@@ -223,9 +225,10 @@ def run_pipeline(job: NodeJob, settings: ProducerSettings,
         view.look()
         up, engines = view.engines_up
         bar.advance_to(d.tally.written, total)
-        bar.postfix(f"engines {up}/{engines}")
+        note = job.fleet.engines.note() if job.fleet.engines is not None else ""
+        bar.postfix(f"engines {up}/{engines}" + (f", {note}" if note else ""))
         ticker.tick(d.tally.written, total, in_flight=view.in_flight,
-                    engines=view.engines_up)
+                    engines=view.engines_up, note=note)
 
     try:
         drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)

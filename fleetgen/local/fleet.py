@@ -8,7 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleetgen.base import envvars
+from fleetgen.base.errors import ConfigError
 from fleetgen.engine.health import probe_url
+from fleetgen.local.engines import EngineSet, EngineView
 from fleetgen.local.procs import (
     Child,
     ProcessGroup,
@@ -89,6 +91,19 @@ class LocalFleet:
         self.sim: Child | None = None
         self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
         self.workers: list[Child] = []
+        # Engines this fleet starts itself (`--engine-cmd`), and the GPUs whose engine
+        # failed to start (no worker for them).
+        self.engines: EngineSet | None = None
+        self.skipped: set[int] = set()
+        self._say: Callable[[str], None] = print
+
+    def with_engines(self, engines: EngineSet, say: Callable[[str], None]) -> LocalFleet:
+        """Start these engines (one per GPU group) too, each GPU's worker once its engine is
+        ready; their URLs are the fleet's engine URLs."""
+        self.engines, self._say = engines, say
+        self.engine_urls = engines.urls
+        self.spec = replace(self.spec, gpus=len(self.engine_urls))
+        return self
 
     @property
     def redis_url(self) -> str:
@@ -106,15 +121,49 @@ class LocalFleet:
             self.valkey.start()
         if before_workers is not None:
             before_workers(self.redis_url)
-        if not self.engine_urls:
-            self.start_sims(timeout_s)
-        for gpu in range(self.spec.gpus):
-            if self.spec.processes_per_gpu == 1:
-                self.start_worker(gpu)
-            else:
-                self.start_shared_workers(gpu)
+        if self.engines is not None:
+            self.start_engines()
+        else:
+            if not self.engine_urls:
+                self.start_sims(timeout_s)
+            for gpu in range(self.spec.gpus):
+                self.start_gpu_workers(gpu)
         self.wait_workers_ready(timeout_s)
         return self
+
+    def start_gpu_workers(self, gpu: int) -> None:
+        if self.spec.processes_per_gpu == 1:
+            self.start_worker(gpu)
+        else:
+            self.start_shared_workers(gpu)
+
+    def start_engines(self) -> None:
+        """Every engine at once; a GPU's worker as soon as its engine is ready; back once
+        each is ready or has failed to start. ConfigError (exit 3) when none started."""
+        assert self.engines is not None
+        engines = self.engines
+        self._say(f"starting {len(engines.engines)} engine(s), logs in "
+                  f"{engines.engines[0].log_path.parent}")
+        engines.start(self._say)
+        ready = engines.wait_settled(on_ready=self.start_gpu_workers, report=self._report)
+        self.skipped = set(range(self.spec.gpus)) - set(ready)
+        if not ready:
+            first = engines.engines[0]
+            raise ConfigError(f"no engine started ({first.name}: {first.error}); each one's "
+                              f"log is in {first.log_path.parent}")
+
+    def _report(self, views: list[EngineView]) -> None:
+        self._say("engines: " + "; ".join(v.describe() for v in views))
+
+    def serving_urls(self) -> list[str]:
+        """The engine URLs the run's producer reads its limits from: all but failed ones."""
+        return [url for gpu, url in enumerate(self.engine_urls) if gpu not in self.skipped]
+
+    def stop_processes(self, grace_s: float) -> None:
+        """The workers first (nothing is sent to an engine going away), then the engines."""
+        self.procs.stop_all(grace_s=grace_s)
+        if self.engines is not None:
+            self.engines.stop()
 
     def sim_argv(self, count: int, extra: list[str]) -> list[str]:
         # Port 0: each server binds a port of the kernel's choosing and reports it in its
@@ -210,7 +259,7 @@ class LocalFleet:
         return f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
 
     def worker_names(self) -> list[str]:
-        return [self.worker_name(g, i) for g in range(self.spec.gpus)
+        return [self.worker_name(g, i) for g in range(self.spec.gpus) if g not in self.skipped
                 for i in range(1, self.spec.processes_per_gpu + 1)]
 
     def wait_workers_ready(self, timeout_s: float) -> None:
@@ -233,7 +282,7 @@ class LocalFleet:
         wait_for(ready, timeout_s, "workers to come online", poll_s=0.2, check=check)
 
     def stop(self) -> None:
-        self.procs.stop_all()
+        self.stop_processes(grace_s=15.0)
         self.valkey.stop()
 
 
