@@ -1,0 +1,141 @@
+"""`fleetgen run --engine-cmd` starts, keeps and stops its engines (`fleetgen sim --port
+{port}` as the launched engine, two fake GPUs): an engine SIGKILLed mid-run comes back on its
+URL and every row is written once; SIGTERM mid-run leaves no process behind and the same
+command resumes; engines that all fail to start are exit 3 in one line, nothing left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fleetgen.base import exitcodes
+from fleetgen.engine.health import probe_url
+from tests.support.cli import fleetgen_cli
+from tests.support.pipeline import assert_exactly_once, make_prompts
+from tests.support.survivors import marked, new_mark
+from tests.support.waiting import wait_until
+
+# 8 slots, 5 ms a token, ~150 tokens: ~20 answers a second from the two engines, so 300 rows
+# take long enough (~15 s) for a kill and a restart in the middle.
+SIM = (f"{sys.executable} -m fleetgen.simulator --port {{port}} --max-running-requests 8 "
+       "--tpot-ms 5 --output-tokens-mean 150 --context-length 4096 --ttft-ms 0")
+# The workers call a simulator gone after 3 s, not a real server's 10.
+QUICK_WORKERS = {"FLEETGEN_HEALTH_INTERVAL_S": "1", "FLEETGEN_ENGINE_GONE_S": "3"}
+
+
+class Run:
+    """`fleetgen run` in the background, its output in a file, with a mark in its
+    environment that every process it starts inherits (tests/support/survivors.py)."""
+
+    def __init__(self, tmp_path: Path, *args: str, name: str = "run") -> None:
+        self.mark = new_mark()
+        self.log = tmp_path / f"{name}.log"
+        env = {**os.environ, **self.mark, **QUICK_WORKERS, "CUDA_VISIBLE_DEVICES": "0,1"}
+        with self.log.open("wb") as sink:
+            self.proc = subprocess.Popen(fleetgen_cli("run", *args), cwd=tmp_path, env=env,
+                                         stdout=sink, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def engine_pid(self, gpu: str) -> int | None:
+        """The simulator running on `gpu` (its CUDA_VISIBLE_DEVICES)."""
+        for entry in marked(self.mark):
+            pid = int(entry.split()[0])
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if "fleetgen.simulator" in entry and f"CUDA_VISIBLE_DEVICES={gpu}".encode() in env:
+                return pid
+        return None
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"still running after {timeout_s} s:\n"
+                                 f"{self.text()[-4000:]}") from None
+
+
+def written(out: Path) -> int:
+    path = out / "results.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_a_killed_engine_comes_back_and_every_row_is_written_once(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    kinds = make_prompts(prompts, 300)
+    out = tmp_path / "out"
+    run = Run(tmp_path, str(prompts), "--engine-cmd", SIM, "--out", "out")
+    try:
+        wait_until(lambda: written(out) >= 30 or run.proc.poll() is not None, 120,
+                   "the first rows written")
+        assert run.proc.poll() is None, run.text()[-3000:]
+        url = re.findall(r"engine1 \((http://127\.0\.0\.1:\d+)\) ready after", run.text())[0]
+        pid = run.engine_pid("1")
+        assert pid is not None, marked(run.mark)
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: (run.engine_pid("1") or pid) != pid and probe_url(url).ready, 60,
+                   "engine1 serving again")
+        restart_s = time.monotonic() - killed_at
+        assert run.wait(300) == exitcodes.OK, run.text()[-4000:]
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    text = run.text()
+    assert f"engine1 ({url}) exited with code -9; restarting in 1 s" in text, text[-3000:]
+    assert len(re.findall(rf"engine1 \({url}\) ready after", text)) == 2
+    assert_exactly_once(out, set(kinds["good"]))
+    assert marked(run.mark) == []
+    assert not (out / ".fleetgen-state").exists()  # complete: nothing left to resume
+    print(f"\nsimulator under fleetgen run, SIGKILL to serving again: {restart_s:.1f} s")
+
+
+def test_sigterm_leaves_no_survivor_and_the_same_command_resumes(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    kinds = make_prompts(prompts, 300)
+    out = tmp_path / "out"
+    args = (str(prompts), "--engine-cmd", f"bash -c 'sleep 300 & exec {SIM}'",
+            "--out", "out")
+    first = Run(tmp_path, *args, name="first")
+    try:
+        wait_until(lambda: written(out) >= 20 or first.proc.poll() is not None, 120,
+                   "the first rows written")
+        assert len(marked(first.mark)) > 4  # engines, their sleeps, workers, Valkey
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.wait(30) == exitcodes.INTERRUPTED, first.text()[-3000:]
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    assert marked(first.mark) == [], first.text()[-3000:]
+    assert 0 < written(out) < 300
+    again = Run(tmp_path, *args, name="again")
+    assert again.wait(300) == exitcodes.OK, again.text()[-4000:]
+    assert "resuming run" in again.text()
+    assert_exactly_once(out, set(kinds["good"]))
+    assert marked(again.mark) == []
+
+
+def test_engines_that_all_fail_to_start_are_one_line_and_nothing_is_left(
+        tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    make_prompts(prompts, 5)
+    cmd = f"{sys.executable} -c \"print('no model at /m'); raise SystemExit(2)\" {{port}}"
+    run = Run(tmp_path, str(prompts), "--engine-cmd", cmd, "--out", "out")
+    assert run.wait(120) == exitcodes.CONFIG, run.text()
+    lines = run.text().splitlines()
+    assert lines[-1].startswith("fleetgen run: no engine started (engine0: exited with code 2 "
+                                "while starting); each one's log is in "), lines
+    failed = [line for line in lines if "failed to start" in line]
+    assert len(failed) == 2 and all("no model at /m" in line for line in failed), lines
+    assert marked(run.mark) == []
