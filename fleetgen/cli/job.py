@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.runview import FleetView, LogLine
 from fleetgen.cli.signals import Stopped, sigterm_flag
+from fleetgen.local.engines import publish
 from fleetgen.local.fleet import LocalFleet
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ STOP_GRACE_S = 1.5
 # How long the workers may take to come online: a real server's worker without -c waits for
 # its engine (the pre-flight saw it ready) and reads its pool size from it.
 WORKERS_READY_S = {"demo": 60.0, "run": 180.0}
+# How often the engines this node started are written for `fleetgen status`.
+ENGINES_EVERY_S = 2.0
 
 
 @dataclass
@@ -218,9 +222,13 @@ def run_pipeline(job: NodeJob, settings: ProducerSettings,
                      [job.fleet.engine_url(gpu) for gpu in range(job.fleet.spec.gpus)],
                      lambda text: bar.note(f"fleetgen {job.command}: {text}"))
     ticker = LogLine(job.say)
+    engines_due = [0.0]  # when this node's engines are next written for `status`
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
+        if job.fleet.engines is not None and time.monotonic() >= engines_due[0]:
+            engines_due[0] = time.monotonic() + ENGINES_EVERY_S
+            publish(d.redis, settings.run, job.fleet.engines.views())
         total = d.manifest().rows
         view.look()
         up, engines = view.engines_up

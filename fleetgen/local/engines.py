@@ -6,15 +6,19 @@ with backoff, parked after too many failures, and stopped whole at the end."""
 from __future__ import annotations
 
 import enum
+import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fleetgen.base.contract import RunKeys
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import server_client
 from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, FailureWindow, backoff_s
@@ -45,6 +49,10 @@ class EngineView:
     pid: int | None
     ready_after_s: float | None  # of its last start
     error: str | None  # why it last failed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "gpus": ",".join(self.gpus), "url": self.url,
+                "phase": self.phase.value, "restarts": self.restarts, "error": self.error}
 
     def describe(self) -> str:
         if self.phase is Phase.READY and self.ready_after_s is not None:
@@ -289,3 +297,11 @@ class EngineSet:
         for lease in self._leases:
             lease.close()
         self._leases = []
+
+
+def publish(client: Any, run: str, views: Sequence[EngineView], host: str | None = None) -> None:
+    """This node's engines as `fleetgen status` shows them (RunKeys.engines), one field each."""
+    where = host or socket.gethostname()
+    if views:
+        client.hset(RunKeys(run).engines, mapping={
+            f"{where}/{v.name}": json.dumps(v.to_json()) for v in views})

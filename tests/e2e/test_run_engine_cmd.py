@@ -71,9 +71,18 @@ def written(out: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def status_of(run: Run, out: Path) -> str:
+    """`fleetgen status` of the run, from another shell as its first lines say."""
+    name = re.findall(r"--run (\S+) --watch", run.text())[0]
+    url = (out / ".fleetgen-state" / "redis.url").read_text().strip()
+    done = subprocess.run(fleetgen_cli("status", "--run", name), capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "FLEETGEN_REDIS_URL": url})
+    return done.stdout + done.stderr
+
+
 def test_a_killed_engine_comes_back_and_every_row_is_written_once(tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
-    kinds = make_prompts(prompts, 300)
+    kinds = make_prompts(prompts, 400)
     out = tmp_path / "out"
     run = Run(tmp_path, str(prompts), "--engine-cmd", SIM, "--out", "out")
     try:
@@ -88,6 +97,11 @@ def test_a_killed_engine_comes_back_and_every_row_is_written_once(tmp_path: Path
         wait_until(lambda: (run.engine_pid("1") or pid) != pid and probe_url(url).ready, 60,
                    "engine1 serving again")
         restart_s = time.monotonic() - killed_at
+        # `status` shows the restart (the supervisor writes its engines every 2 s).
+        shown = wait_until(lambda: re.search(r"engine \S+/engine1 +ready +restarts 1 +GPU 1 "
+                                             r".*last: exited with code -9",
+                                             status_of(run, out)), 30, "status with the restart")
+        print(f"\n{shown.group(0)}")
         assert run.wait(300) == exitcodes.OK, run.text()[-4000:]
     finally:
         if run.proc.poll() is None:
