@@ -179,7 +179,8 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
                                                                    flush=True))
         return job.execute(job.NodeJob(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            on_redis=(lambda f: _say_join(f, listen, name, args.engine_cmd)) if listen
+            else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
             group_by=args.group_by,
             on_report=measure.print_report if measure is not None else None))
@@ -201,12 +202,17 @@ def _protocol_env(protocol: str | None) -> dict[str, str]:
     return {envvars.ENGINE_PROTOCOL.name: protocol} if protocol else {}
 
 
-def _say_join(fleet: LocalFleet, listen: tuple[str, int]) -> None:
-    """The line a worker on another host needs to join (its password in it: printed once, on
-    the terminal that asked for --listen, as Flower's generated one)."""
+def _say_join(fleet: LocalFleet, listen: tuple[str, int], run: str,
+              engine_cmd: str | None) -> None:
+    """The line another host runs to join (its password in it: printed once, on the terminal
+    that asked for --listen, as Flower's generated one): `fleetgen node` with its engines,
+    or a bare worker per server already running there."""
     host, port = listen
     reach = socket.gethostname() if host in ("0.0.0.0", "*") else host
     url = f"redis://:{fleet.spec.redis_password}@{reach}:{port}/0"
-    print(f"fleetgen run: workers on other hosts join with, one per GPU server:\n"
+    cmd = shlex.quote(engine_cmd or "CMD with {port}")
+    print(f"fleetgen run: other hosts join with (their engines and a worker each):\n"
+          f"  {envvars.REDIS_URL.name}={url} fleetgen node --run {run} --engine-cmd {cmd}\n"
+          f"or, for servers already running there, one worker each:\n"
           f"  {envvars.REDIS_URL.name}={url} {envvars.ENGINE_URL.name}=http://SERVER:PORT "
           f"celery -A workers worker -Q fleetgen -n gpuN@%h -P threads", flush=True)

@@ -106,6 +106,7 @@ class SupervisedEngine:
         self.error: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._failures = FailureWindow(policy)
+        self._grace_s = policy.stop_grace_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"fleetgen-{name}", daemon=True)
 
@@ -118,7 +119,11 @@ class SupervisedEngine:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """Ask the engine's thread to stop it: SIGTERM, SIGKILL after `grace_s` (default: the
+        policy's)."""
+        if grace_s is not None:
+            self._grace_s = grace_s
         self._stop.set()
 
     def join(self, timeout_s: float) -> None:
@@ -228,7 +233,7 @@ class SupervisedEngine:
 
     def _kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
-            stop_group(self.proc, self.policy.stop_grace_s)
+            stop_group(self.proc, self._grace_s)
         elif self.proc is not None:
             signal_group(self.proc.pid, signal.SIGKILL)  # the leader died: its children too
 
@@ -288,12 +293,16 @@ class EngineSet:
             [f"parked {','.join(parked)}"] if parked else [])
         return ", ".join(parts)
 
-    def stop(self) -> None:
-        """Every engine's group: SIGTERM, SIGKILL after the grace, all at once."""
+    def begin_stop(self, grace_s: float | None = None) -> None:
+        """Every engine's group at once: SIGTERM, SIGKILL after `grace_s` (default: the
+        policy's), each by its own thread; `stop` waits for them."""
         for engine in self.engines:
-            engine.stop()
+            engine.stop(grace_s)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        self.begin_stop(grace_s)
         for engine in self.engines:
-            engine.join(self.policy.stop_grace_s + 5)
+            engine.join((self.policy.stop_grace_s if grace_s is None else grace_s) + 5)
         for lease in self._leases:
             lease.close()
         self._leases = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +29,9 @@ SIM_READY = re.compile(r"fleetgen sim: serving (\d+) server\(s\) on (.+?) \(cont
 
 # The simulator's own defaults, the one home of what a simulated GPU is unless said otherwise.
 SIM = SimConfig()
+# A simulator is back (or dead) within a second, not a real server's minutes: its workers
+# call it gone after 3 s instead of 10, so a local fleet fails over quickly.
+SIM_WORKER_ENV = {envvars.HEALTH_INTERVAL_S.name: "1", envvars.ENGINE_GONE_S.name: "3"}
 
 
 @dataclass
@@ -58,6 +62,9 @@ class FleetSpec:
     task_events: bool = False  # workers send task events from the start (-E): Flower watches
     redis_password: str | None = None
     redis_url: str | None = None  # an existing Redis (e.g. rediss://); else an embedded Valkey
+    # Before each worker's name: `fleetgen node` names its workers NODE-gpuN, so two nodes
+    # that share a host (and its %h) never share a worker name, its queue or its leases.
+    worker_prefix: str = ""
 
     def sim_flags(self) -> list[str]:
         """The `fleetgen sim` flags of each simulated GPU, `sim_args` last."""
@@ -69,6 +76,12 @@ class FleetSpec:
                 "--prefill-tokens-per-s", "inf",
                 "--output-tokens-mean", str(self.output_tokens_mean),
                 "--seed", str(self.seed), *self.sim_args]
+
+    def sim_engine_cmd(self) -> str:
+        """One simulated GPU as an `--engine-cmd` line (`fleetgen demo` starts its simulators
+        as `fleetgen run --engine-cmd` starts real servers)."""
+        return shlex.join([*python_argv("-m", "fleetgen.simulator"), "--port", "{port}",
+                           *self.sim_flags()])
 
 
 class LocalFleet:
@@ -160,10 +173,15 @@ class LocalFleet:
         return [url for gpu, url in enumerate(self.engine_urls) if gpu not in self.skipped]
 
     def stop_processes(self, grace_s: float) -> None:
-        """The workers first (nothing is sent to an engine going away), then the engines."""
+        """At a run's end the workers first (nothing is sent to an engine going away), then
+        the engines with their own grace; stopped by a signal (a short `grace_s`: the command
+        is gone within 2 s), all at once, what the workers held back through the leases."""
+        hurry = grace_s < 1.0
+        if self.engines is not None and hurry:
+            self.engines.begin_stop(grace_s)
         self.procs.stop_all(grace_s=grace_s)
         if self.engines is not None:
-            self.engines.stop()
+            self.engines.stop(grace_s if hurry else None)
 
     def sim_argv(self, count: int, extra: list[str]) -> list[str]:
         # Port 0: each server binds a port of the kernel's choosing and reports it in its
@@ -215,10 +233,7 @@ class LocalFleet:
                 raise RuntimeError(f"simulator exited:\n{sim.log_text()[-2000:]}")
 
     def worker_env(self, gpu: int) -> dict[str, str]:
-        # A simulator is back (or dead) within a second, not a real server's minutes: call it
-        # gone after 3 s instead of 10, so a local fleet fails over quickly.
-        quick = {} if self.engine_urls else {envvars.HEALTH_INTERVAL_S.name: "1",
-                                             envvars.ENGINE_GONE_S.name: "3"}
+        quick = {} if self.engine_urls else SIM_WORKER_ENV
         return {envvars.REDIS_URL.name: self.redis_url,
                 envvars.ENGINE_URL.name: self.engine_url(gpu), **quick, **self.spec.worker_env,
                 **self.spec.gpu_worker_env.get(gpu, {})}
@@ -227,8 +242,8 @@ class LocalFleet:
         # A real server's worker sizes its pool from the server itself (no -c).
         concurrency = self.spec.concurrency or (
             None if self.engine_urls else self.spec.max_running_requests)
-        child = self.procs.start(name or f"gpu{gpu}",
-                                 celery_worker_argv(f"gpu{gpu}", concurrency,
+        child = self.procs.start(name or self.worker_name(gpu),
+                                 celery_worker_argv(self.worker_name(gpu), concurrency,
                                                     self.spec.worker_loglevel,
                                                     self.spec.task_events),
                                  env=self.worker_env(gpu))
@@ -256,7 +271,8 @@ class LocalFleet:
         return started
 
     def worker_name(self, gpu: int, process: int = 1) -> str:
-        return f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
+        name = f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
+        return self.spec.worker_prefix + name
 
     def worker_names(self) -> list[str]:
         return [self.worker_name(g, i) for g in range(self.spec.gpus) if g not in self.skipped
