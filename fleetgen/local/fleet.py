@@ -11,7 +11,7 @@ from pathlib import Path
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
 from fleetgen.engine.health import probe_url
-from fleetgen.local.engines import EngineSet, EngineView
+from fleetgen.local.engines import EngineSet
 from fleetgen.local.procs import (
     Child,
     ProcessGroup,
@@ -108,12 +108,12 @@ class LocalFleet:
         # failed to start (no worker for them).
         self.engines: EngineSet | None = None
         self.skipped: set[int] = set()
-        self._say: Callable[[str], None] = print
+        self.say: Callable[[str], None] = print
 
     def with_engines(self, engines: EngineSet, say: Callable[[str], None]) -> LocalFleet:
         """Start these engines (one per GPU group) too, each GPU's worker once its engine is
         ready; their URLs are the fleet's engine URLs."""
-        self.engines, self._say = engines, say
+        self.engines, self.say = engines, say
         self.engine_urls = engines.urls
         self.spec = replace(self.spec, gpus=len(self.engine_urls))
         return self
@@ -135,7 +135,7 @@ class LocalFleet:
         if before_workers is not None:
             before_workers(self.redis_url)
         if self.engines is not None:
-            self.start_engines()
+            start_engines(self)
         else:
             if not self.engine_urls:
                 self.start_sims(timeout_s)
@@ -149,24 +149,6 @@ class LocalFleet:
             self.start_worker(gpu)
         else:
             self.start_shared_workers(gpu)
-
-    def start_engines(self) -> None:
-        """Every engine at once; a GPU's worker as soon as its engine is ready; back once
-        each is ready or has failed to start. ConfigError (exit 3) when none started."""
-        assert self.engines is not None
-        engines = self.engines
-        self._say(f"starting {len(engines.engines)} engine(s), logs in "
-                  f"{engines.engines[0].log_path.parent}")
-        engines.start(self._say)
-        ready = engines.wait_settled(on_ready=self.start_gpu_workers, report=self._report)
-        self.skipped = set(range(self.spec.gpus)) - set(ready)
-        if not ready:
-            first = engines.engines[0]
-            raise ConfigError(f"no engine started ({first.name}: {first.error}); each one's "
-                              f"log is in {first.log_path.parent}")
-
-    def _report(self, views: list[EngineView]) -> None:
-        self._say("engines: " + "; ".join(v.describe() for v in views))
 
     def serving_urls(self) -> list[str]:
         """The engine URLs the run's producer reads its limits from: all but failed ones."""
@@ -300,6 +282,25 @@ class LocalFleet:
     def stop(self) -> None:
         self.stop_processes(grace_s=15.0)
         self.valkey.stop()
+
+
+def start_engines(fleet: LocalFleet) -> None:
+    """Every engine at once; a GPU's worker as soon as its engine is ready; back once each is
+    ready or has failed to start. ConfigError (exit 3) when none started."""
+    engines = fleet.engines
+    assert engines is not None
+    say = fleet.say
+    say(f"starting {len(engines.engines)} engine(s), logs in "
+        f"{engines.engines[0].log_path.parent}")
+    engines.start(say)
+    ready = engines.wait_settled(
+        on_ready=fleet.start_gpu_workers,
+        report=lambda views: say("engines: " + "; ".join(v.describe() for v in views)))
+    fleet.skipped = set(range(fleet.spec.gpus)) - set(ready)
+    if not ready:
+        first = engines.engines[0]
+        raise ConfigError(f"no engine started ({first.name}: {first.error}); each one's "
+                          f"log is in {first.log_path.parent}")
 
 
 def _hostname() -> str:
