@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     directory = args.dir or DEFAULT_DIR / name
     should_stop = sigterm_flag(grace_s=STOP_GRACE_S, signums=(signal.SIGTERM, signal.SIGINT))
-    fleet = LocalFleet(directory, FleetSpec(redis_url=url, worker_prefix=f"{name}-"))
+    fleet = LocalFleet(directory, FleetSpec(redis_url=url, worker_prefix=f"{name}-",
+                                               workers_die_with_parent=True))
     fleet.with_engines(plan.engine_set(directory / "engines"), say)
     try:
         say(f"joining the run on {redact(url)}: {fleet.spec.gpus} engine(s), logs in "

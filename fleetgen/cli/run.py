@@ -169,7 +169,8 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
     measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
-                     worker_env=_protocol_env(args.engine_protocol))
+                     worker_env=_protocol_env(args.engine_protocol),
+                     workers_die_with_parent=plan is not None)
     with tempfile.TemporaryDirectory(prefix="fleetgen-run-") as tmp:
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, engine_urls=urls,
                            valkey_bind=listen[0] if listen else None,

@@ -23,6 +23,7 @@ from fleetgen.engine.health import Prober
 from fleetgen.engine.http import server_client
 from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, FailureWindow, backoff_s
 from fleetgen.local.ports import PortLease, lease_port
+from fleetgen.local.procs import dying_with_parent
 
 LOG_TAIL_LINES = 5
 POLL_S = 0.25  # how often a starting engine's process and probe are looked at
@@ -160,9 +161,10 @@ class SupervisedEngine:
             log.write(f"--- fleetgen: starting {self.name} (start {self.restarts + 1}) on "
                       f"GPU {','.join(self.gpus)}, port {self.port}\n".encode())
             log.flush()
+            # Its thread lives as long as the engine: the engine dies with fleetgen.
             self.proc = subprocess.Popen(
-                self.command.argv(self.port, self.gpus), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                dying_with_parent(self.command.argv(self.port, self.gpus)), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": ",".join(self.gpus)})
         self._started_at = time.monotonic()
 

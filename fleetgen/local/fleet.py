@@ -16,6 +16,7 @@ from fleetgen.local.procs import (
     Child,
     ProcessGroup,
     celery_worker_argv,
+    dying_with_parent,
     python_argv,
     wait_for,
 )
@@ -65,6 +66,9 @@ class FleetSpec:
     # Before each worker's name: `fleetgen node` names its workers NODE-gpuN, so two nodes
     # that share a host (and its %h) never share a worker name, its queue or its leases.
     worker_prefix: str = ""
+    # Workers get SIGTERM when the command that started them dies, even by SIGKILL (`fleetgen
+    # node`, `fleetgen run --engine-cmd`: under Slurm, KillWait's SIGKILL).
+    workers_die_with_parent: bool = False
 
     def sim_flags(self) -> list[str]:
         """The `fleetgen sim` flags of each simulated GPU, `sim_args` last."""
@@ -224,10 +228,9 @@ class LocalFleet:
         # A real server's worker sizes its pool from the server itself (no -c).
         concurrency = self.spec.concurrency or (
             None if self.engine_urls else self.spec.max_running_requests)
-        child = self.procs.start(name or self.worker_name(gpu),
-                                 celery_worker_argv(self.worker_name(gpu), concurrency,
-                                                    self.spec.worker_loglevel,
-                                                    self.spec.task_events),
+        argv = celery_worker_argv(self.worker_name(gpu), concurrency, self.spec.worker_loglevel,
+                                  self.spec.task_events)
+        child = self.procs.start(name or self.worker_name(gpu), self._tied(argv),
                                  env=self.worker_env(gpu))
         if gpu < len(self.workers):
             self.workers[gpu] = child
@@ -247,10 +250,13 @@ class LocalFleet:
             name = self.worker_name(gpu, i)
             env = {**self.worker_env(gpu), envvars.ENGINE_SHARE.name: f"{i}/{count}"}
             share = None if total is None else share_of(total, (i, count))
-            started.append(self.procs.start(name, celery_worker_argv(
-                name, share, self.spec.worker_loglevel, self.spec.task_events), env=env))
+            started.append(self.procs.start(name, self._tied(celery_worker_argv(
+                name, share, self.spec.worker_loglevel, self.spec.task_events)), env=env))
         self.workers += started
         return started
+
+    def _tied(self, argv: list[str]) -> list[str]:
+        return dying_with_parent(argv) if self.spec.workers_die_with_parent else argv
 
     def worker_name(self, gpu: int, process: int = 1) -> str:
         name = f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -134,3 +135,35 @@ def test_an_engine_that_exits_while_starting_is_named_with_its_log(
     finally:
         engines.stop()
     assert marked(mark) == []
+
+
+KILLED_PARENT = """
+import sys, time
+from pathlib import Path
+from fleetgen.local.enginecmd import EnginePolicy, parse_engine_cmd
+from fleetgen.local.engines import EngineSet
+engines = EngineSet(parse_engine_cmd(sys.argv[1]), [("0",), ("1",)], EnginePolicy(),
+                    Path(sys.argv[2]))
+engines.start(print)
+engines.wait_settled(on_ready=lambda i: None)
+print("settled", flush=True)
+time.sleep(600)
+"""
+
+
+def test_engines_die_with_a_sigkilled_fleetgen(tmp_path: Path, mark: dict[str, str]) -> None:
+    # Slurm's SIGKILL after KillWait, the OOM killer: nothing runs fleetgen's stop, and the
+    # engines are in sessions of their own; they get SIGTERM from the kernel instead.
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, SIM, str(tmp_path)],
+                              env={**os.environ, **mark}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert "settled" in parent.stdout.readline() + parent.stdout.readline() + \
+            parent.stdout.readline(), "the engines never settled"
+        assert len(marked(mark)) == 3  # the parent and two simulators
+        parent.kill()
+        parent.wait(timeout=10)
+        wait_until(lambda: not marked(mark), 20, "the engines gone with their parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()

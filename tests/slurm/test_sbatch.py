@@ -1,12 +1,14 @@
 """`slurm/fleetgen.sbatch` on a real Slurm (tests/support/slurm.py: a controller and two nodes
-of four fake GPUs on this host), simulators as the engines: `sbatch -N2` completes a run of
-2,000 rows, each once, with both nodes' workers writing; `scancel` in the middle leaves no
-process and whole output lines, and the same line resubmitted completes the run, each row
-once."""
+of four fake GPUs on this host), simulators as the engines, 2,000 rows: `scancel` in the
+middle leaves no process and the same line resubmitted completes the run, each row once; a
+node's `fleetgen node` SIGKILLed mid-run takes its engines and workers with it, their prompts
+come back through the leases and the run completes on the first node, each row once (both
+nodes' workers wrote). Measured once with neither (2 busy cores): 2,000 rows in 39 s."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,11 +49,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
 class Job:
     """One `sbatch` of the script, with a mark every process it starts inherits."""
 
-    def __init__(self, slurm: Slurm, tmp_path: Path, prompts: Path, name: str) -> None:
+    def __init__(self, slurm: Slurm, tmp_path: Path, prompts: Path, name: str,
+                 env: dict[str, str] | None = None) -> None:
         self.slurm, self.mark = slurm, new_mark()
         self.output = tmp_path / f"{name}.out"
         env = {**slurm.env, **self.mark, **QUICK_WORKERS,
-               "FLEETGEN": f"{sys.executable} -m fleetgen"}
+               "FLEETGEN": f"{sys.executable} -m fleetgen", **(env or {})}
         done = subprocess.run(
             ["sbatch", "--parsable", "-N2", "--gres=gpu:4", f"--output={self.output}",
              f"--chdir={tmp_path}", str(SCRIPT), str(prompts), str(tmp_path / "out"), SIM],
@@ -76,22 +79,6 @@ def written(out: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def test_two_nodes_complete_a_run_each_row_once(slurm: Slurm, tmp_path: Path) -> None:
-    prompts = tmp_path / "p.jsonl"
-    kinds = make_prompts(prompts, ROWS)
-    job = Job(slurm, tmp_path, prompts, "job")
-    wall_s = job.wait(600)
-    text = job.text()
-    assert "fleetgen run: report at" in text, text[-4000:]
-    data = assert_exactly_once(tmp_path / "out", set(kinds["good"]))
-    by_node = {w.split("-gpu")[0] if "-gpu" in w else "n1"
-               for w in (r["worker"] for r in data["results"])}
-    assert by_node == {"n1", "n2"}, by_node
-    assert "fleetgen node n2: run " in text and "is complete; stopping its engines" in text
-    assert marked(job.mark) == []
-    print(f"\nsbatch -N2 (8 simulated GPUs): {ROWS} rows complete in {wall_s:.0f} s")
-
-
 def test_scancel_then_the_same_line_resumes(slurm: Slurm, tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
     kinds = make_prompts(prompts, ROWS)
@@ -114,3 +101,34 @@ def test_scancel_then_the_same_line_resumes(slurm: Slurm, tmp_path: Path) -> Non
     assert marked(again.mark) == []
     print(f"\nscancel: the job gone {gone_s:.1f} s later with {at_cancel} rows written; "
           f"resubmitted, it completed the other {ROWS - at_cancel}, each row once")
+
+
+def test_a_killed_node_leaves_the_run_to_the_other(slurm: Slurm, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    kinds = make_prompts(prompts, ROWS)
+    out = tmp_path / "out"
+    # Leases of 10 s, not 60: what a killed worker held is back within a test's patience.
+    job = Job(slurm, tmp_path, prompts, "job", env={"FLEETGEN_VISIBILITY_TIMEOUT_S": "10",
+                                                    "FLEETGEN_HANDBACK_S": "5"})
+
+    def node_pid() -> int | None:
+        found = [int(p.split()[0]) for p in marked(job.mark) if " node --engine-cmd " in p]
+        return found[0] if found else None
+
+    wait_until(lambda: (written(out) >= 200 and node_pid()) or not job.running(), 300,
+               "rows written with the node joined", poll_s=0.5)
+    pid = node_pid()
+    assert pid is not None and job.running(), job.text()[-4000:]
+    os.kill(pid, signal.SIGKILL)
+    at_kill = written(out)
+    # Its engines and workers go with it (they die with their parent), not at the job's end.
+    wait_until(lambda: not [p for p in marked(job.mark) if "n2-gpu" in p
+                            or ".fleetgen-node/n2" in p], 30, "the killed node's processes gone")
+    wall_s = job.wait(600)
+    assert "fleetgen run: report at" in job.text(), job.text()[-4000:]
+    assert "fleetgen node n2: joining the run" in job.text()
+    data = assert_exactly_once(out, set(kinds["good"]))
+    assert any(r["worker"].startswith("n2-gpu") for r in data["results"])
+    assert marked(job.mark) == []
+    print(f"\nsbatch -N2: fleetgen node SIGKILLed at {at_kill} rows; the run completed on n1 "
+          f"in {wall_s:.0f} s, each row once")
