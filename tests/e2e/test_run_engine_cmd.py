@@ -1,7 +1,9 @@
 """`fleetgen run --engine-cmd` starts, keeps and stops its engines (`fleetgen sim --port
-{port}` as the launched engine, two fake GPUs): an engine SIGKILLed mid-run comes back on its
-URL and every row is written once; SIGTERM mid-run leaves no process behind and the same
-command resumes; engines that all fail to start are exit 3 in one line, nothing left."""
+{port}` as the launched engine, fake GPUs): an engine SIGKILLed mid-run comes back on its URL
+(`status` shows the restart) while a `fleetgen node` joined from the line `--listen` prints
+helps, and every row is written once, the node gone by itself at the end; SIGTERM mid-run
+leaves no process behind and the same command resumes; engines that all fail to start are
+exit 3 in one line, nothing left."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from fleetgen.base import exitcodes
 from fleetgen.engine.health import probe_url
+from fleetgen.local.ports import lease_port
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.survivors import marked, new_mark
@@ -32,12 +35,14 @@ class Run:
     """`fleetgen run` in the background, its output in a file, with a mark in its
     environment that every process it starts inherits (tests/support/survivors.py)."""
 
-    def __init__(self, tmp_path: Path, *args: str, name: str = "run") -> None:
+    def __init__(self, tmp_path: Path, *args: str, name: str = "run",
+                 env: dict[str, str] | None = None) -> None:
         self.mark = new_mark()
         self.log = tmp_path / f"{name}.log"
-        env = {**os.environ, **self.mark, **QUICK_WORKERS, "CUDA_VISIBLE_DEVICES": "0,1"}
+        env = {**os.environ, **self.mark, **QUICK_WORKERS, "CUDA_VISIBLE_DEVICES": "0,1,2",
+               **(env or {})}
         with self.log.open("wb") as sink:
-            self.proc = subprocess.Popen(fleetgen_cli("run", *args), cwd=tmp_path, env=env,
+            self.proc = subprocess.Popen(fleetgen_cli(*args), cwd=tmp_path, env=env,
                                          stdout=sink, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
 
@@ -73,19 +78,30 @@ def written(out: Path) -> int:
 
 def status_of(run: Run, out: Path) -> str:
     """`fleetgen status` of the run, from another shell as its first lines say."""
-    name = re.findall(r"--run (\S+) --watch", run.text())[0]
+    name = re.findall(r"--run (\S+) --watch", run.text())[-1]
     url = (out / ".fleetgen-state" / "redis.url").read_text().strip()
     done = subprocess.run(fleetgen_cli("status", "--run", name), capture_output=True,
                           text=True, timeout=60, env={**os.environ, "FLEETGEN_REDIS_URL": url})
     return done.stdout + done.stderr
 
 
-def test_a_killed_engine_comes_back_and_every_row_is_written_once(tmp_path: Path) -> None:
+def test_a_killed_engine_comes_back_while_a_node_helps(tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
     kinds = make_prompts(prompts, 400)
     out = tmp_path / "out"
-    run = Run(tmp_path, str(prompts), "--engine-cmd", SIM, "--out", "out")
+    with lease_port() as lease:
+        port = lease.port
+    run = Run(tmp_path, "run", str(prompts), "--engine-cmd", SIM, "--gpus", "0,1", "--out",
+              "out", "--listen", f"127.0.0.1:{port}")
+    node: Run | None = None
     try:
+        line = wait_until(lambda: re.search(
+            r"FLEETGEN_REDIS_URL=(\S+) fleetgen node --run (\S+) --engine-cmd ", run.text())
+            or run.proc.poll() is not None, 120, "the line for other hosts")
+        assert isinstance(line, re.Match), run.text()[-3000:]
+        node = Run(tmp_path, "node", "--run", line.group(2), "--engine-cmd", SIM, "--gpus",
+                   "2", name="node", env={"FLEETGEN_REDIS_URL": line.group(1),
+                                          "SLURMD_NODENAME": "n2"})
         wait_until(lambda: written(out) >= 30 or run.proc.poll() is not None, 120,
                    "the first rows written")
         assert run.proc.poll() is None, run.text()[-3000:]
@@ -101,18 +117,28 @@ def test_a_killed_engine_comes_back_and_every_row_is_written_once(tmp_path: Path
         shown = wait_until(lambda: re.search(r"engine \S+/engine1 +ready +restarts 1 +GPU 1 "
                                              r".*last: exited with code -9",
                                              status_of(run, out)), 30, "status with the restart")
+        assert shown is not None
         print(f"\n{shown.group(0)}")
         assert run.wait(300) == exitcodes.OK, run.text()[-4000:]
+        assert node.wait(60) == exitcodes.OK, node.text()[-4000:]
     finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
+        for proc in (run, node):
+            if proc is not None and proc.proc.poll() is None:
+                proc.proc.kill()
     text = run.text()
     assert f"engine1 ({url}) exited with code -9; restarting in 1 s" in text, text[-3000:]
     assert len(re.findall(rf"engine1 \({url}\) ready after", text)) == 2
-    assert_exactly_once(out, set(kinds["good"]))
-    assert marked(run.mark) == []
+    data = assert_exactly_once(out, set(kinds["good"]))
+    by_node = sum(r["worker"].startswith("n2-gpu0@") for r in data["results"])
+    assert by_node > 0, "the node's worker wrote nothing"
+    said = node.text()
+    assert "fleetgen node n2: engine0 (http://127.0.0.1:" in said and "ready after" in said
+    assert f"fleetgen node n2: run {line.group(2)} is complete; stopping its engines" in said
+    assert (tmp_path / ".fleetgen-node" / "n2" / "engines" / "engine0.log").exists()
+    assert marked(run.mark) == [] and marked(node.mark) == []
     assert not (out / ".fleetgen-state").exists()  # complete: nothing left to resume
-    print(f"\nsimulator under fleetgen run, SIGKILL to serving again: {restart_s:.1f} s")
+    print(f"simulator under fleetgen run, SIGKILL to serving again: {restart_s:.1f} s; the "
+          f"node's worker wrote {by_node} of {len(data['results'])}")
 
 
 def test_sigterm_leaves_no_survivor_and_the_same_command_resumes(tmp_path: Path) -> None:
@@ -120,8 +146,8 @@ def test_sigterm_leaves_no_survivor_and_the_same_command_resumes(tmp_path: Path)
     kinds = make_prompts(prompts, 300)
     out = tmp_path / "out"
     args = (str(prompts), "--engine-cmd", f"bash -c 'sleep 300 & exec {SIM}'",
-            "--out", "out")
-    first = Run(tmp_path, *args, name="first")
+            "--gpus", "0,1", "--out", "out")
+    first = Run(tmp_path, "run", *args, name="first")
     try:
         wait_until(lambda: written(out) >= 20 or first.proc.poll() is not None, 120,
                    "the first rows written")
@@ -133,7 +159,7 @@ def test_sigterm_leaves_no_survivor_and_the_same_command_resumes(tmp_path: Path)
             first.proc.kill()
     assert marked(first.mark) == [], first.text()[-3000:]
     assert 0 < written(out) < 300
-    again = Run(tmp_path, *args, name="again")
+    again = Run(tmp_path, "run", *args, name="again")
     assert again.wait(300) == exitcodes.OK, again.text()[-4000:]
     assert "resuming run" in again.text()
     assert_exactly_once(out, set(kinds["good"]))
@@ -145,7 +171,8 @@ def test_engines_that_all_fail_to_start_are_one_line_and_nothing_is_left(
     prompts = tmp_path / "p.jsonl"
     make_prompts(prompts, 5)
     cmd = f"{sys.executable} -c \"print('no model at /m'); raise SystemExit(2)\" {{port}}"
-    run = Run(tmp_path, str(prompts), "--engine-cmd", cmd, "--out", "out")
+    run = Run(tmp_path, "run", str(prompts), "--engine-cmd", cmd, "--gpus", "0,1", "--out",
+              "out")
     assert run.wait(120) == exitcodes.CONFIG, run.text()
     lines = run.text().splitlines()
     assert lines[-1].startswith("fleetgen run: no engine started (engine0: exited with code 2 "
