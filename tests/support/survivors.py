@@ -7,7 +7,7 @@ import os
 import uuid
 from pathlib import Path
 
-MARK_VAR = "FLEETGEN_TEST_MARK"
+MARK_VAR = "SURVIVOR_MARK"
 
 
 def new_mark() -> dict[str, str]:
