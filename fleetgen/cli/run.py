@@ -164,7 +164,7 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or setting_default("batch_size")}
     settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
-    if engine_set is None:  # started engines are checked as each becomes ready (workers)
+    if engine_set is None:  # a started engine is checked once it is ready, before its worker
         preflight(urls, args)
     measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
@@ -177,7 +177,8 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
                            valkey_port=listen[1] if listen else None)
         if engine_set is not None:
             fleet.with_engines(engine_set, say=lambda text: print(f"fleetgen run: {text}",
-                                                                   flush=True))
+                                                                   flush=True),
+                               check=lambda url: preflight([url], args))
         return job.execute(job.NodeJob(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
             on_redis=(lambda f: _say_join(f, listen, name, args.engine_cmd)) if listen

@@ -113,11 +113,14 @@ class LocalFleet:
         self.engines: EngineSet | None = None
         self.skipped: set[int] = set()
         self.say: Callable[[str], None] = print
+        self.check: Callable[[str], None] | None = None
 
-    def with_engines(self, engines: EngineSet, say: Callable[[str], None]) -> LocalFleet:
+    def with_engines(self, engines: EngineSet, say: Callable[[str], None],
+                     check: Callable[[str], None] | None = None) -> LocalFleet:
         """Start these engines (one per GPU group) too, each GPU's worker once its engine is
-        ready; their URLs are the fleet's engine URLs."""
-        self.engines, self.say = engines, say
+        ready and `check(url)` (`fleetgen run`'s pre-flight) has passed; their URLs are the
+        fleet's engine URLs."""
+        self.engines, self.say, self.check = engines, say, check
         self.engine_urls = engines.urls
         self.spec = replace(self.spec, gpus=len(self.engine_urls))
         return self
@@ -299,8 +302,14 @@ def start_engines(fleet: LocalFleet) -> None:
     say(f"starting {len(engines.engines)} engine(s), logs in "
         f"{engines.engines[0].log_path.parent}")
     engines.start(say)
+
+    def on_ready(gpu: int) -> None:
+        if fleet.check is not None:
+            fleet.check(fleet.engine_urls[gpu])
+        fleet.start_gpu_workers(gpu)
+
     ready = engines.wait_settled(
-        on_ready=fleet.start_gpu_workers,
+        on_ready=on_ready,
         report=lambda views: say("engines: " + "; ".join(v.describe() for v in views)))
     fleet.skipped = set(range(fleet.spec.gpus)) - set(ready)
     if not ready:

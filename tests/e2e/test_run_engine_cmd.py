@@ -3,7 +3,7 @@
 (`status` shows the restart) while a `fleetgen node` joined from the line `--listen` prints
 helps, and every row is written once, the node gone by itself at the end; SIGTERM mid-run
 leaves no process behind and the same command resumes; engines that all fail to start are
-exit 3 in one line, nothing left."""
+exit 3 in one line, nothing left, as is an engine the pre-flight refuses."""
 
 from __future__ import annotations
 
@@ -179,4 +179,19 @@ def test_engines_that_all_fail_to_start_are_one_line_and_nothing_is_left(
                                 "while starting); each one's log is in "), lines
     failed = [line for line in lines if "failed to start" in line]
     assert len(failed) == 2 and all("no model at /m" in line for line in failed), lines
+    assert marked(run.mark) == []
+
+
+def test_an_engine_the_preflight_refuses_is_one_line_and_nothing_is_left(
+        tmp_path: Path) -> None:
+    # `fleetgen doctor`'s checks, on each engine once it is ready and before its worker.
+    prompts = tmp_path / "p.jsonl"
+    make_prompts(prompts, 5)
+    run = Run(tmp_path, "run", str(prompts), "--engine-cmd", f"{SIM} --skip-tokenizer-init",
+              "--gpus", "0", "--out", "out")
+    assert run.wait(120) == exitcodes.CONFIG, run.text()
+    last = run.text().splitlines()[-1]
+    assert last.startswith("fleetgen run: http://127.0.0.1:") and \
+        "started with --skip-tokenizer-init" in last, last
+    assert "Traceback" not in run.text()
     assert marked(run.mark) == []
