@@ -38,6 +38,10 @@ class Phase(enum.Enum):
     STOPPED = "stopped"
 
 
+# Phases an engine never leaves: nothing more to wait for at the start.
+SETTLED = frozenset({Phase.FAILED, Phase.PARKED, Phase.STOPPED})
+
+
 @dataclass(frozen=True)
 class EngineView:
     """One engine as the progress line, `status` and the tests see it."""
@@ -140,7 +144,12 @@ class SupervisedEngine:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._launch()
+                try:
+                    self._launch()
+                except OSError as exc:  # the program gone, not executable, out of pids
+                    if not self._after_failure(f"could not be started ({exc})"):
+                        return
+                    continue
                 reason = self._await_ready()
                 if reason is None:
                     reason = self._watch()
@@ -278,7 +287,7 @@ class EngineSet:
                 if i not in seen and engine.ever_ready:
                     seen.add(i)
                     on_ready(i)
-            if all(e.ever_ready or v.phase is Phase.FAILED
+            if all(e.ever_ready or v.phase in SETTLED
                    for e, v in zip(self.engines, views, strict=True)):
                 return sorted(seen)
             if report is not None and time.monotonic() >= due:

@@ -117,9 +117,8 @@ class LocalFleet:
 
     def with_engines(self, engines: EngineSet, say: Callable[[str], None],
                      check: Callable[[str], None] | None = None) -> LocalFleet:
-        """Start these engines (one per GPU group) too, each GPU's worker once its engine is
-        ready and `check(url)` (`fleetgen run`'s pre-flight) has passed; their URLs are the
-        fleet's engine URLs."""
+        """Start these engines too, a GPU's worker once its engine is ready and `check(url)`
+        (`fleetgen run`'s pre-flight) passed; their URLs are the fleet's engine URLs."""
         self.engines, self.say, self.check = engines, say, check
         self.engine_urls = engines.urls
         self.spec = replace(self.spec, gpus=len(self.engine_urls))
@@ -163,8 +162,7 @@ class LocalFleet:
 
     def stop_processes(self, grace_s: float) -> None:
         """At a run's end the workers first (nothing is sent to an engine going away), then
-        the engines with their own grace; stopped by a signal (a short `grace_s`: the command
-        is gone within 2 s), all at once, what the workers held back through the leases."""
+        the engines; stopped by a signal (a short `grace_s`, gone in 2 s), all at once."""
         hurry = grace_s < 1.0
         if self.engines is not None and hurry:
             self.engines.begin_stop(grace_s)
@@ -233,7 +231,7 @@ class LocalFleet:
             None if self.engine_urls else self.spec.max_running_requests)
         argv = celery_worker_argv(self.worker_name(gpu), concurrency, self.spec.worker_loglevel,
                                   self.spec.task_events)
-        child = self.procs.start(name or self.worker_name(gpu), self._tied(argv),
+        child = self.procs.start(name or self.worker_name(gpu), tied(self.spec, argv),
                                  env=self.worker_env(gpu))
         if gpu < len(self.workers):
             self.workers[gpu] = child
@@ -253,13 +251,10 @@ class LocalFleet:
             name = self.worker_name(gpu, i)
             env = {**self.worker_env(gpu), envvars.ENGINE_SHARE.name: f"{i}/{count}"}
             share = None if total is None else share_of(total, (i, count))
-            started.append(self.procs.start(name, self._tied(celery_worker_argv(
+            started.append(self.procs.start(name, tied(self.spec, celery_worker_argv(
                 name, share, self.spec.worker_loglevel, self.spec.task_events)), env=env))
         self.workers += started
         return started
-
-    def _tied(self, argv: list[str]) -> list[str]:
-        return dying_with_parent(argv) if self.spec.workers_die_with_parent else argv
 
     def worker_name(self, gpu: int, process: int = 1) -> str:
         name = f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
@@ -291,6 +286,10 @@ class LocalFleet:
     def stop(self) -> None:
         self.stop_processes(grace_s=15.0)
         self.valkey.stop()
+
+
+def tied(spec: FleetSpec, argv: list[str]) -> list[str]:
+    return dying_with_parent(argv) if spec.workers_die_with_parent else argv
 
 
 def start_engines(fleet: LocalFleet) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.engine.health import probe_url
-from fleetgen.local.enginecmd import EnginePolicy, parse_engine_cmd
+from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, parse_engine_cmd
 from fleetgen.local.engines import EngineSet, Phase
 from tests.support.survivors import marked, new_mark
 from tests.support.waiting import wait_until
@@ -140,7 +140,7 @@ def test_an_engine_that_exits_while_starting_is_named_with_its_log(
 KILLED_PARENT = """
 import sys, time
 from pathlib import Path
-from fleetgen.local.enginecmd import EnginePolicy, parse_engine_cmd
+from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, parse_engine_cmd
 from fleetgen.local.engines import EngineSet
 engines = EngineSet(parse_engine_cmd(sys.argv[1]), [("0",), ("1",)], EnginePolicy(),
                     Path(sys.argv[2]))
@@ -167,3 +167,18 @@ def test_engines_die_with_a_sigkilled_fleetgen(tmp_path: Path, mark: dict[str, s
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_an_engine_that_cannot_be_started_at_all_fails_and_is_settled(tmp_path: Path) -> None:
+    # The program checked at the start and gone since (an environment removed mid-run).
+    engines = EngineSet(EngineCommand(("/no/such/server", "--port", "{port}")), [("0",)],
+                        QUICK, tmp_path / "engines")
+    said = Said()
+    engines.start(said)
+    try:
+        assert engines.wait_settled(on_ready=lambda i: None) == []
+        assert engines.views()[0].phase is Phase.FAILED
+        # Said by Popen (could not be started) or, through setpriv, by the log (exit 127).
+        assert said[0].startswith("engine0 failed to start: ") and "/no/such/server" in said[0]
+    finally:
+        engines.stop()
