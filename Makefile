@@ -91,7 +91,7 @@ flaky: $(ENGINES) $(TRAINERS_STAMP) $(VLLM_STAMP)
 	$(TEST_ENV) $(BIN)/python tools/flaky.py -n $(N) -- $(XDIST) tests
 
 # Every bench, its figures into bench/figures/*.json (tracked), then the docs' tables from them.
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python tools/perf_tables.py
 

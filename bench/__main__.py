@@ -25,6 +25,7 @@ BENCHES = {
     "turns": "bench.turns",
     "affinity": "bench.affinity",
     "fleet_scale": "bench.fleet_scale",
+    "real": "bench.real",
 }
 
 

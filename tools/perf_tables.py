@@ -29,8 +29,8 @@ EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 Figures = dict[str, dict[str, Any]]
 # The arguments that set a bench's size, named in each table's provenance.
-SIZE_ARGUMENTS = ("rows", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus", "fleets",
-                  "requests", "rounds", "processes", "consumers", "words")
+SIZE_ARGUMENTS = ("rows", "max_tokens", "sizes", "valkey_rows", "restart_rows", "seeds", "gpus",
+                  "fleets", "requests", "rounds", "processes", "consumers", "words")
 
 
 def num(value: float, digits: int = 0) -> str:
@@ -444,6 +444,20 @@ def guard_table(figs: Figures) -> str:
                       if g.get("over_previous") else "first record", parts]])
 
 
+def real_table(figs: Figures) -> str:
+    r = figs["real"]
+    best = r["best_plain"]
+    rows = [[f"plain client, {p['concurrency']} in flight", num(p["makespan_s"], 1), "-",
+             f"{p['makespan_s'] / best['makespan_s']:.3f}", str(p["concurrency"])]
+            for p in r["plain"]]
+    rows += [["`fleetgen run`" + (f" `--workers-per-engine {f['workers_per_engine']}`"
+                                   if f["workers_per_engine"] > 1 else " (defaults)"),
+              num(f["makespan_s"], 1), num(f["command_s"], 1), f"{f['ratio']:.3f}",
+              f"{f['in_flight_settled']} (max {f['in_flight_max']})"] for f in r["fleetgen"]]
+    return md_table(["client", "makespan s", "whole command s", "× best plain client",
+                     "in flight"], "lrrrr", rows)
+
+
 # block name -> (benches it reads, the function that renders it)
 TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "summary": ((), summary_table),  # renders what there is, names what is missing
@@ -460,6 +474,7 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "central": (("central",), central_table),
     "central-commands": (("central",), central_commands_table),
     "guard": (("guard",), guard_table),
+    "real": (("real",), real_table),
     "scale": (("producer", "drainer", "central"), scale_table),
     "scale-memory": (("central",), scale_memory_table),
     "fleet-scale": (("fleet-scale", "central"), fleet_scale_table),

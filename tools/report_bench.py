@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
+from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
 from fleetgen.drainer import Tally
 
@@ -60,6 +60,7 @@ def write_synthetic(out: Path, rows: int, *, seed: int = 7, run: str = "syntheti
     summary = {
         "run": run, "total": rows, "done": tally.by_kind[KIND_RESULT],
         "failed": tally.by_kind[KIND_FAILURE], "rejected": tally.by_kind[KIND_REJECTED],
+        "holdout": tally.by_kind[KIND_HOLDOUT],
         "truncated": tally.truncated, "prompt_tokens": tally.prompt_tokens,
         "completion_tokens": tally.completion_tokens, **tally.quality, "complete": True,
         "stopped": None, "started_at": started, "finished_at": started + night_s,

@@ -18,8 +18,10 @@ from workers import runtime, startup
 from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.handback import RememberConsumer
+from workers.pace_step import PaceStep
+from workers.pacing import InFlightLimit
 from workers.startup import StartupRefused
-from workers.state import DEFAULT_CONCURRENCY
+from workers.state import DEFAULT_CONCURRENCY, state
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -54,12 +56,13 @@ def _refuse(exc: StartupRefused) -> NoReturn:
 
 @signals.celeryd_init.connect
 def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
-    """Before the pool exists: refuse an engine the worker cannot use and, without -c, size
-    the pool from it (waiting while it loads). With -c the engine may come later: the health
-    gate keeps the worker idle until it answers."""
+    """Before the pool exists: refuse an engine the worker cannot use and plan the in-flight
+    limit (waiting while the engine loads): -c as given, else the slots the engine reports,
+    else paced from its queue with the pool at the ceiling. With -c the engine may come later:
+    the health gate keeps the worker idle until it answers."""
     if conf is None:
         return
-    fixed = bool((options or {}).get("concurrency"))
+    fixed = int((options or {}).get("concurrency") or 0)
     try:
         proto = startup.resolve_protocol(_settings, wait=not fixed)
         if proto is None:
@@ -71,18 +74,18 @@ def _check_engine(conf: Any = None, options: Any = None, **_: Any) -> None:
         else:
             limits = startup.wait_for_limits(proto, _settings)
         startup.check_usable(limits, _settings.engine_url)
-        share = _settings.share()
-        size, why = (None, "") if fixed else startup.pool_size(proto, limits, share)
+        reader = startup.queue_reader(limits, _settings)
+        plan = startup.fixed_plan(fixed, limits) if fixed else \
+            startup.plan_limit(proto, limits, _settings, reader)
     except StartupRefused as exc:
         _refuse(exc)
     except EngineError as exc:  # only with -c: the engine is not there yet
         log.warning("engine %s not answering yet (%s); the health gate waits for it",
                     _settings.engine_url, exc.message)
         return
-    if not fixed:
-        if size:
-            conf.worker_concurrency = size
-        log.warning("%s", why)
+    conf.worker_concurrency = plan.pool
+    state.pacing = InFlightLimit(plan, reader, runtime.in_flight_count)
+    log.warning("in-flight limit %d: %s", plan.limit, plan.source)
 
 
 @signals.after_setup_logger.connect
@@ -102,4 +105,5 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 app.steps["consumer"].add(HealthGate)
+app.steps["consumer"].add(PaceStep)
 app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)

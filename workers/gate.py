@@ -14,7 +14,7 @@ from fleetgen.base import closing, heartbeat
 from fleetgen.base.celeryconf import sweep_interval_s
 from fleetgen.base.contract import QUEUE, closing_key, worker_key, worker_queue
 from fleetgen.engine.health import Watch
-from workers import runtime
+from workers import pacing, runtime
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -89,7 +89,8 @@ class HealthGate(bootsteps.StartStopStep):
             fields: dict[Any, Any] = {
                 "engine": rt.engine.base_url, "healthy": int(watch.up()),
                 "engine_state": watch.last.state.value, "consuming": int(self._consuming),
-                "concurrency": runtime.concurrency(), "inflight": runtime.in_flight_count(),
+                "inflight": runtime.in_flight_count(),
+                **pacing.beat_fields(runtime.pace(), runtime.concurrency()),
                 **heartbeat.lease_fields(interval_s=s.health_interval_s,
                                          lease_s=s.visibility_timeout_s, sweep_s=sweep_s,
                                          held=qos.held())}

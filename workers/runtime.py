@@ -16,6 +16,7 @@ from fleetgen.base.outcomes import Generation
 from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import Watch
 from workers.generate import RetryPolicy
+from workers.pacing import Pace
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink
 from workers.state import state
@@ -112,7 +113,14 @@ def in_flight_count() -> int:
 
 
 def concurrency() -> int:
+    """The pool's size (the ceiling of the in-flight limit)."""
     return state.concurrency
+
+
+def pace() -> Pace | None:
+    """The in-flight limit in force and its source; None when -c was given before the engine
+    answered (the pool is the limit)."""
+    return None if state.pacing is None else state.pacing.current
 
 
 def settings() -> WorkerSettings:

@@ -59,6 +59,9 @@ class WorkerSettings:
     # "I/N": the I-th of N worker processes that share one engine (one process's delivery
     # loop tops out at a few hundred prompts a second; a small model's GPU can take more).
     engine_share: str | None = _setting(ev.ENGINE_SHARE)
+    # The ceiling of a paced worker's in-flight limit (workers/pacing.py) and its pool's size:
+    # threads are made as the limit grows, so a high ceiling costs nothing until it is used.
+    max_in_flight: int = _setting(ev.MAX_IN_FLIGHT)
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -73,6 +76,8 @@ class WorkerSettings:
             if value <= 0:
                 raise ConfigError(f"{var.name} must be > 0, got {value:g}")
         self.share()  # a malformed share is a ConfigError at start
+        if self.max_in_flight < 1:
+            raise ConfigError(f"{ev.MAX_IN_FLIGHT.name} must be >= 1, got {self.max_in_flight}")
         if self.max_attempts < 1:
             raise ConfigError(f"{ev.MAX_ATTEMPTS.name} must be >= 1, got {self.max_attempts}")
         # The lease is renewed at every heartbeat: a few late beats must not let it lapse

@@ -1,5 +1,6 @@
 """A worker's start-up against its engine: wait for it to answer, refuse one whose answers it
-cannot use, and size the thread pool from the running requests it has in force."""
+cannot use, and plan its in-flight limit: the running requests it reports, else paced from its
+queue (workers/pacing.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ from typing import TypeVar
 from fleetgen import engine
 from fleetgen.base import exitcodes
 from fleetgen.base.errors import ConfigError, EngineError, PermanentError
-from fleetgen.engine import EngineProtocol, ServerLimits
+from fleetgen.engine import EngineProtocol, ServerLimits, sglang
+from fleetgen.engine.load import LoadReader, gauges_of
+from workers.pacing import START_LIMIT, LimitPlan
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("fleetgen.worker")
 
 WAIT_LOG_EVERY_S = 30.0
 RETRY_EVERY_S = 1.0
+# The limit against a server that reports neither its slots nor its queue (a proxy; vLLM with
+# --disable-log-stats): a GPU server's common batch, said in the log and the heartbeat.
+FALLBACK_LIMIT = 64
 
 
 class StartupRefused(Exception):
@@ -104,27 +110,54 @@ def share_of(total: int, share: tuple[int, int]) -> int:
     return max(1, total // count + (1 if index <= total % count else 0))
 
 
-def pool_size(proto: EngineProtocol, limits: ServerLimits,
-              share: tuple[int, int] = (1, 1)) -> tuple[int | None, str]:
-    """The thread count the protocol suggests (this process's share of it, when N processes
-    share the engine: FLEETGEN_ENGINE_SHARE) and the log line that says why."""
-    size = proto.pool_size(limits)
+def queue_reader(limits: ServerLimits, settings: WorkerSettings) -> LoadReader | None:
+    """A reader of the engine's queue gauges (the servers' behind a router), if they can be
+    read now; else None."""
+    gauges = gauges_of(limits.engine)
+    if gauges is None:
+        return None
+    url, key = settings.engine_url, settings.engine_api_key
+    urls = sglang.servers_behind(url, api_key=key) if limits.servers_behind else [url]
+    reader = LoadReader(urls, gauges, api_key=key)
+    if reader.read() is None:
+        reader.close()
+        return None
+    return reader
+
+
+def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSettings,
+               reader: LoadReader | None) -> LimitPlan:
+    """The in-flight limit without -c: the slots the server reports (K + 1, this process's
+    share of them), else paced from its queue, else FALLBACK_LIMIT with a warning."""
+    share = settings.share()
+    size = None if limits.servers_behind else proto.pool_size(limits)
+    if size:
+        why = (f"{limits.engine} reports {limits.max_running_requests} running requests "
+               f"({limits.running_requests_from}): K + 1 = {size}")
+        if share[1] > 1:
+            size = share_of(size, share)
+            why += f", {size} for this process ({share[0]} of {share[1]})"
+        return LimitPlan(pool=size, limit=size, source=why, slots=limits.max_running_requests)
+    if reader is not None:
+        ceiling = settings.max_in_flight
+        why = (f"the SGLang router in front of {limits.servers_behind} server(s): found from "
+               f"their queues ({reader.gauges.waiting}), shared with whichever workers use them"
+               if limits.servers_behind else
+               f"{limits.engine} reports no slot count: found from its queue "
+               f"({reader.gauges.waiting})")
+        return LimitPlan(pool=ceiling, limit=min(START_LIMIT, ceiling), source=why, paced=True,
+                         slots=limits.max_running_requests)
     if limits.servers_behind:
-        total = limits.max_running_requests
-        example = f"-c {total + 1} for the only worker, about {total}/W + 1 each for W" \
-            if total else "the servers' running requests + 1, shared among the workers"
         raise StartupRefused(
-            f"the engine is an SGLang router in front of {limits.servers_behind} server(s) "
-            f"running {total or 'an unknown number of'} requests at once in all; how many "
-            f"workers share them is not the router's to say: pass -c ({example})",
+            f"the engine is an SGLang router in front of {limits.servers_behind} server(s) whose "
+            "queues cannot be read (start them with --enable-metrics): how many workers share "
+            "them is not the router's to say; pass -c (their running requests / workers + 1)",
             exitcodes.CONFIG)
-    if not size:
-        return None, (f"{limits.engine} does not report how many requests it runs at once; "
-                      "keeping Celery's default pool: pass -c (vLLM: its --max-num-seqs + 1)")
-    why = (f"pool sized from the engine: {limits.max_running_requests} running requests "
-           f"in force ({limits.running_requests_from}, dp {limits.dp_size}) -> -c {size}")
-    if share[1] > 1:
-        mine = share_of(size, share)
-        return mine, f"{why}, shared by {share[1]} processes: this one ({share[0]}/{share[1]}) " \
-                     f"-c {mine}"
-    return size, why
+    return LimitPlan(pool=FALLBACK_LIMIT, limit=FALLBACK_LIMIT,
+                     source=f"{limits.engine} reports neither its slot count nor its queue on "
+                            f"/metrics: {FALLBACK_LIMIT}; pass -c to set it")
+
+
+def fixed_plan(concurrency: int, limits: ServerLimits) -> LimitPlan:
+    return LimitPlan(pool=concurrency, limit=concurrency, source=f"-c {concurrency}, as given",
+                     slots=limits.max_running_requests)

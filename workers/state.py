@@ -23,6 +23,7 @@ class WorkerState:
     protocol: Any = None  # the engine protocol resolved at start-up (or first use)
     runtime: Any = None  # workers.runtime.Runtime, built on first use
     consumer: Any = None  # Celery's consumer, for the hand-back at shutdown
+    pacing: Any = None  # workers.pacing.InFlightLimit: the in-flight limit, set at start-up
     inflight: int = 0  # prompts this process is working on (published with the heartbeat)
     dropped: dict[str, int] = field(default_factory=dict)  # per run, tasks of purged runs
     lock: threading.Lock = field(default_factory=threading.Lock)  # builds and counters

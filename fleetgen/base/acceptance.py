@@ -17,9 +17,11 @@ from typing import Any, Final
 
 from fleetgen.base.outcomes import split_result
 
-# The `spec` object of a result (fleetgen/engine/sglang.py `parse_spec`): verify_ct always,
-# the rest where the server gives them.
-SPEC_KEYS: Final = ("verify_ct", "accept_length", "accept_rate", "correct_drafts",
+# The `spec` object of a result (fleetgen/engine/sglang.py `parse_spec`,
+# fleetgen/engine/speculation.py `parse_vllm_spec`): verify_ct always, the rest where the
+# server gives them; `tokens` (vLLM) what the verify steps produced, where that is not the
+# completion tokens.
+SPEC_KEYS: Final = ("verify_ct", "tokens", "accept_length", "accept_rate", "correct_drafts",
                     "proposed_drafts", "histogram")
 NOTE: Final = (
     "accept_length pools every answer that reports its verify steps: sum of completion tokens "
@@ -37,12 +39,17 @@ LENGTH_EDGES: Final = (256, 1024, 4096)
 
 
 def steps_of(record: Mapping[str, Any]) -> tuple[int, int, float] | None:
-    """(completion tokens, verify steps, the answer's own accept length) of a result, or None
-    when it carries no usable `spec`."""
+    """(tokens, verify steps, the answer's own accept length) of a result, or None when it
+    carries no usable `spec`. The tokens are the verify steps' own where the spec says (vLLM:
+    steps + accepted drafts, so the pooled figure is its 1 + accepted / steps), else the
+    completion tokens (SGLang's accept length, the prefill's token included)."""
     spec = record.get("spec")
     if not isinstance(spec, dict):
         return None
-    verify_ct, tokens = spec.get("verify_ct"), record.get("completion_tokens")
+    if _zero(spec.get("verify_ct")) and _zero(spec.get("tokens")):
+        return 0, 0, 1.0  # vLLM speculated but verified no draft: one token a forward pass
+    verify_ct = spec.get("verify_ct")
+    tokens = spec["tokens"] if _count(spec.get("tokens")) else record.get("completion_tokens")
     if not (isinstance(verify_ct, int) and isinstance(tokens, int)
             and _count(verify_ct) and _count(tokens)):
         return None
@@ -56,12 +63,16 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _zero(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value == 0
+
+
 @dataclass
 class Pool:
     """The acceptance of a set of answers, added one result at a time."""
 
     requests: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # the tokens of the pooled figure (steps_of): vLLM's steps' own
     verify_ct: int = 0
     own_lengths: float = 0.0  # Σ of each answer's accept length, for the per-request mean
     correct_drafts: int = 0
@@ -85,7 +96,11 @@ class Pool:
 
     @property
     def accept_length(self) -> float | None:
-        return self.completion_tokens / self.verify_ct if self.verify_ct else None
+        """Σ tokens / Σ verify steps; 1.0 for answers that verified no draft at all (vLLM's
+        figure for them), None for no answer."""
+        if self.verify_ct:
+            return self.completion_tokens / self.verify_ct
+        return 1.0 if self.requests else None
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -150,7 +165,7 @@ def pooled_summary(pool: Pool, by_worker: Mapping[str, Pool], done: int,
                    counters: CounterSessions | None = None) -> dict[str, Any]:
     """summary.json's `spec`: the pooled figure, the mean beside it, the answers without one,
     and each worker's (one per server under `fleetgen run`); `vllm`, from the counters of
-    servers that report acceptance only as counters."""
+    servers that report acceptance only as counters (vLLM without per-request metrics)."""
     vllm = counters.figures() if counters is not None else None
     return {**pool.figures(), "without_spec": done - pool.requests,
             "by_worker": {name: by_worker[name].figures() for name in sorted(by_worker)},
@@ -179,20 +194,41 @@ def length_bucket(record: Mapping[str, Any]) -> str:
     return f"{low}+"
 
 
+NO_FIELD: Final = "(none)"
+FIELDS_KEPT: Final = 50  # row field names remembered, to name them when --group-by finds none
+
+
 def field_of(name: str) -> Callable[[Mapping[str, Any]], str]:
-    """The row's own field `name` as a group (a list or object as its JSON-ish text)."""
+    """The row's own field `name` as a group (a list or object as its JSON-ish text); dots
+    name a nested field (`meta.src`). A value with spaces at either end is quoted: `code` and
+    `code ` are two groups and must not print alike."""
     def key(record: Mapping[str, Any]) -> str:
-        value = split_result(record).row.get(name)
-        return "(none)" if value is None else str(value)
+        value: Any = split_result(record).row
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            return NO_FIELD
+        text = str(value)
+        return repr(text) if text != text.strip() else text
     return key
 
 
+def server_of(record: Mapping[str, Any]) -> str:
+    """The worker that answered: under `fleetgen run`, gpuN is the N-th --engine-url."""
+    return str(record.get("worker") or "?")
+
+
 DIMENSIONS: Final[dict[str, Callable[[Mapping[str, Any]], str]]] = {
-    "server": lambda r: str(r.get("worker") or "?"),
+    "server": server_of,
     "thinking": thinking_of,
     "turn": lambda r: str(r.get("turn", "-")),
     "answer_length": length_bucket,
 }
+# How the breakdowns compare: with two drafters in one run, which rows a server got is the
+# shared queue's doing, so a group pooled across servers measures where its rows landed as
+# much as the prompts; each group is then a cell of a server x group table.
+WITHIN_SERVER: Final = "within each server (server x group: each server's own drafter)"
+ONE_SERVER: Final = "one server: every group on the same drafter"
 
 
 @dataclass(order=True)
@@ -205,29 +241,61 @@ class _Low:
 
 
 @dataclass
+class LowestRows:
+    """One server's LOWEST_ROWS answers of the lowest accept length, one per id: the samples
+    (`--n`) and turns (`--turns all`) of one prompt are one input row again in weak.jsonl."""
+
+    heap: list[_Low] = field(default_factory=list)
+    by_id: dict[Any, _Low] = field(default_factory=dict)
+
+    def add(self, entry: _Low) -> None:
+        row_id = entry.record.get("id")
+        held = self.by_id.get(row_id)
+        if held is not None:
+            if entry > held:  # a lower answer of an id already kept replaces it
+                self.heap[self.heap.index(held)] = entry
+                heapq.heapify(self.heap)
+                self.by_id[row_id] = entry
+            return
+        if len(self.heap) >= LOWEST_ROWS:
+            if not entry > self.heap[0]:
+                return
+            del self.by_id[heapq.heappop(self.heap).record.get("id")]
+        heapq.heappush(self.heap, entry)
+        self.by_id[row_id] = entry
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return [low.record for low in sorted(self.heap, reverse=True)]
+
+
+@dataclass
 class AcceptanceScan:
     """The report's acceptance: overall, by each dimension (and the user's `group_by` row
-    field), and the LOWEST_ROWS answers with the lowest accept length."""
+    field) within each server, and the lowest answers, lowest within their server."""
 
     group_by: str | None = None
     pool: Pool = field(default_factory=Pool)
-    groups: dict[str, dict[str, Pool]] = field(default_factory=dict)
+    # dimension -> (server, group) -> the pool of that cell
+    groups: dict[str, dict[tuple[str, str], Pool]] = field(default_factory=dict)
     counters: CounterSessions = field(default_factory=CounterSessions)
-    _lowest: list[_Low] = field(default_factory=list)
+    without_spec: int = 0  # answers with no acceptance (a server that does not speculate)
+    fields: set[str] = field(default_factory=set)  # the rows' own field names, FIELDS_KEPT
+    _lowest: dict[str, LowestRows] = field(default_factory=dict)
 
     def add(self, record: dict[str, Any], slot: int) -> None:
         self.counters.add(record)
+        if len(self.fields) < FIELDS_KEPT:
+            self.fields.update(list(split_result(record).row)[:FIELDS_KEPT])
         if not self.pool.add(record):
+            self.without_spec += 1
             return
+        server = server_of(record)
         for name, key in self._dimensions().items():
-            self.groups.setdefault(name, {}).setdefault(key(record), Pool()).add(record)
+            cell = ("", key(record)) if name == "server" else (server, key(record))
+            self.groups.setdefault(name, {}).setdefault(cell, Pool()).add(record)
         steps = steps_of(record)
         assert steps is not None
-        entry = _Low(-steps[2], -slot, record)
-        if len(self._lowest) < LOWEST_ROWS:
-            heapq.heappush(self._lowest, entry)
-        elif entry > self._lowest[0]:
-            heapq.heapreplace(self._lowest, entry)
+        self._lowest.setdefault(server, LowestRows()).add(_Low(-steps[2], -slot, record))
 
     def _dimensions(self) -> dict[str, Callable[[Mapping[str, Any]], str]]:
         if self.group_by is None:
@@ -235,8 +303,22 @@ class AcceptanceScan:
         return {**DIMENSIONS, f"field:{self.group_by}": field_of(self.group_by)}
 
     def lowest_rows(self) -> list[dict[str, Any]]:
-        """The lowest answers, lowest first (ties by their place in the run)."""
-        return [low.record for low in sorted(self._lowest, reverse=True)]
+        """The lowest answers, each ranked within its own server (one drafter's lowest are
+        not another's), taken rank by rank across the servers: every server's lowest, then
+        every server's second lowest, ...; one answer per id, LOWEST_ROWS in all."""
+        ranked = [rows.ordered() for _, rows in sorted(self._lowest.items())]
+        picked: list[dict[str, Any]] = []
+        seen: set[Any] = set()
+        for rank in range(LOWEST_ROWS):
+            for rows in ranked:
+                if rank < len(rows) and rows[rank].get("id") not in seen:
+                    seen.add(rows[rank].get("id"))
+                    picked.append(rows[rank])
+        return picked[:LOWEST_ROWS]
+
+    @property
+    def servers(self) -> int:
+        return len(self._lowest)
 
     def figures(self) -> dict[str, Any] | None:
         vllm = self.counters.figures()
@@ -244,28 +326,58 @@ class AcceptanceScan:
             return None if vllm is None else {**self.pool.figures(), "vllm": vllm,
                                               "breakdowns": {}, "lowest_groups": [],
                                               "lowest_rows": [], "note": NOTE}
-        breakdowns = {name: sorted(({"group": key, **pool.figures()}
-                                    for key, pool in by_key.items()),
-                                   key=lambda g: (g["accept_length"], g["group"]))
-                      for name, by_key in self.groups.items()}
-        candidates = [{"by": name, **g} for name, groups in breakdowns.items()
-                      if len(groups) > 1 for g in groups if g["requests"] >= MIN_GROUP]
+        breakdowns = {name: self._breakdown(cells) for name, cells in self.groups.items()}
         return {
             **self.pool.figures(),
             "note": NOTE,
             "group_by": self.group_by,
+            "compared": WITHIN_SERVER if self.servers > 1 else ONE_SERVER,
+            "without_spec": self.without_spec,
+            **self._group_by_found(breakdowns),
             "breakdowns": breakdowns,
-            "lowest_groups": sorted(candidates, key=lambda g: g["accept_length"])[:LOWEST_GROUPS],
+            "lowest_groups": lowest_groups(breakdowns),
             "lowest_rows": [_row_line(r) for r in self.lowest_rows()],
             **({"vllm": vllm} if vllm else {}),
         }
+
+    def _group_by_found(self, breakdowns: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        """Where no answered row has the --group-by field (a typo, a nested field named
+        without its dots): say so, with the fields the rows have."""
+        groups = breakdowns.get(f"field:{self.group_by}")
+        if not groups or any(g["group"] != NO_FIELD for g in groups):
+            return {}
+        return {"group_by_missing": sorted(self.fields)}
+
+    def _breakdown(self, cells: dict[tuple[str, str], Pool]) -> list[dict[str, Any]]:
+        """A breakdown's groups, lowest first within each server (the server's name on each
+        group when the run had several: a server x group table)."""
+        several = self.servers > 1
+        groups = [{**({"server": server} if several and server else {}), "group": key,
+                   **pool.figures()} for (server, key), pool in cells.items()]
+        return sorted(groups, key=lambda g: (g.get("server", ""), g["accept_length"],
+                                             g["group"]))
+
+
+def lowest_groups(breakdowns: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The LOWEST_GROUPS lowest groups of at least MIN_GROUP answers of each server (a
+    breakdown of one group says nothing), ranked within it."""
+    by_server: dict[str, list[dict[str, Any]]] = {}
+    for name, groups in breakdowns.items():
+        if len({g["group"] for g in groups}) < 2:
+            continue
+        for g in groups:
+            if g["requests"] >= MIN_GROUP:
+                by_server.setdefault(g.get("server", ""), []).append({"by": name, **g})
+    return [g for server in sorted(by_server) for g in sorted(
+        by_server[server], key=lambda g: g["accept_length"])[:LOWEST_GROUPS]]
 
 
 def _row_line(record: Mapping[str, Any]) -> dict[str, Any]:
     steps = steps_of(record)
     assert steps is not None
     return {"id": record.get("id"), "line": record.get("line"), "worker": record.get("worker"),
-            "turn": record.get("turn"), "completion_tokens": steps[0], "verify_ct": steps[1],
+            "turn": record.get("turn"), "completion_tokens": record.get("completion_tokens"),
+            "verify_ct": steps[1],
             "accept_length": round(steps[2], 4)}
 
 

@@ -141,6 +141,11 @@ ENGINE_SHARE = _unset(
     "FLEETGEN_ENGINE_SHARE", "I/N", WORKERS, "this worker is the I-th of N processes sharing "
     "one engine: without `-c` it runs its share of the K + 1 threads (docs/cluster.md "
     "\"Several processes per GPU\")", "1/1")
+MAX_IN_FLIGHT = EnvVar(
+    "FLEETGEN_MAX_IN_FLIGHT", "integer", "the most prompts a worker without `-c` holds against "
+    "an engine that reports no slot count (vLLM), which it paces from the engine's queue "
+    "(docs/engines.md \"How many requests in flight\"): its thread pool's size", 2048, _integer,
+    WORKERS)
 SIM_API_KEY = _unset(
     "FLEETGEN_SIM_API_KEY", "text", "`sim`", "the simulator requires `Authorization: Bearer` "
     "with it (the default of `--api-key`)", "none", secret=True)
@@ -156,6 +161,10 @@ LLAMA_SERVER = _unset("FLEETGEN_LLAMA_SERVER", "path", "tests", "a llama.cpp `ll
 TEST_VLLM_URL = _unset("FLEETGEN_TEST_VLLM_URL", "URL", "tests", "a vLLM server you started for "
                        "`tests/real_engines/test_vllm.py` (its kill test skips)",
                        "the tier's own server")
+TEST_VLLM_SPEC_URL = _unset(
+    "FLEETGEN_TEST_VLLM_SPEC_URL", "URL", "tests", "a speculating vLLM server you started for "
+    "`tests/real_engines/test_vllm_spec.py` (the flags in `tests/support/vllm.py` SPEC_ARGS)",
+    "the module's own server")
 BENCH_FIGURES = _unset("FLEETGEN_BENCH_FIGURES", "path", "bench",
                        "where the benches write their figures", "bench/figures")
 BENCH_RUN = _unset("FLEETGEN_BENCH_RUN", "text", "bench",
@@ -172,9 +181,9 @@ SLURM_HEAD_ADDR = _unset("FLEETGEN_HEAD_ADDR", "host", "`slurm/fleetgen.sbatch`"
 TABLE: tuple[EnvVar[Any], ...] = (
     REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
     BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
-    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, CACHE_DIR, SIM_API_KEY,
-    STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, TEST_VLLM_URL, BENCH_FIGURES, BENCH_RUN,
-    SLURM_LISTEN_PORT, SLURM_HEAD_ADDR,
+    VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, MAX_IN_FLIGHT, CACHE_DIR,
+    SIM_API_KEY, STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, TEST_VLLM_URL, TEST_VLLM_SPEC_URL,
+    BENCH_FIGURES, BENCH_RUN, SLURM_LISTEN_PORT, SLURM_HEAD_ADDR,
 )
 
 # docs/reference.md's table (tools/envvars_table.py writes it there).

@@ -1,8 +1,8 @@
 """`fleetgen run --measure-acceptance`: refuse servers that do not speculate, and once the run
 is written print the drafter's acceptance on these prompts (pooled, the per-request mean, by
 server and the other breakdowns, the lowest groups, weak.jsonl), as the report computed it
-from the files; vLLM servers, which report acceptance only as counters, by the counters' growth
-the workers wrote into the results."""
+from the files; vLLM servers started without --per-request-spec-decode-metrics, which report
+acceptance only as counters, by the counters' growth the workers wrote into the results."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
-from fleetgen.engine.speculation import speculative_algorithm
+from fleetgen.engine.speculation import (
+    PER_REQUEST_ADVICE,
+    answers_per_request,
+    speculative_algorithm,
+)
 
 if TYPE_CHECKING:
     from fleetgen.monitor.report import Built
@@ -42,6 +46,11 @@ class Measure:
         if plain:
             print(f"fleetgen run: --measure-acceptance: {', '.join(plain)} run no speculative "
                   "algorithm: their answers carry no acceptance", file=sys.stderr)
+        counters_only = [url for url, algorithm in algorithms.items() if algorithm == "vllm"
+                         and not answers_per_request(url, api_key=api_key)]
+        if counters_only:
+            print(f"fleetgen run: --measure-acceptance: {', '.join(counters_only)}: "
+                  f"{PER_REQUEST_ADVICE}", file=sys.stderr)
         return cls(algorithms)
 
     def print_report(self, built: Built) -> None:
@@ -56,21 +65,23 @@ def acceptance_lines(spec: dict[str, Any] | None, weak: Any) -> list[str]:
     lines = _vllm_lines(spec.get("vllm"))
     if not spec["requests"]:
         return lines
+    without = spec.get("without_spec") or 0
     lines += [f"acceptance: {_fig(spec['accept_length'])} tokens per verify step pooled "
-             f"(sum of completion tokens / sum of verify steps over {spec['requests']} answers); "
+             f"(sum of tokens / sum of verify steps over {spec['requests']} answers); "
              f"per-request mean {_fig(spec['accept_length_mean'])}; accept rate "
              f"{_fig(spec['accept_rate'])}",
+             *([f"  {without} more answers carried no acceptance (their server does not "
+                "speculate): in summary.json's without_spec, in no figure here"]
+               if without else []),
+             *_missing_field(spec),
              "  the pooled figure weighs every verify step alike, the mean every answer alike: "
              "compare drafters on the pooled one"]
+    if spec.get("compared"):
+        lines.append(f"  the breakdowns compare {spec['compared']}")
     for name, groups in spec["breakdowns"].items():
-        if len(groups) < 2 and not name.startswith("field:"):
-            continue
-        shown = ", ".join(f"{g['group']} {_fig(g['accept_length'])} ({g['requests']})"
-                          for g in groups[:SHOWN_GROUPS])
-        more = f", ... {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
-        lines.append(f"  by {name.replace('field:', '')}, lowest first: {shown}{more}")
+        lines += _breakdown_lines(name, groups)
     if spec["lowest_groups"]:
-        lowest = ", ".join(f"{g['by'].replace('field:', '')}={g['group']} "
+        lowest = ", ".join(f"{_within(g)}{g['by'].replace('field:', '')}={g['group']} "
                            f"{_fig(g['accept_length'])}" for g in spec["lowest_groups"])
         lines.append(f"  lowest groups: {lowest}")
     if weak is not None:
@@ -79,13 +90,43 @@ def acceptance_lines(spec: dict[str, Any] | None, weak: Any) -> list[str]:
     return lines
 
 
+def _missing_field(spec: dict[str, Any]) -> list[str]:
+    fields = spec.get("group_by_missing")
+    if fields is None:
+        return []
+    return [f"  warning: --group-by {spec['group_by']}: no answered row has that field, every "
+            f"row is (none); the rows' fields: {', '.join(fields) or 'none'} (a nested one "
+            "with dots: meta.src)"]
+
+
+def _breakdown_lines(name: str, groups: list[dict[str, Any]]) -> list[str]:
+    """One line a breakdown, or one a server where the groups are a server x group table."""
+    lines = []
+    label = name.replace("field:", "")
+    for server in dict.fromkeys(g.get("server", "") for g in groups):
+        mine = [g for g in groups if g.get("server", "") == server]
+        if len(mine) < 2 and not name.startswith("field:"):
+            continue
+        shown = ", ".join(f"{g['group']} {_fig(g['accept_length'])} ({g['requests']})"
+                          for g in mine[:SHOWN_GROUPS])
+        more = f", ... {len(mine) - SHOWN_GROUPS} more" if len(mine) > SHOWN_GROUPS else ""
+        where = f" within {server}" if server else ""
+        lines.append(f"  by {label}{where}, lowest first: {shown}{more}")
+    return lines
+
+
+def _within(group: dict[str, Any]) -> str:
+    return f"{group['server']}: " if group.get("server") else ""
+
+
 def _vllm_lines(vllm: dict[str, Any] | None) -> list[str]:
     if not vllm:
         return []
     workers = ", ".join(f"{w} {_fig(f['accept_length'])}" for w, f in vllm["by_worker"].items())
     return [f"vLLM acceptance (its /metrics counters, as the workers read them): "
             f"{_fig(vllm['accept_length'])} tokens per step (1 + {vllm['accepted']} accepted / "
-            f"{vllm['drafts']} drafts); by worker: {workers}"]
+            f"{vllm['drafts']} drafts); by worker: {workers}",
+            f"  no answer carried its own acceptance, so no breakdown: {PER_REQUEST_ADVICE}"]
 
 
 def _fig(value: float | None) -> str:

@@ -34,12 +34,14 @@ from fleetgen.base.runoptions import DEFAULT_TOKENIZER
 from fleetgen.cli.flags import json_object, subcommand
 from fleetgen.engine import EngineProtocol, ServerLimits
 from fleetgen.engine.health import State, probe_url
-from fleetgen.engine.openai import LLAMA_CPP
+from fleetgen.engine.load import gauges_of
+from fleetgen.engine.openai import LLAMA_CPP, VLLM
 from fleetgen.engine.preflight import (
     Check,
     combine,
     fleet_disagreements,
     keeps_verbose,
+    per_request_acceptance,
     refuses_long_input,
     refuses_past_total,
     tiny_generation,
@@ -174,7 +176,9 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
             checks.append(refuses_past_total(client, limits))
     finally:
         client.close()
-    return checks
+    acceptance = per_request_acceptance(url, api_key, timeout_s) if limits.engine == VLLM \
+        else None
+    return checks + ([acceptance] if acceptance else [])
 
 
 def exit_code(reports: list[ServerReport], fleet_checks: list[Check]) -> int:
@@ -258,13 +262,21 @@ def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
+def _concurrency(size: int | None, limits: ServerLimits) -> str:
+    """The worker's -c: the slots + 1 where they are reported, else "paced" where the worker
+    finds it from the engine's queue (workers/pacing.py), else "?"."""
+    if size:
+        return str(size)
+    return "paced" if gauges_of(limits.engine) is not None else "?"
+
+
 def _row(r: ServerReport) -> tuple[str, ...]:
     s = r.limits
     if s is None:
         return (r.url, *("-" for _ in COLUMNS[1:]))
     return (r.url, s.model or "?", str(s.context_length), str(r.input_limit),
             str(s.reserved_tokens), str(s.max_running_requests or "?"),
-            str(r.concurrency or "?"), _yes_no(s.deterministic),
+            _concurrency(r.concurrency, s), _yes_no(s.deterministic),
             _yes_no(not s.skip_tokenizer_init))
 
 
@@ -287,8 +299,7 @@ def render_text(reports: list[ServerReport], fleet_checks: list[Check],
                          "answers are not reproducible")
     lines += [f"note: {r.url} {line}" for r in reports if r.limits is not None
               for line in [reasoning_line(r.limits)] if line]
-    lines += [f"{'ok  ' if c.ok else 'FAIL'} {r.url} {c.name}: {c.detail}"
-              for r in reports for c in r.checks]
+    lines += [f"{c.line()[:4]} {r.url} {c.name}: {c.detail}" for r in reports for c in r.checks]
     lines += [c.line() for c in fleet_checks]
     lines.append(VERDICTS[code])
     return "\n".join(lines)

@@ -41,6 +41,8 @@ DEFAULT_SAMPLE = 500
 DEFAULT_CAPS = (2048, 4096, 8192)
 STRATA = 10  # prompt-length strata (fewer for a small sample: at least MIN_PER_STRATUM each)
 MIN_PER_STRATUM = 20
+# `run`'s options the estimate refuses (check_args): hidden from its --help.
+REFUSED = ("max_output_tokens", "holdout", "turns")
 SCRATCH = ".fleetgen-estimate"  # under --out: the sample and its run, one per sample drawn
 ESTIMATE = "estimate.json"
 
@@ -55,7 +57,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                    help="where estimate.json and the sample's run go (the working directory)")
     p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
-                   help="requests to generate (%(default)s)")
+                   help="input rows (prompts) to sample: each is --n requests (%(default)s)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="S",
                    help="the sample's seed: the same seed draws the same rows (%(default)s)")
     p.add_argument("--cap", type=int, action="append", metavar="N",
@@ -64,6 +66,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpus-per-engine", type=int, default=1, metavar="N",
                    help="GPUs behind each server, for GPU-hours (tensor parallel) (1)")
     add_producer_options(p, runoptions.RUN)
+    for action in p._actions:  # run's options the estimate refuses (check_args): not offered
+        if action.dest in REFUSED:
+            action.help = argparse.SUPPRESS
     # What `run` reads that the estimate's sample does not use.
     p.set_defaults(run=None, listen=None, measure_acceptance=False,
                    group_by=None, retry_failures=False)
@@ -103,33 +108,75 @@ def estimate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.input}: no row fits the servers' budget "
                           f"({sum(survey.rejected.values())} rejected); nothing to estimate")
     chosen, sizes = draw(survey, args.sample, args.sample_seed)
-    sample_path, stratum_of = write_sample(args, settings.input, chosen)
+    own_caps: list[int] = []
+    sample_path, stratum_of = write_sample(args, settings.input, chosen, own_caps)
     run_out = sample_path.parent / "run"
-    say(f"generating {len(chosen)} sampled rows on {len(urls)} server(s) (`fleetgen run` "
-        f"into {run_out})")
-    # The sample's run as the user would type it (what its messages quote to go on with).
-    argv = ["run", str(sample_path), *(a for u in urls for a in ("--engine-url", u)),
-            "--out", str(run_out)]
-    code = run_command.run(argparse.Namespace(**{**vars(args), "input": sample_path,
-                                                 "out": run_out, "argv": argv}))
-    if code != exitcodes.OK:
-        raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
-                          "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
+    generate_sample(args, urls, sample_path, run_out, sample_words(len(chosen),
+                                                                   len(survey.lines)))
     answers, failed = read_answers(run_out, stratum_of)
     fleet = Fleet(len(urls), args.gpus_per_engine, fleet_slots(settings))
-    result = project(answers, sizes, sorted(set(args.cap or DEFAULT_CAPS)), fleet, failed)
+    result = project(answers, sizes, caps_for(args.cap, limits.context_length), fleet, failed)
     result = {"input": input_part(survey, args), "sample": {
         "requests": len(chosen), "answered": len(answers), "failed": failed,
+        "whole_input": len(chosen) >= len(survey.lines), "own_caps": len(own_caps),
         "strata": len(sizes), "seed": args.sample_seed, "run": str(run_out)}, **result}
     with atomic_file(args.out / ESTIMATE) as f:
         f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     print(table(result))
+    if own_caps:
+        say(own_caps_note(own_caps, len(chosen)))
     say(f"written to {args.out / ESTIMATE}")
+    say(reuse_note(len(answers), run_out))
     return exitcodes.OK
 
 
 def say(text: str) -> None:
     print(f"fleetgen estimate: {text}", flush=True)
+
+
+def generate_sample(args: argparse.Namespace, urls: list[str], sample_path: Path,
+                    run_out: Path, what: str) -> None:
+    """The sample's `fleetgen run`, unless a complete one is there: the same estimate again
+    reads its answers, where it started Valkey and a worker a server to generate nothing."""
+    if sample_done(run_out):
+        say(f"the sample's run in {run_out} is complete: its answers are read again, nothing "
+            "is generated")
+        return
+    say(f"generating {what} on {len(urls)} server(s) (`fleetgen run` into {run_out})")
+    # The sample's run as the user would type it (what its messages quote to go on with).
+    argv = ["run", str(sample_path), *(a for u in urls for a in ("--engine-url", u)),
+            "--out", str(run_out)]
+    hint = f"run the same `fleetgen estimate` command (same --out {args.out}) to resume it"
+    code = run_command.run(argparse.Namespace(**{**vars(args), "input": sample_path,
+                                                 "out": run_out, "argv": argv,
+                                                 "resume_hint": hint}))
+    if code != exitcodes.OK:
+        raise ConfigError(f"the sample's run into {run_out} did not complete; see its "
+                          "failures.jsonl, then run `fleetgen estimate` again (it resumes)")
+
+
+def own_caps_note(caps: list[int], rows: int) -> str:
+    """The rows' own max_tokens cut their answers in any run, whatever --max-output-tokens:
+    a Batch file's `max_tokens: 200` made every cap's row read the same share, unexplained."""
+    return (f"{len(caps):,} of the {rows:,} sampled rows carry their own max_tokens (from "
+            f"{min(caps):,} to {max(caps):,}): their answers stop there in any run, so every "
+            "cap's cut share counts them, whatever --max-output-tokens")
+
+
+def reuse_note(answered: int, run_out: Path) -> str:
+    """Why `fleetgen run` will generate the sampled rows again: said, not left to be found."""
+    return (f"`fleetgen run` does not reuse the sample's {answered:,} answers ({run_out}): it "
+            "generates every row again, as its drainer is the one writer of its output and "
+            "the sample ran uncapped; a run with other settings could not use them anyway")
+
+
+def sample_done(run_out: Path) -> bool:
+    """Whether the sample's run finished with every request answered (its summary.json)."""
+    try:
+        summary = DrainDir(run_out).read_summary() if run_out.is_dir() else None
+    except (OSError, ValueError):
+        return False
+    return bool(summary and summary.get("complete") and not summary.get("failed"))
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -210,11 +257,12 @@ def draw(survey: Survey, n: int, seed: int) -> tuple[dict[int, int], list[int]]:
     return chosen, sizes
 
 
-def write_sample(args: argparse.Namespace, source: Path,
-                 chosen: dict[int, int]) -> tuple[Path, dict[str, int]]:
+def write_sample(args: argparse.Namespace, source: Path, chosen: dict[int, int],
+                 own_caps: list[int] | None = None) -> tuple[Path, dict[str, int]]:
     """The sampled rows as they were (their ids written out), in a directory named by their
     bytes and the settings: the same sample is the same run, resumed; another is a new one.
-    Returns the sample's path and each sampled id's stratum (what its answer is filed by)."""
+    Returns the sample's path and each sampled id's stratum (what its answer is filed by);
+    `own_caps` gets the sampled rows' own max_tokens (a Batch body's, a `sampling` one's)."""
     from producer.rows import Row, read_rows
 
     stratum_of: dict[str, int] = {}
@@ -223,6 +271,8 @@ def write_sample(args: argparse.Namespace, source: Path,
         if item.line in chosen and isinstance(item, Row):
             body += orjson.dumps({"id": item.id, **item.fields}) + b"\n"
             stratum_of[item.id] = chosen[item.line]
+            if own_caps is not None and item.max_tokens is not None:
+                own_caps.append(item.max_tokens)
     pinned = {o.attr: getattr(args, o.attr, None) for o in runoptions.TABLE
               if o.kept.pinned and o.flags}
     key = hashlib.blake2b(bytes(body) + json.dumps(pinned, sort_keys=True, default=str)
@@ -275,6 +325,40 @@ def input_part(survey: Survey, args: argparse.Namespace) -> dict[str, Any]:
                               "p90": at(0.9), "p99": at(0.99), "max": lengths[-1]}}
 
 
+def sample_words(chosen: int, usable: int) -> str:
+    """What the sample is: a sample, or the whole input (then the figures are no sample's:
+    only the answers' own randomness is left in them)."""
+    if chosen >= usable:
+        return f"all {usable:,} usable rows (the sample is the whole input)"
+    return f"{chosen:,} sampled rows of {usable:,}"
+
+
+def caps_for(given: list[int] | None, context_length: int) -> list[int]:
+    """The caps of the table: the user's, else the defaults up to the context (a cap above it
+    cuts what the budget, the `none` row, cuts: 8192 on a 4,096 context says nothing)."""
+    return sorted(set(given or [c for c in DEFAULT_CAPS if c <= context_length]))
+
+
+def duration(hours: float | None) -> str:
+    """A time for a person: 15 s, 4.2 min, 3.4 h, 1,250 h (not 0.004206)."""
+    if hours is None:
+        return "-"
+    seconds = hours * 3600
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{hours:,.1f} h" if hours < 100 else f"{hours:,.0f} h"
+
+
+def size(nbytes: float) -> str:
+    """Bytes for a person: 640 B, 12.5 KB, 3.4 MB, 7.1 GB (not 0.00 GB)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
 def table(e: dict[str, Any]) -> str:
     """The estimate on the terminal: the input, then one line per cap."""
     o, i, f = e["output_tokens"], e["input"], e["fleet"]
@@ -292,18 +376,17 @@ def table(e: dict[str, Any]) -> str:
         ("fleet", f"{f['gpus']} GPU(s), {f['tokens_per_s']:,.0f} tokens/s when full "
                   f"({f['slots'] or '?'} slots; the sample kept {f['sample_concurrency']} "
                   f"busy on average{bound})"),
-        ("output size", f"{e['output_bytes']['without_token_ids'] / 1e9:,.2f} GB, "
-                        f"{e['output_bytes']['with_token_ids'] / 1e9:,.2f} GB with --token-ids"),
+        ("output size", f"{size(e['output_bytes']['without_token_ids'])}, "
+                        f"{size(e['output_bytes']['with_token_ids'])} with --token-ids"),
     ]
     width = max(len(k) for k, _ in head)
     lines = [f"  {k:<{width}}  {v}" for k, v in head]
     lines.append(f"\n  {'--max-output-tokens':<20} {'cut':>7} {'95%':>15} {'mean out':>9} "
-                 f"{'tokens':>14} {'wall h':>8} {'GPU-h':>8}")
+                 f"{'tokens':>14} {'wall time':>9} {'GPU time':>9}")
     for cap, row in e["by_cap"].items():
         low, high = row["cut_share_ci95"]
         lines.append(f"  {cap if cap != 'none' else 'none (the budget)':<20} "
                      f"{row['cut_share']:>7.1%} {f'{low:.1%}-{high:.1%}':>15} "
                      f"{row['output_tokens_mean']:>9,.0f} {row['output_tokens_total']:>14,} "
-                     f"{row['wall_h'] if row['wall_h'] is not None else '-':>8} "
-                     f"{row['gpu_hours'] if row['gpu_hours'] is not None else '-':>8}")
+                     f"{duration(row['wall_h']):>9} {duration(row['gpu_hours']):>9}")
     return "\n".join(lines)

@@ -63,6 +63,9 @@ class NodeJob:
     # with the report once written (`--measure-acceptance` prints its acceptance).
     group_by: str | None = None
     on_report: Callable[[Built], None] | None = None
+    # What resumes it, where that is not this command with this --out (the estimate's sample
+    # run: its --out is the estimate's scratch directory, which the user never typed).
+    resume_hint: str | None = None
 
     def say(self, text: str) -> None:
         print(f"fleetgen {self.command}: {text}", flush=True)
@@ -156,8 +159,9 @@ def _before_workers(job: NodeJob, redis_url: str) -> None:
 
 def _say_how_it_ended(job: NodeJob, summary: dict[str, Any], interrupted: bool) -> None:
     if interrupted:
-        job.say(f"interrupted; what is written is kept: run the same command (same --out "
-                f"{job.out}) to resume run {summary['run']}")
+        job.say("interrupted; what is written is kept: " + (
+            job.resume_hint or f"run the same command (same --out {job.out}) to resume run "
+            f"{summary['run']}"))
         return
     _write_report(job)  # the report shows what a --stop-if rule saw, too
     if summary.get("stopped"):
@@ -314,13 +318,20 @@ def drain_beside(drainer: Drainer, producer: Beside, *,
     producer.raise_error()
 
 
+def held_out(s: dict[str, Any]) -> str:
+    """Held-out requests and the rows they are (holdout.jsonl's lines): a row of --n 4 or of
+    four turns is four requests, and `requests` above counts requests."""
+    rows = s.get("holdout_rows")
+    return f"{s['holdout']} requests" + ("" if rows is None else f" ({rows} rows)")
+
+
 def summary_table(s: dict[str, Any], out: Path) -> str:
     rows = [("run", s["run"]), ("requests", s["total"])]
     if s.get("input_rows") is not None:
         rows.append(("input lines", s["input_rows"]))
     rows += [("done", s["done"]),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
-            *([("held out (holdout.jsonl)", s["holdout"])] if s.get("holdout") else []),
+            *([("held out (holdout.jsonl)", held_out(s))] if s.get("holdout") else []),
             ("truncated (finish=length)", s["truncated"]),
             ("prompt tokens", s["prompt_tokens"]), ("completion tokens", s["completion_tokens"]),
             ("wall time", f"{s['wall_s']} s"), ("rows/s", s["rows_per_s"]),

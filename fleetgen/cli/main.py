@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.UNAVAILABLE
     except redis.ConnectionError as exc:
         print(f"fleetgen {args.command}: cannot reach Redis ({_no_secret(exc)}); check "
-              f"{_redis_source(args)}", file=sys.stderr)
+              f"{_redis_source(args)}{FINISHED_RUN.get(args.command, '')}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
     except BrokenPipeError:
         # The reader went away (`fleetgen status | head -3`): stop quietly, as a Unix tool
@@ -139,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             print(f"fleetgen {args.command}: interrupted{again}", file=sys.stderr)
         return exitcodes.INTERRUPTED
+
+
+# `fleetgen run` and the demo stop the Valkey they embed when the run ends: status asked of a
+# finished run reaches nothing, and must say where the run's figures are.
+FINISHED_RUN = {"status": ". A finished `fleetgen run` or demo stopped its own Valkey: its "
+                          "figures are in OUT/summary.json, and `fleetgen report OUT` draws "
+                          "them"}
 
 
 def _run(handler: Handler, args: argparse.Namespace) -> int:

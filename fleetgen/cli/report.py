@@ -33,6 +33,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--group-by", metavar="FIELD",
                    help="break the speculative acceptance down by this row field too (e.g. "
                    "source), besides server, thinking, turn and answer length")
+    p.add_argument("--paired", type=Path, metavar="OTHER",
+                   help="another run of the same input on another drafter: the two pooled "
+                   "acceptances on the prompts both answered, and OTHER's minus DIR's with "
+                   "its 95 %% interval (an A/B on the same prompts)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetgen report: acceptance {spec['accept_length']} pooled (per-request mean "
               f"{spec['accept_length_mean']}); the {len(spec['lowest_rows'])} lowest answers' "
               f"rows -> {built.weak}")
+    if args.paired is not None:
+        print(f"fleetgen report: {paired_line(args.dir, args.paired)}")
     for name, size in built.read.torn.items():
         print(f"fleetgen report: {name} ends in a torn line ({size} bytes) that a drainer is "
               "writing or was killed writing: not counted", file=sys.stderr)
@@ -72,3 +78,24 @@ def _bar() -> Any:
     from tqdm import tqdm
 
     return tqdm(desc="report", unit="B", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+
+
+def paired_line(a: Path, b: Path) -> str:
+    """The A/B of two runs of one input, each on one drafter: B - A on the same prompts."""
+    from fleetgen.base.contract import KIND_RESULT
+    from fleetgen.base.paired import paired, steps_by_request
+    from fleetgen.exporter.source import DrainedRun
+
+    sides = []
+    for path in (a, b):
+        with DrainedRun(path) as source:
+            sides.append(steps_by_request(r for r, _ in source.records(KIND_RESULT)))
+    got = paired(*sides)
+    if got is None:
+        return (f"paired with {b}: fewer than two requests answered with acceptance by both "
+                "runs (the same input, by id, sample and turn)")
+    low, high = got["difference_ci95"]
+    return (f"paired with {b} on the {got['requests']} requests both answered: {a} "
+            f"{got['a']:.3f}, {b} {got['b']:.3f} tokens per verify step pooled; difference "
+            f"{got['difference']:+.3f} (95 % {low:+.3f} to {high:+.3f}); answered by one run "
+            f"only: {got['only_a']} and {got['only_b']}")

@@ -146,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--retry-failures sends failed rows of a --turns last run again; a "
                           "--turns all run's failed turns go on with `fleetgen retry` while "
                           "the run is not complete")
+    if args.measure_acceptance and args.holdout:
+        # Measured on holdout.jsonl with --holdout still on, the held-out rows were held out
+        # again, never sent, and the run exited 0 having measured nothing.
+        raise ConfigError("--measure-acceptance measures the drafter on every row given; drop "
+                          f"--holdout {args.holdout} (it would hold rows out of the measure)")
     made = usable_dir(args.out)
     try:
         return _run_in(args, (urls, plan), listen, external)
@@ -184,7 +189,7 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
             on_redis=(lambda f: _say_join(f, listen, name, args.engine_cmd)) if listen
             else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
-            group_by=args.group_by,
+            group_by=args.group_by, resume_hint=vars(args).get("resume_hint"),
             on_report=measure.print_report if measure is not None else None))
 
 

@@ -30,6 +30,10 @@ class EngineState:
     up: bool = True
     since: float = 0.0  # when it went down or came back (epoch s)
     in_flight: int = 0  # what its workers held at the last look while it was up
+    # Answering seen by this run: until then nothing is said of it. On a resume the stopped
+    # run's workers' heartbeats linger (lost) before this run's own first beat, and were said
+    # as "stopped (no heartbeat)", once a worker, each time.
+    seen: bool = False
 
 
 class FleetView:
@@ -44,6 +48,7 @@ class FleetView:
         # whose clock differs from this one's must not make a live worker look lost).
         self._clock = clock or ServerClock(client).now
         self.engines = {_key(u): EngineState(_key(u)) for u in engines}
+        self.limits = LimitNotes(say)
         self.in_flight: int | None = None
         self._due = 0.0
 
@@ -76,8 +81,12 @@ class FleetView:
         for engine in self.engines.values():
             ws = by_engine.get(engine.url, [])
             answering = [w for w in ws if _answering(w)]
+            self.limits.note(engine.url, answering)
             if answering:
                 engine.in_flight = sum(w.in_flight or 0 for w in answering)
+            if not engine.seen:
+                engine.seen, engine.up = bool(answering), bool(answering)
+                continue
             if bool(answering) == engine.up:
                 continue
             if answering:
@@ -105,6 +114,47 @@ class FleetView:
         return (f"engine {engine.url} stopped answering at {_clock(now)} (worker {names}: "
                 f"{workers[0].health}): {prompts} back to the queue for the other engines; "
                 "its worker takes prompts again once it answers")
+
+
+class LimitNotes:
+    """Says, per engine, how many requests are in flight, the limit in force and where it comes
+    from: once it has settled (two looks within a tenth of each other), again when it moves by
+    a quarter or its source changes; and once when the limit is what holds the engine back."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._last: dict[str, int] = {}  # the limit at the last look
+        self._said: dict[str, tuple[int, str]] = {}  # the limit and source last said
+        self._holding: set[str] = set()
+
+    def note(self, url: str, workers: list[status.WorkerStatus]) -> None:
+        live = [w for w in workers if w.limit_from and w.concurrency]
+        if not live:
+            return
+        limit = sum(w.concurrency or 0 for w in live)
+        source = live[0].limit_from or ""
+        last, self._last[url] = self._last.get(url), limit
+        settled = last is not None and abs(limit - last) <= last / 10
+        said = self._said.get(url)
+        moved = said is None or said[1] != source or abs(limit - said[0]) > said[0] / 4
+        if settled and moved:
+            self._say(f"engine {url}: {self.in_flight_words(live, limit)} ({source})")
+            self._said[url] = (limit, source)
+        holding = [w for w in live if status.holds_back(w)]
+        if holding and url not in self._holding:
+            self._say(f"engine {url}: {status.limit_line(holding[0])}")
+            self._holding.add(url)
+        elif not holding:
+            self._holding.discard(url)
+
+    @staticmethod
+    def in_flight_words(live: list[status.WorkerStatus], limit: int) -> str:
+        words = f"{sum(w.in_flight or 0 for w in live)} in flight, limit {limit}"
+        queue = [w for w in live if w.engine_running is not None]
+        if queue:
+            words += (f"; its queue: {queue[0].engine_running} running, "
+                      f"{queue[0].engine_waiting} waiting")
+        return words
 
 
 def _answering(w: status.WorkerStatus) -> bool:

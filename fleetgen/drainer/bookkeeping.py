@@ -66,7 +66,8 @@ class RunBook:
             "done": self.tally.by_kind[KIND_RESULT],
             "failed": self.tally.by_kind[KIND_FAILURE],
             "rejected": self.tally.by_kind[KIND_REJECTED],
-            "holdout": self.tally.by_kind[KIND_HOLDOUT],  # never sent: holdout.jsonl
+            "holdout": self.tally.by_kind[KIND_HOLDOUT],  # requests never sent: holdout.jsonl
+            "holdout_rows": len(self.tally.holdout_firsts),  # its lines: input rows
             **({"blocked": self.tally.held_back} if self.tally.turns else {}),
             "truncated": self.tally.truncated,
             "prompt_tokens": self.tally.prompt_tokens,

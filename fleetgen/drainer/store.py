@@ -44,6 +44,9 @@ class Tally:
     completion_tokens: int = 0
     # empty, reasoning_unfinished, json_invalid: read from each result record.
     quality: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUALITY_COUNTS, 0))
+    # Lines of holdout.jsonl: input rows, where by_kind counts the requests (a row of --n 4
+    # samples or four turns is four).
+    holdout_firsts: set[int] = field(default_factory=set)
     # --turns all: failed slot -> the later turns of its conversation it holds back (they have
     # no outcome while the failure stands, and count as settled until a retry succeeds).
     blocked: dict[int, int] = field(default_factory=dict)
@@ -70,6 +73,8 @@ class Tally:
         slots = slots_of(record) if kind == KIND_HOLDOUT else (slot_of(record),)
         for line in slots:
             self._mark(line, kind)
+        if kind == KIND_HOLDOUT:
+            self.holdout_firsts.add(slots[0])  # a line sent again is one row still
         line = slots[0]
         self.blocked.pop(line, None)
         self.turns = self.turns or "turn" in record

@@ -30,7 +30,12 @@ from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
 from fleetgen.engine.sglang import RULE as SGLANG_RULE
 from fleetgen.engine.sglang import parse_context_error as sglang_context_error
 from fleetgen.engine.sglang import read_limits as sglang_limits
-from fleetgen.engine.speculation import CounterDeltas, get_vllm_counters
+from fleetgen.engine.speculation import (
+    CounterDeltas,
+    get_vllm_counters,
+    parse_vllm_spec,
+    reports_per_request,
+)
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
@@ -178,8 +183,10 @@ class OpenAIClient(EngineClient):
         self.rule = rule_for(limits.engine)
         self.model = limits.model
         self.engine = limits.engine  # whose extensions the body uses
-        # vLLM reports acceptance only on /metrics: each result carries the counters' growth
-        # since this worker began (fleetgen/engine/speculation.py), off for other engines.
+        # vLLM without --per-request-spec-decode-metrics reports acceptance only on /metrics:
+        # each result then carries the counters' growth since this worker began
+        # (fleetgen/engine/speculation.py); off for other engines, and from the first answer
+        # that carries its own acceptance (the counters would only sum those).
         self._spec = CounterDeltas(functools.partial(get_vllm_counters, self._http)
                                    if self.engine == VLLM else lambda: None)
 
@@ -198,6 +205,9 @@ class OpenAIClient(EngineClient):
         # the request's wall time as this client saw it, queueing in the server included.
         gen = replace(parse_completion(data, options.logprobs),
                       latency_s=time.monotonic() - started)
+        if reports_per_request(data):
+            self._spec.stop()
+            return gen
         counters = self._spec.snapshot()
         return gen if counters is None else replace(gen, spec_counters=counters)
 
@@ -321,6 +331,7 @@ def parse_completion(data: Any, top_k: int = 0) -> Generation:
             output_ids=output_ids,
             logprobs=logprobs,
             stop_matched=_stop_string(choice, data),
+            spec=parse_vllm_spec(data),
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise errors.RetryableError(f"engine response lacks {exc}", 200) from exc

@@ -17,6 +17,11 @@ from fleetgen.base import errors
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import probe_url
+from fleetgen.engine.speculation import (
+    PER_REQUEST_ADVICE,
+    answers_per_request,
+    read_vllm_counters,
+)
 
 # Any id below every vocabulary's size: the probes' prompts are this id repeated.
 PROBE_TOKEN = 11
@@ -40,9 +45,12 @@ class Check:
     name: str
     ok: bool
     detail: str
+    # Passes, but the run will miss something the user can turn on: printed as advice.
+    note: bool = False
 
     def line(self) -> str:
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+        mark = "FAIL" if not self.ok else ("note" if self.note else "ok  ")
+        return f"{mark} {self.name}: {self.detail}"
 
 
 def readiness(url: str, timeout_s: float, api_key: str | None = None) -> Check:
@@ -203,6 +211,18 @@ CONSEQUENCE = {
                       "run of its own",
     "model": "one tokenizer cannot count for both; give each model a run of its own",
 }
+
+
+def per_request_acceptance(url: str, api_key: str | None, timeout_s: float) -> Check | None:
+    """A vLLM server that speculates (its /metrics has spec_decode counters): whether each
+    answer carries its own acceptance; None for one that does not speculate."""
+    if read_vllm_counters(url, api_key=api_key, timeout_s=min(timeout_s, 10.0)) is None:
+        return None
+    if answers_per_request(url, api_key=api_key, timeout_s=timeout_s):
+        return Check("acceptance", True, "each answer carries its own "
+                     "(metrics.speculative_decoding): by group, lowest rows")
+    return Check("acceptance", True, "speculates, but its answers carry no acceptance of "
+                 f"their own (metrics null): {PER_REQUEST_ADVICE}", note=True)
 
 
 def fleet_disagreements(servers: dict[str, ServerLimits]) -> list[Check]:

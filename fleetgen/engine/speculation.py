@@ -1,5 +1,6 @@
-"""Whether a server speculates, and the acceptance counters a vLLM server keeps on /metrics
-(the only place vLLM reports them; SGLang gives each finished answer its own figures)."""
+"""Whether a server speculates, and a vLLM server's acceptance: each answer's own
+(`metrics.speculative_decoding`, when vLLM runs with `--per-request-spec-decode-metrics`), else
+the counters it keeps on /metrics (SGLang gives each finished answer its own figures)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _SAMPLE = re.compile(r"^(?P<name>[^\s{#]+)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.M)
+# The vLLM flag that puts each answer's own acceptance in it (config/observability.py
+# `per_request_spec_decode_metrics`: none by default, summary, detailed).
+PER_REQUEST_FLAG = "--per-request-spec-decode-metrics summary"
+PER_REQUEST_ADVICE = (f"start vLLM with {PER_REQUEST_FLAG} for each answer's own acceptance "
+                      "(the breakdowns, the lowest rows, weak.jsonl); without it fleetgen has "
+                      "only the /metrics counters: one figure per server")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,49 @@ class VllmCounters:
     def accept_length(self) -> float | None:
         """vLLM's mean acceptance length, the bonus token included: 1 + accepted / drafts."""
         return 1 + self.accepted / self.drafts if self.drafts > 0 else None
+
+
+def reports_per_request(answer: Any) -> bool:
+    """Whether an OpenAI answer carries vLLM's per-request acceptance object (null unless the
+    server runs with --per-request-spec-decode-metrics, and for n > 1)."""
+    metrics = answer.get("metrics") if isinstance(answer, dict) else None
+    return isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict)
+
+
+def parse_vllm_spec(answer: Any) -> dict[str, Any] | None:
+    """A vLLM answer's `metrics.speculative_decoding` as fleetgen's `spec` object, or None
+    when it has none. vLLM 0.32 (v1/metrics/stats.py
+    `RequestSpecDecodeMetrics.to_dict`, filled by the scheduler's `update_from_output` only for
+    a step that verified drafts, with the same counts as the /metrics counters): a dense
+    `acceptance_histogram` of steps by accepted drafts, `num_spec_steps`,
+    `num_accepted_draft_tokens`, `num_draft_tokens`, `mean_acceptance_length` = 1 + accepted /
+    steps. `tokens` is what the verify steps produced (each its bonus token and the drafts it
+    kept): a step without drafts (an n-gram that found no match) is not a verify step, so the
+    completion tokens would overstate what speculation did; the pooled figure divides this."""
+    if not reports_per_request(answer):
+        return None
+    raw = answer["metrics"]["speculative_decoding"]
+    steps, accepted, drafted = (_count(raw.get(k)) for k in (
+        "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens"))
+    if steps is None or accepted is None:
+        return None
+    # No verify step (an n-gram that never matched, a sampled answer): the server speculated
+    # and every token still took its own forward pass, vLLM's mean of 1.0; kept, so such rows
+    # are the lowest of their group rather than missing from it.
+    spec: dict[str, Any] = {"verify_ct": steps, "tokens": steps + accepted,
+                            "accept_length": 1 + accepted / steps if steps else 1.0,
+                            "correct_drafts": accepted}
+    if drafted:
+        spec.update(proposed_drafts=drafted, accept_rate=accepted / drafted)
+    histogram = raw.get("acceptance_histogram")
+    if isinstance(histogram, list) and all(_count(v) is not None for v in histogram):
+        spec["histogram"] = histogram
+    return spec
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
 
 
 def parse_vllm_counters(text: str) -> VllmCounters | None:
@@ -92,6 +142,25 @@ def speculative_algorithm(url: str, *, api_key: str | None = None,
     return "vllm" if read_vllm_counters(base, api_key=api_key, timeout_s=timeout_s) else None
 
 
+def answers_per_request(url: str, *, api_key: str | None = None,
+                        timeout_s: float = 30.0) -> bool:
+    """Whether a vLLM server puts each answer's acceptance in it: one 2-token completion of a
+    4-id prompt (the served model named, as /v1/models gives it), read for the object whether
+    or not a step verified drafts."""
+    body: dict[str, Any] = {"prompt": [11] * 4, "max_tokens": 2, "stream": False}
+    try:
+        with server_client(url, api_key=api_key, timeout_s=timeout_s) as client:
+            models = client.get("/v1/models").json()
+            served = (models.get("data") or [{}])[0].get("id") if isinstance(models, dict) \
+                else None
+            if served:
+                body["model"] = served
+            response = client.post("/v1/completions", json=body)
+            return response.status_code == 200 and reports_per_request(response.json())
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
 class CounterDeltas:
     """One worker's reading of its vLLM server's spec_decode counters: what they grew by since
     the worker first read them (before its first generation), read again at most every
@@ -124,6 +193,11 @@ class CounterDeltas:
         self._off = counters is None
         self._start, self._since = counters, time.time()
         self._last_at = self._clock()
+
+    def stop(self) -> None:
+        """Never read again: the server gives each answer its own acceptance, which the
+        counters only sum (and other clients' traffic with it)."""
+        self._off = True
 
     def snapshot(self) -> dict[str, Any] | None:
         """The deltas since the baseline, re-read if the last reading is EVERY_S old."""

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 import orjson
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
+from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
 from fleetgen.base.errors import InputError
 from fleetgen.base.outdir import FILES, RUN_MARKER, DrainDir, whole_lines_end
 
@@ -128,7 +128,9 @@ class DrainedRun:
     def __post_init__(self) -> None:
         _check_is_output(self.path)
         directory = DrainDir(self.path)
-        for kind in KINDS:
+        # holdout.jsonl too, for `records` (the report counts it); never in an index: a
+        # held-out row is no answer to export.
+        for kind in (*KINDS, KIND_HOLDOUT):
             file_path = directory.file(kind)
             if not file_path.exists():
                 continue

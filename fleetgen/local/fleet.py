@@ -70,6 +70,19 @@ class FleetSpec:
     # node`, `fleetgen run --engine-cmd`: under Slurm, KillWait's SIGKILL).
     workers_die_with_parent: bool = False
 
+    def sim_flavor(self, gpu: int) -> str:
+        """The flavour GPU `gpu`'s simulator speaks (its last --flavor flag; sglang)."""
+        args = [*self.sim_args, *self.gpu_sim_args.get(gpu, [])]
+        flags = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--flavor"]
+        return flags[-1] if flags else "sglang"
+
+    def pool_of(self, gpu: int) -> int | None:
+        """The -c of GPU `gpu`'s worker: `concurrency`, else the simulator's slots, except where
+        it says none, as vLLM does not (the worker paces from its queue, as against vLLM)."""
+        if self.concurrency:
+            return self.concurrency
+        return None if self.sim_flavor(gpu) == "vllm" else self.max_running_requests
+
     def sim_flags(self) -> list[str]:
         """The `fleetgen sim` flags of each simulated GPU, `sim_args` last."""
         return ["--context-length", str(self.context_length),
@@ -227,8 +240,7 @@ class LocalFleet:
 
     def start_worker(self, gpu: int, name: str | None = None) -> Child:
         # A real server's worker sizes its pool from the server itself (no -c).
-        concurrency = self.spec.concurrency or (
-            None if self.engine_urls else self.spec.max_running_requests)
+        concurrency = self.spec.concurrency if self.engine_urls else self.spec.pool_of(gpu)
         argv = celery_worker_argv(self.worker_name(gpu), concurrency, self.spec.worker_loglevel,
                                   self.spec.task_events)
         child = self.procs.start(name or self.worker_name(gpu), tied(self.spec, argv),
@@ -244,8 +256,7 @@ class LocalFleet:
         from workers.startup import share_of
 
         count = self.spec.processes_per_gpu
-        total = self.spec.concurrency or (
-            None if self.engine_urls else self.spec.max_running_requests)
+        total = self.spec.concurrency if self.engine_urls else self.spec.pool_of(gpu)
         started = []
         for i in range(1, count + 1):
             name = self.worker_name(gpu, i)

@@ -48,9 +48,14 @@ class Interval:
 
 def stratified_mean(answers: Sequence[Answer], sizes: Sequence[int],
                     value: Callable[[Answer], float]) -> Interval:
-    """Σ W_h ȳ_h over the strata that have answers, with its 95 % interval from
-    Σ W_h² (1 − n_h/N_h) s_h² / n_h (the finite population correction: a stratum sampled
-    whole has no error). A stratum without answers is left out and the weights renormalised."""
+    """Σ W_h ȳ_h over the strata that have answers, with its 95 % interval for the run's
+    own mean from Σ W_h² (1 + n_h/N_h) s_h² / n_h. The run generates every answer again, so
+    the answers' randomness is in the gap as well as the choice of rows: a small share of a
+    stratum gives the usual s²/n (s² holds both); sampled whole, the sample's answers and the
+    run's are two draws of each row, 2 s²/N (an upper bound: s² counts the prompts' spread
+    too). The finite population correction (1 − n/N) said a stratum sampled whole has no
+    error, and an estimate of the whole input printed `328 (95 % 328-328)`. A stratum without
+    answers is left out and the weights renormalised."""
     groups: dict[int, list[float]] = {}
     for a in answers:
         groups.setdefault(a.stratum, []).append(value(a))
@@ -61,7 +66,7 @@ def stratified_mean(answers: Sequence[Answer], sizes: Sequence[int],
         m = sum(ys) / n
         s2 = sum((y - m) ** 2 for y in ys) / (n - 1) if n > 1 else 0.0
         mean += w * m
-        variance += w * w * max(0.0, 1 - n / sizes[h]) * s2 / n
+        variance += w * w * (1 + min(1.0, n / sizes[h])) * s2 / n
     half = Z95 * math.sqrt(variance)
     return Interval(mean, mean - half, mean + half)
 

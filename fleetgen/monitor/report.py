@@ -20,7 +20,14 @@ from typing import Any
 import orjson
 
 from fleetgen.base.acceptance import AcceptanceScan, weak_row
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, slot_of
+from fleetgen.base.contract import (
+    KIND_FAILURE,
+    KIND_HOLDOUT,
+    KIND_REJECTED,
+    KIND_RESULT,
+    slot_of,
+    slots_of,
+)
 from fleetgen.base.outcomes import quality_counts
 from fleetgen.base.outdir import atomic_file
 from fleetgen.exporter.export import refuse_drainer_files
@@ -33,7 +40,7 @@ SAMPLE_CHARS = 1500  # of a sample's prompt, reasoning and answer
 HIST_BINS = 60  # at most, for token distributions
 TIME_POINTS = 240  # at most, for throughput over the run
 # The figures compared with summary.json (and shown side by side when they differ).
-FIGURES = ("total", "done", "failed", "rejected", "truncated", "prompt_tokens",
+FIGURES = ("total", "done", "failed", "rejected", "holdout", "truncated", "prompt_tokens",
            "completion_tokens", "empty", "reasoning_unfinished", "json_invalid")
 
 
@@ -118,6 +125,12 @@ class Scan:
         self._worker(record, failed=1)
         self._at(record, 0)
 
+    def add_holdout(self, record: dict[str, Any]) -> None:
+        """A held-out row: never sent, one line for all its requests (summary.json's
+        `holdout` counts the requests, `holdout_rows` the lines)."""
+        self.counts["holdout"] += len(slots_of(record))
+        self.counts["holdout_rows"] += 1
+
     def add_rejected(self, record: dict[str, Any]) -> None:
         reason = str(record.get("reason") or "")
         code = reason.split(":", 1)[0].strip() or "unknown"
@@ -195,9 +208,9 @@ def read_dir(path: Path, progress: Callable[[int], None] = lambda n: None,
     scan = Scan(acceptance=AcceptanceScan(group_by=group_by))
     total = 0
     adders = {KIND_RESULT: scan.add_result, KIND_FAILURE: scan.add_failure,
-              KIND_REJECTED: scan.add_rejected}
+              KIND_REJECTED: scan.add_rejected, KIND_HOLDOUT: scan.add_holdout}
     with DrainedRun(path, progress) as source:
-        for kind in (KIND_RESULT, KIND_FAILURE, KIND_REJECTED):
+        for kind in (KIND_RESULT, KIND_FAILURE, KIND_REJECTED, KIND_HOLDOUT):
             for record, size in source.records(kind):
                 adders[kind](record)
                 total += size
@@ -247,7 +260,7 @@ def throughput(rows_at: Counter[int], tokens_at: Counter[int]) -> dict[str, Any]
 
 
 def figures(scan: Scan, summary: dict[str, Any] | None) -> dict[str, int]:
-    written = scan.counts["done"] + scan.counts["failed"] + scan.counts["rejected"]
+    written = sum(scan.counts[kind] for kind in ("done", "failed", "rejected", "holdout"))
     total = int((summary or {}).get("total") or 0) or written
     return {"total": total, **{name: scan.counts[name] for name in FIGURES[1:]}}
 
@@ -262,6 +275,7 @@ def page_data(read: Read) -> dict[str, Any]:
         "kind": "report",
         "run": read.run,
         "figures": shown,
+        "holdout_rows": scan.counts["holdout_rows"],
         "summary": {name: summary.get(name) for name in FIGURES} if read.summary else None,
         "mismatch": [name for name in FIGURES
                      if read.summary is not None and summary.get(name) != shown[name]],

@@ -38,7 +38,13 @@ class WorkerStatus:
     consuming: bool | None = None
     engine: str | None = None
     in_flight: int | None = None  # from the heartbeat, so up to one health interval old
-    concurrency: int | None = None
+    concurrency: int | None = None  # the in-flight limit in force (workers/pacing.py)
+    limit_from: str | None = None  # where that limit comes from, one line
+    limit_max: int | None = None  # its ceiling (the pool): a paced limit grows up to it
+    paced: bool | None = None
+    engine_running: int | None = None  # the engine's own queue, where its /metrics say
+    engine_waiting: int | None = None
+    engine_slots: int | None = None  # the running requests it reports, where it does
     # Its heartbeat lapsed (fleetgen/base/heartbeat.py): dead or frozen. `held` prompts are
     # its until its leases lapse, back in the queue within `back_in_s`.
     lost: bool = False
@@ -82,6 +88,8 @@ class RunStatus:
     stop_reason: str | None = None
     # --turns all: later turns held back by a failed turn (settled until `fleetgen retry`).
     blocked: int = 0
+    # Requests of the rows held out (--holdout): never sent, settled in holdout.jsonl.
+    holdout: int = 0
     # Failures the workers have written, counting those a `fleetgen retry` has since fixed
     # (`failed` is what stands now).
     failed_attempts: int = 0
@@ -106,7 +114,8 @@ class RunStatus:
     def remaining(self) -> int | None:
         if self.total is None:
             return None
-        return max(self.total - self.done - self.failed - self.rejected - self.blocked, 0)
+        return max(self.total - self.done - self.failed - self.rejected - self.holdout
+                   - self.blocked, 0)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -179,6 +188,7 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.empty, status.unfinished = outcome("empty"), outcome("reasoning_unfinished")
     status.stop_reason = manifest.stop_reason
     status.blocked = blocked
+    status.holdout = outcome("holdout")
     beats = live_workers(client)  # one SCAN and an HGETALL a worker, for both readings
     status.workers = _workers(beats, stats, elapsed, clock)
     _lost_leases(client, beats, status, clock)
@@ -250,6 +260,10 @@ def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str], now: float) -> None:
     w.healthy, w.consuming = flag("healthy"), flag("consuming")
     w.engine = beat.get("engine")
     w.in_flight, w.concurrency = number("inflight"), number("concurrency")
+    w.limit_from, w.limit_max, w.paced = beat.get("limit_from"), number("limit_max"), \
+        flag("paced")
+    w.engine_running, w.engine_waiting = number("engine_running"), number("engine_waiting")
+    w.engine_slots = number("engine_slots")
     lease = Heartbeat.of(beat)
     w.lost, w.held = lease.lost(now), lease.held
     if w.lost:
@@ -305,6 +319,7 @@ def render(s: RunStatus) -> str:
         f"in flight {s.in_flight}  written {s.written}",
         f"  outcome done {s.done}  failed {s.failed}  rejected {s.rejected}  "
         f"truncated {s.truncated} ({s.truncation_rate:.1%})  retries {s.retries}"
+        + (f"  held out {s.holdout} requests" if s.holdout else "")
         + (f"  held back by failed turns {s.blocked}" if s.blocked else ""),
         f"  early   truncated {s.share(s.truncated):.1%}  empty {s.share(s.empty):.1%}  "
         f"unfinished reasoning {s.share(s.unfinished):.1%}  failed {s.share(s.failed):.1%}"
@@ -337,8 +352,40 @@ def _worker_line(w: WorkerStatus) -> str:
     rows_s = w.recent_rows_per_s if w.recent_rows_per_s is not None else w.rows_per_s
     tok_s = w.recent_tokens_per_s if w.recent_tokens_per_s is not None else w.tokens_per_s
     in_flight = "-" if w.in_flight is None else f"{w.in_flight}/{w.concurrency or '?'}"
-    return (f"  {w.name:<28} {w.done:>8} {w.failed:>6} {in_flight:>9} {rows_s:>8.1f} "
+    line = (f"  {w.name:<28} {w.done:>8} {w.failed:>6} {in_flight:>9} {rows_s:>8.1f} "
             f"{tok_s:>9.0f}  {w.health}")
+    return line if w.lost or not w.limit_from else f"{line}\n      {limit_line(w)}"
+
+
+def limit_line(w: WorkerStatus) -> str:
+    """The limit in force, where it comes from, the engine's queue, and whether the limit is
+    what holds this engine back."""
+    line = f"limit {w.concurrency}: {w.limit_from}"
+    if w.engine_running is not None and w.engine_waiting is not None:
+        line += f"; engine: {w.engine_running} running, {w.engine_waiting} waiting"
+    if holds_back(w):
+        line += ("; THIS LIMIT HOLDS THE ENGINE BACK: it has room (nothing waits) while "
+                 f"every one of the {w.concurrency} is in flight; raise it ("
+                 + ("FLEETGEN_MAX_IN_FLIGHT" if w.paced else "-c") + ")")
+    return line
+
+
+def holds_back(w: WorkerStatus) -> bool:
+    """The worker uses its whole limit, all of it at the engine, which queues nothing and has
+    free slots (as far as it says: one that reports K and runs K is full without a queue), and
+    the limit cannot grow by itself (fixed, or paced up to its ceiling)."""
+    if not w.concurrency or w.in_flight is None or w.engine_waiting != 0:
+        return False
+    running = w.engine_running or 0
+    if w.engine_slots and running >= w.engine_slots:
+        return False
+    # Most of what the worker holds must be at the engine: when it is not, the worker's own
+    # bookkeeping (a fast engine, a busy host) is what limits, not the limit.
+    if running < w.in_flight * 3 // 4:
+        return False
+    in_use = w.in_flight >= w.concurrency - max(1, w.concurrency // 8)
+    grows = bool(w.paced) and w.concurrency < (w.limit_max or 0)
+    return in_use and not grows
 
 
 def lost_line(s: RunStatus) -> str:

@@ -165,6 +165,7 @@ class Admin:
             self.config.model_name,
             speculative=self.config.speculative_algorithm is not None
             and self.config.flavor == "vllm",
+            flavor=self.config.flavor,
         )
         return web.Response(
             body=text.encode(),

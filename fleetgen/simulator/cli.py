@@ -106,6 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="each prompt's rate is R x (1 + S x (u - 0.5)), u from a hash of "
                             "the prompt: the same prompts are hard on every server (default "
                             "%(default)s)")
+    modes.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary"),
+                       default=d.per_request_spec_decode_metrics,
+                       help="--flavor vllm with an algorithm: summary puts each answer's "
+                            "acceptance in its metrics.speculative_decoding, as vLLM 0.32 does "
+                            "(default %(default)s: the /metrics counters only)")
     modes.add_argument("--enable-deterministic-inference", action="store_true",
                        help="report that sampling_seed is honoured (the simulator always "
                             "honours it)")
@@ -216,6 +221,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         speculative_num_draft_tokens=_draft_tokens(args),
         spec_accept_rate=args.spec_accept_rate,
         spec_accept_spread=args.spec_accept_spread,
+        per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
         enable_deterministic_inference=args.enable_deterministic_inference,
         skip_tokenizer_init=args.skip_tokenizer_init,
         thinking=args.thinking,

@@ -112,9 +112,25 @@ class ServerMetrics:
         }
 
 
-def render_prometheus(stats: dict[str, Any], model_name: str, speculative: bool = False) -> str:
-    """Prometheus text exposition (version 0.0.4) of `stats`; a speculating server adds vLLM's
-    spec_decode counters (the only place vLLM reports acceptance)."""
+# Each flavour's own names for its queue and token counters, as the real engines expose them
+# (fleetgen/engine/load.py quotes where): vLLM's v1 PrometheusStatLogger, SGLang's
+# SchedulerMetricsCollector, llama.cpp's server with --metrics.
+ENGINE_NAMES = {
+    "sglang": {"running": "sglang:num_running_reqs", "waiting": "sglang:num_queue_reqs",
+               "prompt": "sglang:prompt_tokens", "generation": "sglang:generation_tokens"},
+    "vllm": {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+             "prompt": "vllm:prompt_tokens", "generation": "vllm:generation_tokens"},
+    "llama": {"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred",
+              "prompt": "llamacpp:prompt_tokens", "generation": "llamacpp:tokens_predicted"},
+}
+
+
+def render_prometheus(stats: dict[str, Any], model_name: str, speculative: bool = False,
+                      flavor: str = "sglang") -> str:
+    """Prometheus text exposition (version 0.0.4) of `stats` under the flavour's own names; a
+    speculating vLLM adds its spec_decode counters (the only place vLLM reports acceptance).
+    The vLLM flavour, like vLLM, says nothing of its slot count."""
+    names = ENGINE_NAMES.get(flavor, ENGINE_NAMES["sglang"])
     label = f'model_name="{_escape(model_name)}"'
     lines: list[str] = []
 
@@ -126,12 +142,21 @@ def render_prometheus(stats: dict[str, Any], model_name: str, speculative: bool 
     def one(name: str, kind: str, help_text: str, value: float, suffix: str = "") -> None:
         family(name, kind, help_text, [(f"{name}{suffix}{{{label}}}", value)])
 
-    one("sglang:num_running_reqs", "gauge", "Running requests.", stats["num_running_reqs"])
-    one("sglang:num_queue_reqs", "gauge", "Waiting requests.", stats["num_queue_reqs"])
-    one("sglang:prompt_tokens", "counter", "Prompt tokens processed.",
+    one(names["running"], "gauge", "Running requests.", stats["num_running_reqs"])
+    one(names["waiting"], "gauge", "Waiting requests.", stats["num_queue_reqs"])
+    one(names["prompt"], "counter", "Prompt tokens processed.",
         stats["prompt_tokens_total"], "_total")
-    one("sglang:generation_tokens", "counter", "Tokens generated.",
+    one(names["generation"], "counter", "Tokens generated.",
         stats["generation_tokens_total"], "_total")
+    if flavor == "sglang":
+        _sglang_lines(stats, label, family, one)
+    _sim_lines(stats, label, family, one, slots=flavor != "vllm")
+    if speculative:
+        lines.extend(_vllm_spec_lines(stats["spec_decode"], label))
+    return "\n".join(lines) + "\n"
+
+
+def _sglang_lines(stats: dict[str, Any], label: str, family: Any, one: Any) -> None:
     # SGLang labels the series by cache source and creates it on its first hit.
     cached = stats["cached_tokens_total"]
     family("sglang:cached_tokens", "counter",
@@ -140,6 +165,10 @@ def render_prometheus(stats: dict[str, Any], model_name: str, speculative: bool 
            if cached else [])
     one("sglang:gen_throughput", "gauge", "Generation throughput (token/s).",
         stats["gen_throughput"])
+
+
+def _sim_lines(stats: dict[str, Any], label: str, family: Any, one: Any, *, slots: bool) -> None:
+    """The simulator's own series (the tests' and benches' view of its capacity model)."""
     one("fleetgen_sim_busy_slot_seconds", "counter",
         "Integral of running requests over time; divide by K x wall time for utilization.",
         stats["busy_slot_seconds_total"], "_total")
@@ -153,12 +182,10 @@ def render_prometheus(stats: dict[str, Any], model_name: str, speculative: bool 
     ])
     one("fleetgen_sim_aborted_requests", "counter", "Requests ended by abort.",
         stats["aborted_total"], "_total")
-    one("fleetgen_sim_max_running_requests", "gauge", "Running slots (K).",
-        stats["max_running_requests"])
+    if slots:
+        one("fleetgen_sim_max_running_requests", "gauge", "Running slots (K).",
+            stats["max_running_requests"])
     one("fleetgen_sim_speed", "gauge", "Speed relative to the reference GPU.", stats["speed"])
-    if speculative:
-        lines.extend(_vllm_spec_lines(stats["spec_decode"], label))
-    return "\n".join(lines) + "\n"
 
 
 def _vllm_spec_lines(spec: dict[str, Any], label: str) -> list[str]:

@@ -81,10 +81,17 @@ class SpeculativeSettings:
     # by a hash of the prompt (fleetgen/simulator/spec.py).
     spec_accept_rate: float = 0.6
     spec_accept_spread: float = 0.4
+    # vLLM's `--per-request-spec-decode-metrics` (`--flavor vllm`): "summary" puts each
+    # answer's acceptance in its `metrics.speculative_decoding`; "none", vLLM's default,
+    # leaves `metrics` null and the /metrics counters as the only report.
+    per_request_spec_decode_metrics: str = "none"
 
     def _check_speculative(self) -> None:
         for name in ("spec_accept_rate", "spec_accept_spread"):
             within(name, getattr(self, name), 0, 1)
+        require(self.per_request_spec_decode_metrics in ("none", "summary"),
+                "per_request_spec_decode_metrics", "must be none or summary",
+                self.per_request_spec_decode_metrics)
         algorithm = self.speculative_algorithm
         if algorithm is None:
             return

@@ -130,3 +130,22 @@ def meta_info_fields(steps: SpecSteps, completion_tokens: int) -> dict[str, Any]
     if any(steps.histogram):
         fields["spec_correct_drafts_histogram"] = list(steps.histogram)
     return fields
+
+
+def vllm_request_metrics(steps: SpecSteps) -> dict[str, Any]:
+    """vLLM 0.32's `metrics.speculative_decoding` (v1/metrics/stats.py
+    `RequestSpecDecodeMetrics.to_dict`): a dense histogram of `num_spec_tokens` + 1 entries,
+    the mean acceptance length with the bonus token (1.0 without a step), the draft-only rate
+    (0.0 without drafts)."""
+    histogram = list(steps.histogram) + [0] * (steps.drafts_per_step + 1 - len(steps.histogram))
+    return {
+        "mean_acceptance_length": 1.0 + steps.correct_drafts / steps.verify_ct
+        if steps.verify_ct else 1.0,
+        "draft_acceptance_rate": steps.correct_drafts / steps.proposed_drafts
+        if steps.proposed_drafts else 0.0,
+        "acceptance_histogram": histogram,
+        "num_spec_steps": steps.verify_ct,
+        "num_accepted_draft_tokens": steps.correct_drafts,
+        "num_draft_tokens": steps.proposed_drafts,
+        "num_spec_tokens": steps.drafts_per_step,
+    }

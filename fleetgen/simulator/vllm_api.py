@@ -19,6 +19,7 @@ from fleetgen.simulator.protocol import (
     usage_of,
     vllm_limit,
 )
+from fleetgen.simulator.spec import steps_for, vllm_request_metrics
 
 # vLLM 0.32.0's `system_fingerprint` (`vllm-<version>-<build>`), as the real server wrote it.
 FINGERPRINT = "vllm-0.32.0-38308f13"
@@ -37,6 +38,23 @@ def _usage(outcomes: list[ServedItem], created_cache_tokens: int | None) -> dict
                                       "multimodal_tokens": None}
     usage["completion_tokens_details"] = None
     return usage
+
+
+def _metrics(outcomes: list[ServedItem], config: SimConfig) -> dict[str, Any] | None:
+    """`metrics` (entrypoints/generate/base/protocol.py `PerRequestMetrics`): null unless the
+    server runs with --per-request-spec-decode-metrics (the timing fields need
+    --enable-per-request-metrics, which the simulator lacks), and for more than one sequence
+    (completion/serving.py suppresses it: the figures are of one stream)."""
+    if config.speculative_algorithm is None or config.per_request_spec_decode_metrics == "none" \
+            or len(outcomes) != 1:
+        return None
+    outcome = outcomes[0]
+    tokens = outcome.completion.completion_tokens
+    steps = steps_for(config, outcome.item.key, outcome.item.prompt, tokens)
+    return {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
+            "mean_itl_ms": None, "tokens_per_second": None,
+            "speculative_decoding": {**vllm_request_metrics(steps),
+                                     "per_step_accepted": None, "per_step_drafted": None}}
 
 
 def _short_id(prefix: str) -> str:
@@ -58,7 +76,7 @@ def render_completions_vllm(job: GenerationRequest, outcomes: list[ServedItem],
         choice["routed_experts"] = None
     body["id"] = _short_id("cmpl")
     body.update(_RESPONSE_NULLS, system_fingerprint=FINGERPRINT,
-                usage=_usage(outcomes, None))
+                usage=_usage(outcomes, None), metrics=_metrics(outcomes, config))
     return body
 
 
@@ -111,6 +129,7 @@ def render_chat_vllm(job: GenerationRequest, outcomes: list[ServedItem],
         "model": config.model_name,
         "choices": choices,
         **_RESPONSE_NULLS,
+        "metrics": _metrics(outcomes, config),
         "system_fingerprint": FINGERPRINT,
         "usage": _usage(outcomes, 0),
         "prompt_logprobs": None,

@@ -284,6 +284,23 @@ def test_doctor_says_vllm_does_not_report_its_reasoning_parser(
     assert f"note: {sim.url} reasoning parser unknown (vLLM's /v1/models does not say)" in out
 
 
+@pytest.mark.parametrize("level", ["none", "summary"])
+def test_doctor_tells_to_start_vllm_with_per_request_acceptance(
+        start_sim: StartSim, capsys: pytest.CaptureFixture[str], level: str) -> None:
+    """A speculating vLLM without --per-request-spec-decode-metrics: a note naming the flag,
+    exit 0 (the counters still give one figure per server); with it, an ok line."""
+    sim = start_sim(flavor="vllm", speculative_algorithm="NGRAM",
+                    per_request_spec_decode_metrics=level)
+    code, out = doctor(capsys, sim.url)
+    assert code == exitcodes.OK, out
+    line = next(x for x in out.splitlines() if " acceptance: " in x)
+    if level == "none":
+        assert line.startswith(f"note {sim.url} acceptance:"), out
+        assert "--per-request-spec-decode-metrics summary" in line
+    else:
+        assert line.startswith(f"ok   {sim.url} acceptance: each answer carries its own"), out
+
+
 class WithoutTokenize(BaseHTTPRequestHandler):
     """An SGLang server older than /tokenize: the simulator behind a proxy that answers 404
     there and passes everything else on."""

@@ -67,3 +67,17 @@ def test_a_mistyped_flag_shows_the_commands_usage_and_the_flag_meant(tmp_path: P
         "fleetgen run: error: unrecognized arguments: --max-ouput-tokens 50 (did you mean "
         "--max-output-tokens?)")
     assert not (tmp_path / "out").exists()
+
+
+def test_status_of_a_finished_run_says_where_its_figures_are(tmp_path: Path) -> None:
+    """`status` after a finished run could not reach Redis, and said only that: the run's
+    embedded Valkey stopped with it. The line names summary.json and the report."""
+    from fleetgen.local.ports import lease_port
+
+    with lease_port() as lease:  # nobody listens: the finished run's Valkey is gone
+        done = subprocess.run([sys.executable, "-m", "fleetgen", "status", "--run", "x",
+                               "--redis", f"redis://127.0.0.1:{lease.port}/0"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 4, done.stderr
+    assert "cannot reach Redis" in done.stderr and "OUT/summary.json" in done.stderr
+    assert "fleetgen report OUT" in done.stderr and "Traceback" not in done.stderr

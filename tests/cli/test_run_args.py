@@ -56,3 +56,27 @@ def test_a_run_name_other_than_the_one_out_holds_is_refused(tmp_path: Path) -> N
     assert done.returncode == exitcodes.CONFIG
     assert said(done) == ["fleetgen run: out holds the output of run 'first', not 'second'; "
                           "drop --run to resume it, or pick another --out"]
+
+
+def test_measure_acceptance_with_holdout_is_refused(tmp_path: Path) -> None:
+    """On holdout.jsonl with --holdout still on, the rows were held out again, never sent, and
+    the run exited 0: refused in one line, before anything starts."""
+    done = run_cli(tmp_path, "--engine-url", "http://127.0.0.1:1", "--out", "out",
+                   "--measure-acceptance", "--holdout", "0.2")
+    assert done.returncode == exitcodes.CONFIG
+    (line,) = said(done)
+    assert "--measure-acceptance" in line and "drop --holdout 0.2" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_estimate_help_offers_only_what_it_takes() -> None:
+    """`estimate --help` listed --turns, --holdout and --max-output-tokens, which it refuses;
+    --sample counts rows (prompts), each of them --n requests."""
+    done = subprocess.run([sys.executable, "-m", "fleetgen", "estimate", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    offered = {line.split()[0] for line in done.stdout.splitlines()
+               if line.startswith("  -")} | set(done.stdout.split("\n\n")[0].split())
+    for refused in ("--turns", "--holdout", "--max-output-tokens"):
+        assert refused not in offered and f"[{refused}" not in done.stdout, refused
+    assert "rows (prompts) to sample: each is --n requests" in " ".join(done.stdout.split())

@@ -80,3 +80,57 @@ def test_heartbeats_are_read_on_valkeys_clock(rclient: redis.Redis,
     view = FleetView(rclient, RUN, [A], said.append)  # the default clock, as `run` builds it
     view.look()
     assert said == [] and view.engines_up == (1, 1) and view.in_flight is not None
+
+
+def test_a_resume_says_nothing_of_the_stopped_runs_workers(rclient: redis.Redis) -> None:
+    """Every resume printed three false `worker … stopped (no heartbeat)` lines: the stopped
+    run's heartbeats linger, lost, until this run's workers beat. An engine is said gone only
+    once this run has seen it answer."""
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    said: list[str] = []
+    now = [time.time()]
+    view = FleetView(rclient, RUN, [A], said.append, clock=lambda: now[0])
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0] - 300, inflight=4)  # last run's, lost
+    now[0] += LOOK_EVERY_S
+    view.look()
+    assert said == [] and view.engines_up == (0, 1)
+    beat(rclient, "gpu0@h", A, healthy=True, at=now[0])  # this run's worker beats
+    now[0] += LOOK_EVERY_S
+    view.look()
+    assert said == [] and view.engines_up == (1, 1)
+    beat(rclient, "gpu0@h", A, healthy=False, at=now[0])  # then it falls: said
+    now[0] += LOOK_EVERY_S
+    view.look()
+    assert len(said) == 1 and said[0].startswith(f"engine {A} stopped answering")
+
+
+def limit_beat(client: redis.Redis, name: str, engine: str, at: float, *, inflight: int,
+               limit: int, source: str, running: int, waiting: int, paced: int = 1,
+               limit_max: int = 2048) -> None:
+    beat(client, name, engine, healthy=True, at=at, inflight=inflight)
+    client.hset(worker_key(name), mapping={
+        "concurrency": limit, "limit_from": source, "paced": paced, "limit_max": limit_max,
+        "engine_running": running, "engine_waiting": waiting})
+
+
+def test_the_limit_and_its_source_are_said_once_settled(rclient: redis.Redis) -> None:
+    """The run's terminal names each engine's limit and where it comes from once it settles
+    (not at every step of the pacer's climb), and says when a limit holds an engine back."""
+    rclient.hset(RunKeys(RUN).manifest, mapping={"state": STATE_PRODUCING, "expected": 10})
+    said: list[str] = []
+    now = [time.time()]
+    view = FleetView(rclient, RUN, [A, B], said.append, clock=lambda: now[0])
+    source = "vllm reports no slot count: found from its queue (vllm:num_requests_waiting)"
+    for limit, inflight, running, waiting in ((16, 16, 16, 0), (64, 60, 60, 0),
+                                              (132, 132, 128, 4), (134, 133, 128, 5)):
+        now[0] += LOOK_EVERY_S
+        limit_beat(rclient, "gpu0@h", A, now[0], inflight=inflight, limit=limit,
+                   source=source, running=running, waiting=waiting)
+        limit_beat(rclient, "gpu1@h", B, now[0], inflight=8, limit=8, source="-c 8, as given",
+                   running=8, waiting=0, paced=0, limit_max=8)
+        view.look()
+    mine = [line for line in said if line.startswith(f"engine {A}")]
+    assert mine == [f"engine {A}: 133 in flight, limit 134; its queue: 128 running, 5 waiting "
+                    f"({source})"]
+    held = [line for line in said if line.startswith(f"engine {B}") and "HOLDS" in line]
+    assert len(held) == 1 and "raise it (-c)" in held[0] and "8 running, 0 waiting" in held[0]

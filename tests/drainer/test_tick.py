@@ -32,3 +32,18 @@ def test_an_unfinished_tick_reads_the_manifest_once(redis_url: str, tmp_path: Pa
     assert drainer._tick(follow=False) is False
     assert _hgetall_calls(client) == 1
     drainer.close()
+
+
+def test_summary_counts_held_out_requests_and_rows() -> None:
+    """`held out 63` for a 46-line holdout.jsonl: the tally counts the requests a line stands
+    for and, beside them, the lines (rows); the terminal says both."""
+    from fleetgen.base.contract import KIND_HOLDOUT
+    from fleetgen.cli.job import held_out
+    from fleetgen.drainer.store import Tally
+
+    tally = Tally()
+    tally.add(KIND_HOLDOUT, {"id": "a", "line": 0, "slot": 0, "slots": 4})
+    tally.add(KIND_HOLDOUT, {"id": "b", "line": 1, "slot": 4, "slots": 1})
+    tally.add(KIND_HOLDOUT, {"id": "a", "line": 0, "slot": 0, "slots": 4})  # sent again
+    assert tally.by_kind[KIND_HOLDOUT] == 5 and len(tally.holdout_firsts) == 2
+    assert held_out({"holdout": 5, "holdout_rows": 2}) == "5 requests (2 rows)"

@@ -91,19 +91,29 @@ def test_measure_acceptance_on_three_drafters(servers: list[str], tmp_path: Path
     order = sorted(spec["by_worker"], key=lambda w: spec["by_worker"][w]["accept_length"])
     assert [int(w.split("@")[0][3:]) for w in order] == sorted(range(3), key=lambda i: RATES[i])
 
+    # Three drafters: each breakdown is a server x group table, each cell its own Σ/Σ.
     report = orjson.loads(_report_data(out / "report.html"))["spec"]
-    sources = {g["group"]: g["accept_length"] for g in report["breakdowns"]["field:source"]}
-    assert sources == {s: round(pooled([r for r in results if r["source"] == s]), 4)
-                       for s in SOURCES}
-    thinking = {g["group"]: g["requests"] for g in report["breakdowns"]["thinking"]}
+    assert report["compared"].startswith("within each server")
+    sources = {(g["server"], g["group"]): g["accept_length"]
+               for g in report["breakdowns"]["field:source"]}
+    assert sources == {(w, s): round(pooled(cell), 4) for w in {r["worker"] for r in results}
+                       for s in SOURCES
+                       if (cell := [r for r in results if r["source"] == s and r["worker"] == w])}
+    thinking = defaultdict(int)
+    for g in report["breakdowns"]["thinking"]:
+        thinking[g["group"]] += g["requests"]
     assert thinking == {"off": ROWS // 4, "on": ROWS - ROWS // 4}
 
+    # The lowest rows are each server's lowest, taken rank by rank across the servers.
     weak = [orjson.loads(line) for line in (out / "weak.jsonl").read_bytes().splitlines()]
-    lowest = sorted(results, key=lambda r: (r["spec"]["accept_length"], r["line"]))[:20]
+    ranked = [sorted((r for r in results if r["worker"] == w),
+                     key=lambda r: (r["spec"]["accept_length"], r["line"]))
+              for w in sorted({r["worker"] for r in results})]
+    lowest = [rows[rank] for rank in range(7) for rows in ranked][:20]
     assert [w["id"] for w in weak] == [r["id"] for r in lowest]
     assert all(set(w) <= {"id", "source", "messages", "chat_template_kwargs"} for w in weak)
     assert "acceptance: " in done.stdout and "tokens per verify step pooled" in done.stdout
-    assert "by source, lowest first" in done.stdout and "weak.jsonl" in done.stdout
+    assert "by source within gpu0@" in done.stdout and "weak.jsonl" in done.stdout
     print(f"\npooled {spec['accept_length']} vs per-request mean {spec['accept_length_mean']};"
           f" by server {[spec['by_worker'][w]['accept_length'] for w in order]}")
 
@@ -175,8 +185,43 @@ def test_vllm_servers_acceptance_from_their_counters(tmp_path: Path) -> None:
         assert 0 < got["drafts"] <= drafts and got["accepted"] <= accepted
         assert abs(got["accept_length"] - (1 + accepted / drafts)) < 0.15
     assert "vLLM acceptance" in done.stdout
+    # The user is told how to get each answer's own, before the run and after it.
+    assert done.stderr.count("--per-request-spec-decode-metrics summary") == 1, done.stderr
+    assert "no breakdown: start vLLM with --per-request-spec-decode-metrics" in done.stdout
     print(f"\nvLLM by worker {figures}; the servers' own "
           f"{[round(1 + acc / d, 4) for d, acc in served]}")
+
+
+def test_vllm_servers_per_request_acceptance_is_each_rows_spec(tmp_path: Path) -> None:
+    """vLLM started with --per-request-spec-decode-metrics summary: every result carries its
+    own `spec`, no result the counters; the files' Σ verify steps and Σ accepted drafts are
+    the servers' own counters, so the pooled figure is theirs; by source, a breakdown."""
+    write_prompts(tmp_path / "holdout.jsonl")
+    flags = ["--flavor", "vllm", "--per-request-spec-decode-metrics", "summary"]
+    with sim(tmp_path, "v0", [*flags, *spec_args(0.8)]) as a, \
+            sim(tmp_path, "v1", [*flags, *spec_args(0.3)]) as b:
+        done = subprocess.run(fleetgen_cli("run", "holdout.jsonl", "--engine-url", a,
+                                           "--engine-url", b, "--out", "out/vllm",
+                                           "--measure-acceptance", "--group-by", "source"),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        served = [counters(url) for url in (a, b)]
+    out = tmp_path / "out" / "vllm"
+    results = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert all("spec" in r and "spec_counters" not in r for r in results)
+    # The servers also answered the pre-flight's and --measure-acceptance's 2-token probes:
+    # three a server, a verify step each at most.
+    steps = sum(r["spec"]["verify_ct"] for r in results)
+    accepted = sum(r["spec"]["correct_drafts"] for r in results)
+    assert 0 <= sum(d for d, _ in served) - steps <= 2 * 3
+    assert 0 <= sum(acc for _, acc in served) - accepted <= 2 * 3 * 3
+    spec = orjson.loads((out / "summary.json").read_bytes())["spec"]
+    assert "vllm" not in spec and spec["requests"] == len(results)
+    assert spec["accept_length"] == round(1 + accepted / steps, 4)
+    by_worker = [spec["by_worker"][w]["accept_length"] for w in sorted(spec["by_worker"])]
+    assert by_worker[0] > by_worker[1]
+    assert "by source" in done.stdout and "--per-request-spec-decode-metrics" not in \
+        done.stdout + done.stderr
 
 
 def counters(url: str) -> tuple[float, float]:

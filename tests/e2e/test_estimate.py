@@ -54,11 +54,12 @@ def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) 
     assert "--max-output-tokens" in shown.stdout and "4096" in shown.stdout
     est = orjson.loads((tmp_path / "estimate.json").read_bytes())  # the working directory
     assert est["sample"]["answered"] == SAMPLE and est["input"]["rows"] == ROWS
-    # The same command again reuses its sample run (docs/plan.md): the servers see its
-    # pre-flight probes (6 a server today), none of the sample's 300 rows again.
+    # The same command again reads its complete sample run (docs/plan.md): no Valkey, no
+    # worker, no pre-flight: the servers see no generation at all (6 probes a server before).
     asked = requests_answered(urls)
-    fleetgen(tmp_path, "estimate", "p.jsonl", *servers, "--sample", str(SAMPLE))
-    assert requests_answered(urls) - asked <= 8 * len(urls) < SAMPLE
+    second = fleetgen(tmp_path, "estimate", "p.jsonl", *servers, "--sample", str(SAMPLE))
+    assert requests_answered(urls) - asked == 0
+    assert "is complete: its answers are read again, nothing is generated" in second.stdout
     again = orjson.loads((tmp_path / "estimate.json").read_bytes())
     assert again["output_tokens"] == est["output_tokens"] and again["cut_share"] == est["cut_share"]
 

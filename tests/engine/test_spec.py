@@ -1,16 +1,22 @@
 """The SGLang client reads a finished answer's speculative fields into one `spec` object, by
-0.5.23's names or earlier releases', and never fails an answer for their absence."""
+0.5.23's names or earlier releases', and never fails an answer for their absence; the OpenAI
+client reads vLLM's per-request `metrics.speculative_decoding` the same way, and the /metrics
+counters only when the server gives no such object."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
+import httpx
 import pytest
 
 from fleetgen.base.contract import TaskPayload
 from fleetgen.base.outcomes import result_record, split_result
+from fleetgen.engine.api import ServerLimits
+from fleetgen.engine.openai import OpenAIClient
 from fleetgen.engine.sglang import SGLangClient, parse_generation, parse_spec
-from tests.support.sim import ENDLESS, StartSim
+from fleetgen.engine.speculation import CounterDeltas, answers_per_request, parse_vllm_spec
+from tests.support.sim import ENDLESS, StartSim, stats
 
 
 def answer(**meta: Any) -> dict[str, Any]:
@@ -154,3 +160,69 @@ def test_a_pool_thread_never_waits_behind_another_metrics_read() -> None:
         slow.join(10)
     latest = deltas.snapshot()
     assert latest is not None and latest["drafts"] == 10
+
+
+# vLLM 0.32's object, as the real server answered a 200-token greedy request (the issue's).
+VLLM_METRICS = {"time_to_first_token_ms": None, "speculative_decoding": {
+    "mean_acceptance_length": 1 + 149 / 51, "draft_acceptance_rate": 1.0,
+    "acceptance_histogram": [0, 2, 0, 49], "num_spec_steps": 51,
+    "num_accepted_draft_tokens": 149, "num_draft_tokens": 149, "num_spec_tokens": 3,
+    "per_step_accepted": None, "per_step_drafted": None}}
+
+
+def test_vllms_per_request_object_is_the_spec_its_steps_tokens_pooled() -> None:
+    spec = parse_vllm_spec({"metrics": VLLM_METRICS})
+    assert spec == {"verify_ct": 51, "tokens": 200, "accept_length": 1 + 149 / 51,
+                    "correct_drafts": 149, "proposed_drafts": 149, "accept_rate": 1.0,
+                    "histogram": [0, 2, 0, 49]}
+    # No verify step (a sampled answer the n-gram never matched): one token a step, kept.
+    none = {**VLLM_METRICS["speculative_decoding"], "num_spec_steps": 0,
+            "num_accepted_draft_tokens": 0, "num_draft_tokens": 0,
+            "acceptance_histogram": [0, 0, 0, 0]}
+    assert parse_vllm_spec({"metrics": {"speculative_decoding": none}}) == {
+        "verify_ct": 0, "tokens": 0, "accept_length": 1.0, "correct_drafts": 0,
+        "histogram": [0, 0, 0, 0]}
+    # No object (the flag off, n > 1), a bad count: no spec.
+    for answer_ in ({"metrics": None}, {},
+                    {"metrics": {"speculative_decoding": {"num_spec_steps": "51"}}}):
+        assert parse_vllm_spec(answer_) is None
+
+
+def vllm_client(url: str) -> OpenAIClient:
+    return OpenAIClient(url, timeout_s=10, concurrency=1,
+                        limits=ServerLimits(context_length=4096, engine="vllm"))
+
+
+@pytest.mark.parametrize("per_request", [True, False])
+def test_vllm_answers_carry_their_own_spec_else_the_counters(
+        start_sim: StartSim, per_request: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CounterDeltas, "EVERY_S", 0.0)  # read the counters after every answer
+    sim = start_sim(flavor="vllm", speculative_algorithm="NGRAM",
+                    speculative_num_draft_tokens=4, output_tokens_mean=ENDLESS,
+                    per_request_spec_decode_metrics="summary" if per_request else "none")
+    client = vllm_client(sim.url)
+    try:
+        gens = [client.generate([5, 6, 7, i], 60, {}, f"rid-{i}") for i in range(3)]
+    finally:
+        client.close()
+    if not per_request:  # the fallback: the counters' growth, no spec
+        assert all(g.spec is None for g in gens) and gens[-1].spec_counters is not None
+        return
+    assert all(g.spec_counters is None for g in gens)
+    specs = [g.spec for g in gens]
+    assert all(s is not None and s["tokens"] == s["verify_ct"] + s["correct_drafts"]
+               for s in specs)
+    # The answers' own counts add up to the server's counters, as vLLM's do.
+    with httpx.Client(base_url=sim.url) as http:
+        counted = stats(http)["spec_decode"]
+    assert counted["num_drafts"] == sum(s["verify_ct"] for s in specs if s)
+    assert counted["num_accepted_tokens"] == sum(s["correct_drafts"] for s in specs if s)
+    assert counted["num_draft_tokens"] == sum(s["proposed_drafts"] for s in specs if s)
+
+
+@pytest.mark.parametrize("per_request", [True, False])
+def test_the_probe_says_whether_answers_carry_their_acceptance(start_sim: StartSim,
+                                                                per_request: bool) -> None:
+    sim = start_sim(flavor="vllm", speculative_algorithm="NGRAM",
+                    per_request_spec_decode_metrics="summary" if per_request else "none")
+    assert answers_per_request(sim.url) is per_request

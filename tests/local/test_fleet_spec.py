@@ -36,3 +36,13 @@ def test_a_spec_that_says_otherwise_is_what_its_simulators_serve() -> None:
     assert (config.context_length, config.total_slots, config.ttft_ms, config.tpot_ms,
             config.output_tokens_mean, config.seed, config.flavor) == \
         (4096, 8, 5, 0.5, 40, 7, "vllm")
+
+
+def test_a_vllm_flavoured_gpu_gets_no_c_as_against_vllm() -> None:
+    """vLLM reports no slot count and neither does its flavour: the local fleet must not tell
+    the worker the simulator's slots either, so the worker paces from the queue (issue 48)."""
+    spec = FleetSpec(gpus=3, max_running_requests=12, sim_args=["--flavor", "vllm"],
+                     gpu_sim_args={2: ["--flavor", "sglang"]})
+    assert [spec.pool_of(g) for g in range(3)] == [None, None, 12]
+    assert FleetSpec(max_running_requests=12).pool_of(0) == 12
+    assert FleetSpec(concurrency=5, sim_args=["--flavor", "vllm"]).pool_of(0) == 5

@@ -1,5 +1,6 @@
 """The estimate's arithmetic alone: the cut share under censoring, the stratified mean and its
-interval (a stratum sampled whole adds no error), percentiles weighted by what each answer
+interval for the run's own mean (the answers' randomness in it: a stratum sampled whole
+keeps its error), percentiles weighted by what each answer
 stands for, and the fleet's speed by Little's law."""
 
 from __future__ import annotations
@@ -31,13 +32,33 @@ def test_an_answer_cut_at_its_budget_is_cut_by_every_cap() -> None:
     assert natural.tokens_under(2048) == 2048 and natural.tokens_under(None) == 3000
 
 
-def test_the_stratified_mean_weighs_strata_by_size_and_a_whole_stratum_has_no_error() -> None:
+def test_the_stratified_mean_weighs_strata_by_size_and_a_whole_stratum_keeps_its_error() -> None:
     answers = [answer(100, 0), answer(300, 0), answer(1000, 1), answer(1000, 1)]
     est = stratified_mean(answers, [2, 8], lambda a: a.completion_tokens)
     assert est.value == pytest.approx(0.2 * 200 + 0.8 * 1000)
-    assert est.low == est.high == est.value  # both strata sampled whole: no error left
+    # Sampled whole, the run still draws every answer again: 2 s²/N, not 0.
+    half = 1.96 * (0.2**2 * 2 * 20_000 / 2) ** 0.5
+    assert est.high - est.value == pytest.approx(half)
     wider = stratified_mean(answers, [200, 8], lambda a: a.completion_tokens)
     assert wider.high - wider.low > 0
+
+
+def test_an_estimate_of_the_whole_input_covers_the_runs_answers() -> None:
+    """`mean 328 (95 % 328-328)` for a sample that was the whole input; the run then made
+    +4.6 %. Each row's answer is a draw: the run's mean must be inside most of the time."""
+    rng = random.Random(5)
+    means = [rng.lognormvariate(5.5, 0.6) for _ in range(300)]  # each prompt's own length
+
+    def answers() -> list[int]:
+        return [int(rng.expovariate(1 / m)) + 1 for m in means]  # one draw of every row
+
+    covered = 0
+    for _ in range(200):
+        sample = [answer(t) for t in answers()]
+        est = stratified_mean(sample, [len(means)], lambda a: a.completion_tokens)
+        run = answers()
+        covered += est.low <= sum(run) / len(run) <= est.high
+    assert covered / 200 >= 0.93, covered
 
 
 def test_the_interval_covers_the_population_mean_most_of_the_time() -> None:

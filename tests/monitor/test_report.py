@@ -179,3 +179,18 @@ def test_the_command_says_what_is_wrong(tmp_path: Path,
     # Written, but the run is not complete (no summary.json): exit 1, said on stderr.
     assert main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 1
     assert (tmp_path / "r.html").exists() and "not complete" in capsys.readouterr().err
+
+
+def test_held_out_rows_are_counted_as_requests_and_rows(tmp_path: Path) -> None:
+    """The outcome table showed `total 460, done 389, failed 0, rejected 8`: 63 held-out
+    requests unaccounted for. A holdout line stands for every request of its row."""
+    out = write_dir(tmp_path / "out", [res(0, 5), res(1, 7)],
+                    summary={"total": 8, "done": 2, "failed": 0, "rejected": 0, "holdout": 6})
+    held = [{"id": "h2", "line": 2, "slot": 2, "slots": 4, "prompt": "a"},
+            {"id": "h3", "line": 3, "slot": 6, "slots": 2, "prompt": "b"}]
+    (out / "holdout.jsonl").write_bytes(b"".join(orjson.dumps(h) + b"\n" for h in held))
+    data = page_data(read_dir(out))
+    f = data["figures"]
+    assert (f["total"], f["done"], f["holdout"], data["holdout_rows"]) == (8, 2, 6, 2)
+    assert f["total"] == f["done"] + f["failed"] + f["rejected"] + f["holdout"]
+    assert "holdout" not in data["mismatch"]

@@ -42,3 +42,14 @@ def test_table_shows_in_flight_health_and_truncation() -> None:
     lines = {line.split()[0]: line for line in text.splitlines()[6:]}
     assert "3/8" in lines["gpu0@h"] and lines["gpu0@h"].endswith("ok")
     assert lines["gpu1@h"].endswith("ENGINE DOWN") and lines["gpu2@h"].endswith("offline")
+
+
+def test_held_out_requests_are_settled_not_remaining() -> None:
+    """Held-out rows vanished from the counts: the watch's ETA counted their requests as
+    still to come, and the table did not show them."""
+    before = snapshot(100.0, 500, 50_000, [])
+    after = snapshot(110.0, 600, 60_000, [])
+    after.holdout = before.holdout = 90
+    s = with_window(after, before)
+    assert s.remaining == 1000 - 600 - 10 - 90 and s.eta_s == 30.0
+    assert "held out 90 requests" in render(s)

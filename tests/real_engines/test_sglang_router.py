@@ -1,6 +1,6 @@
 """A whole run through a real SGLang router (`sglang-router`, the Rust gateway from PyPI) in
 front of two simulated SGLang servers: the limits are read from the servers it lists, health
-from its /readiness, and a worker without -c is told what to pass."""
+from its /readiness, and a worker without -c paces from the servers' queues."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from fleetgen import engine
 from fleetgen.base import exitcodes
@@ -22,7 +23,7 @@ from fleetgen.simulator import SimConfig, SimThread, run_in_thread
 from tests.support.content import assert_content
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.waiting import wait_until
-from tests.support.workers import start_worker, stop
+from tests.support.workers import heartbeat_key, start_worker, stop
 
 pytest.importorskip("sglang_router", reason="pip install sglang-router (make test installs it)")
 
@@ -101,14 +102,29 @@ def test_a_run_through_the_router(router: str, sims: list[SimThread], redis_url:
     assert assert_content(data["results"], prompts, config) == 60
 
 
-def test_a_worker_without_c_is_told_what_to_pass(router: str, redis_url: str,
-                                                 tmp_path: Path) -> None:
+def test_a_worker_without_c_paces_from_the_queues_behind_the_router(
+        router: str, redis_url: str, tmp_path: Path) -> None:
+    """How many workers share the servers is not the router's to say, but their queues are:
+    the worker reads the gauges of every server the router lists (it refused to start without
+    -c before)."""
     log = tmp_path / "w.log"
     proc = start_worker(redis_url, router, "no-c", log)
-    assert proc.wait(timeout=60) == exitcodes.CONFIG
-    text = log.read_text()
-    assert "SGLang router in front of 2 server(s)" in text and "-c 9 for the only worker" in text
-    assert "Traceback" not in text
+    client = redis.Redis.from_url(redis_url)
+    key = heartbeat_key("no-c")
+    try:
+        wait_until(lambda: client.exists(key) == 1, 60, "the worker's heartbeat",
+                   check=lambda: _alive(proc, log))
+        source = (client.hget(key, "limit_from") or b"").decode()
+        assert "SGLang router in front of 2 server(s): found from their queues" in source
+        assert client.hget(key, "paced") == b"1"
+    finally:
+        stop(proc)
+    assert "Traceback" not in log.read_text()
+
+
+def _alive(proc: subprocess.Popen[bytes], log: Path) -> None:
+    if proc.poll() is not None:
+        raise AssertionError(f"the worker exited {proc.returncode}: {log.read_text()[-2000:]}")
 
 
 def test_doctor_understands_a_router(router: str, sims: list[SimThread],

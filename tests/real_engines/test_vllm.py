@@ -10,6 +10,7 @@ server on the same probes (tests/support/vllm_probes.py)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -188,6 +189,28 @@ def assert_the_trainers_take_the_tokens_export(out: Path, prompts: Path, work: P
         verdict = judge(found, result["rows"])
         assert verdict.exact == set(verdict.trained) == {a.key for a in found}, job
         assert verdict.unmatched == verdict.tail_supervised == verdict.duplicated == 0, job
+
+
+def test_run_paces_from_the_queue_of_a_server_that_reports_no_slots(vllm: VllmServer,
+                                                                    tmp_path: Path) -> None:
+    """vLLM says nothing of its slots (128 on CPU by default: arg_utils.py
+    `get_batch_defaults`). `fleetgen run` with its defaults must still keep many requests in
+    flight, found from the server's queue, and say so in its terminal; before, it kept one
+    thread per host core (2 here) and took twice a plain client's time (bench real)."""
+    prompts = tmp_path / "p.jsonl"
+    expected = run_prompts(prompts, 96, 48, {})
+    done = subprocess.run(fleetgen_cli("run", prompts.name, "--engine-url", vllm.url, "--out",
+                                       "out/paced", "--max-output-tokens", "48"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = assert_exactly_once(tmp_path / "out" / "paced", expected)["results"]
+    spans = sorted([(r["finished_at"] - r["latency_s"], 1) for r in results] +
+                   [(r["finished_at"], -1) for r in results])
+    peak = max(itertools.accumulate(step for _, step in spans))
+    assert peak >= 32, f"at most {peak} requests in flight"
+    said = done.stdout + done.stderr
+    assert "in flight, limit" in said and "vllm reports no slot count: found from its queue" \
+        in said, said[-3000:]
 
 
 def test_the_servers_template_is_fleetgens_token_for_token(vllm: VllmServer,

@@ -307,3 +307,17 @@ def test_mean_output_length_over_2000_requests(start_sim: StartSim) -> None:
     mean = sum(lengths) / len(lengths)
     assert 0.9 * 256 <= mean <= 1.1 * 256
     assert min(lengths) >= 1
+
+
+def test_vllm_flavour_metrics_say_the_queue_and_never_the_slots(start_sim: StartSim) -> None:
+    """vLLM 0.32 reports its queue (v1/metrics/loggers.py `vllm:num_requests_running`,
+    `vllm:num_requests_waiting`) and no slot count anywhere: neither does its flavour, so every
+    test of it meets what users meet (the worker paces from the queue)."""
+    sim = start_sim(flavor="vllm", max_running_requests=5)
+    with httpx.Client(base_url=sim.url) as client:
+        text = client.get("/metrics").text
+        assert 'vllm:num_requests_running{model_name="fleetgen-sim"} 0.0' in text
+        assert 'vllm:num_requests_waiting{model_name="fleetgen-sim"} 0.0' in text
+        assert "max_running_requests" not in text and "sglang:" not in text
+        assert "max_running_requests" not in client.get("/v1/models").text
+        assert client.get("/server_info").status_code == 404

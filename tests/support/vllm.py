@@ -43,6 +43,13 @@ BLOCK_SIZE = 128
 # VllmServer.argv starts it, on this model): the tests use it instead of starting one, which
 # takes over a minute, minutes on a busy machine; the tests that kill the server skip.
 URL_ENV = "FLEETGEN_TEST_VLLM_URL"  # fleetgen/base/envvars.py TEST_VLLM_URL
+SPEC_URL_ENV = "FLEETGEN_TEST_VLLM_SPEC_URL"  # TEST_VLLM_SPEC_URL: a speculating one
+# A speculating server (tests/real_engines/test_vllm_spec.py): an n-gram drafter of 3 tokens
+# (runs on CPU; the tiny random model loops at temperature 0, so its drafts are accepted,
+# and at temperature 1 hardly ever), each answer carrying its own acceptance.
+SPEC_ARGS = ["--speculative-config", '{"method":"ngram","num_speculative_tokens":3,'
+             '"prompt_lookup_max":3,"prompt_lookup_min":1}',
+             "--per-request-spec-decode-metrics", "summary"]
 
 # head_dim 32: 16 starts, then the first request dies ("Unsupported CPU attention
 # configuration: head_dim=16"). The vocabulary is rounded up to 64 as vLLM pads it anyway.
@@ -151,6 +158,7 @@ class VllmServer(EngineProcess):
     model: Path
     log_path: Path
     max_model_len: int = MAX_MODEL_LEN
+    extra_args: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
     lease: PortLease | None = None
     port: int = 0
@@ -161,7 +169,8 @@ class VllmServer(EngineProcess):
                 "--model", str(self.model), "--served-model-name", SERVED_NAME,
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
-                "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+                "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                *self.extra_args]
 
     def env(self) -> dict[str, str]:
         return server_env()

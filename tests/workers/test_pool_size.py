@@ -1,5 +1,6 @@
 """A worker started without -c sizes its pool from the running requests the engine has in
-force, waits for an engine that is still loading, and refuses one it cannot use."""
+force, paces its in-flight limit from the queue of an engine that reports none (vLLM), waits for
+an engine that is still loading, and refuses one it cannot use."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import pytest
 import redis
 
 from fleetgen.base import exitcodes
+from fleetgen.base.contract import RunKeys
 from fleetgen.local.ports import lease_port
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
+from producer.enqueue import Enqueuer
+from tests.support.tasks import payloads
 from tests.support.waiting import wait_until
 from tests.support.workers import assert_one_line_exit, heartbeat_key, start_worker, stop
+from workers.pacing import held_queue
 
 # Starts real Celery worker processes: the fleet tier (tests/conftest.py).
 pytestmark = pytest.mark.fleet
@@ -53,7 +58,45 @@ def test_pool_follows_the_derived_limit_when_top_level_is_null(redis_url: str,
             assert client.hget(key, "concurrency") == b"8"
         finally:
             stop(proc)
-    assert "7 running requests in force (internal_states, dp 1) -> -c 8" in log.read_text()
+    assert "in-flight limit 8: sglang reports 7 running requests (internal_states): K + 1 = 8" \
+        in log.read_text()
+
+
+def test_worker_paces_from_the_queue_of_an_engine_that_reports_no_slots(
+        redis_url: str, tmp_path: Path) -> None:
+    """The vLLM flavour says nothing of its 24 slots, as vLLM does not: the worker finds them
+    from its queue gauges, holds every slot busy with a small queue, and says where its limit
+    comes from. Before, it kept Celery's default pool (one thread per host core: 2 here)."""
+    log = tmp_path / "w.log"
+    slots, n = 24, 240
+    config = SimConfig(port=0, flavor="vllm", max_running_requests=slots, ttft_ms=5,
+                       tpot_ms=25, health_delay_s=0)
+    with run_in_thread(config) as server:
+        proc = start_worker(redis_url, server.url, "paced", log)
+        client = redis.Redis.from_url(redis_url)
+        key, keys = heartbeat_key("paced"), RunKeys("paced")
+        seen: list[dict[bytes, bytes]] = []
+        try:
+            wait_until(lambda: client.exists(key) == 1, 60, "the worker's heartbeat")
+            assert b"found from its queue" in (client.hget(key, "limit_from") or b"")
+            client.hset(keys.manifest, "state", "producing")  # workers drop unknown runs
+            Enqueuer(client, "paced").send(payloads("paced", n, max_tokens=32))
+
+            def finished() -> bool:
+                seen.append(client.hgetall(key))
+                return int(client.hget(keys.stats, "done") or 0) >= n
+            wait_until(finished, 120, "every prompt to be answered", poll_s=0.2)
+        finally:
+            stop(proc)
+    full = [b for b in seen if int(b.get(b"engine_running", b"0")) == slots]
+    assert full, "the engine's slots were never all busy"
+    limits = [int(b[b"concurrency"]) for b in seen if b"concurrency" in b]
+    assert max(limits) >= slots + held_queue(slots), limits
+    held = [int(b[b"engine_waiting"]) for b in full]
+    # Once settled the queue stays small: the median reading, not the first overshoot.
+    assert sorted(held)[len(held) // 2] <= 2 * held_queue(slots), held
+    assert "in-flight limit 64: vllm reports no slot count: found from its queue" \
+        in log.read_text()
 
 
 def test_worker_waits_for_a_loading_engine_then_sizes_from_it(redis_url: str,

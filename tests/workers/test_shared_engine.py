@@ -12,11 +12,12 @@ import pytest
 import redis
 
 from fleetgen.base import exitcodes
-from fleetgen.base.contract import RunKeys, TaskPayload
+from fleetgen.base.contract import RunKeys
 from fleetgen.base.outcomes import read_entry
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer
+from tests.support.tasks import payloads
 from tests.support.waiting import wait_until
 from tests.support.workers import assert_one_line_exit, heartbeat_key, start_worker, stop
 from workers.startup import share_of
@@ -29,11 +30,6 @@ pytestmark = pytest.mark.fleet
     (7, 2, [4, 3]), (6, 2, [3, 3]), (33, 4, [9, 8, 8, 8]), (2, 3, [1, 1, 1]), (5, 1, [5])])
 def test_shares_add_up_to_the_pool(total: int, count: int, expected: list[int]) -> None:
     assert [share_of(total, (i, count)) for i in range(1, count + 1)] == expected
-
-
-def _payloads(run: str, n: int) -> list[TaskPayload]:
-    return [TaskPayload(run=run, line=i, id=f"{run}{i}", input_ids=[1, 2, i + 3],
-                        max_tokens=4, sampling={}, row={}) for i in range(1, n + 1)]
 
 
 def test_two_processes_share_one_engine(redis_url: str, tmp_path: Path) -> None:
@@ -52,7 +48,7 @@ def test_two_processes_share_one_engine(redis_url: str, tmp_path: Path) -> None:
         # K = 6: K + 1 = 7 threads in all, split 4 + 3.
         assert [client.hget(b, "concurrency") for b in beats] == [b"4", b"3"]
         client.hset(RunKeys("shared").manifest, "state", "producing")  # workers drop unknown runs
-        Enqueuer(client, "shared").send(_payloads("shared", n))
+        Enqueuer(client, "shared").send(payloads("shared", n))
         wait_until(lambda: int(client.hget(keys.stats, "done") or 0) >= n, 120,
                  "every prompt to be answered")
         per_worker = [_done_of(client, keys, name) for name in names]

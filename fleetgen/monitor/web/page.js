@@ -145,11 +145,17 @@ function report(root, d) {
   root.append(head);
 
   const f = d.figures, s = section(root, "Outcomes");
-  table(s, ["total", "done", "failed", "rejected", "truncated", "prompt tokens",
-            "completion tokens", "empty", "unfinished reasoning", "JSON invalid"],
-        [["total", "done", "failed", "rejected", "truncated", "prompt_tokens", "completion_tokens",
-          "empty", "reasoning_unfinished", "json_invalid"].map(n => figureCell(n, f[n]))],
+  /* Requests, each in one file: total = done + failed + rejected + held out. */
+  table(s, ["total (requests)", "done", "failed", "rejected", "held out", "truncated",
+            "prompt tokens", "completion tokens", "empty", "unfinished reasoning",
+            "JSON invalid"],
+        [["total", "done", "failed", "rejected", "holdout", "truncated", "prompt_tokens",
+          "completion_tokens", "empty", "reasoning_unfinished", "json_invalid"].map(
+          n => figureCell(n, f[n]))],
         {id: "figures"});
+  if (d.holdout_rows) s.append(el("p", {class: "note", id: "holdout-rows"},
+    num(f.holdout) + " requests held out: " + num(d.holdout_rows) +
+    " rows in holdout.jsonl (a row of --n samples or of several turns is several requests)"));
   table(s, ["truncated (finish length)", "unfinished reasoning", "empty", "JSON invalid",
             "failed (of answers)"],
         [["truncated", "reasoning_unfinished", "empty", "json_invalid", "failed"].map(
@@ -258,19 +264,28 @@ function acceptance(root, sp) {
           [v("all", sp.vllm), ...Object.entries(sp.vllm.by_worker).map(([w, f]) => v(w, f))],
           {id: "spec-vllm"});
   }
+  /* With several servers each group is a cell of a server x group table: one drafter's
+     groups are compared with each other, never pooled with another's. */
+  if (sp.compared) s.append(el("p", {class: "note", id: "spec-compared"},
+                               "the breakdowns compare " + sp.compared));
+  const who = g => g.server == null ? [] : [g.server];
   for (const [by, groups] of Object.entries(sp.breakdowns)) {
     if (groups.length < 2 && !by.startsWith("field:")) continue;
+    const lead = groups.length && groups[0].server != null ? ["server"] : [];
     s.append(el("h3", {}, "by " + by.replace("field:", "row field ")));
-    table(s, ["group", ...heads], groups.map(g => [g.group, ...cells(g)]),
+    table(s, [...lead, "group", ...heads], groups.map(g => [...who(g), g.group, ...cells(g)]),
           {id: "spec-" + by.replace(":", "-")});
   }
   if (sp.lowest_groups.length) {
+    const lead = sp.lowest_groups[0].server != null ? ["server"] : [];
     s.append(el("h3", {}, "lowest groups (of at least 5 answers)"));
-    table(s, ["by", "group", ...heads], sp.lowest_groups.map(g => [g.by, g.group, ...cells(g)]),
+    table(s, [...lead, "by", "group", ...heads],
+          sp.lowest_groups.map(g => [...who(g), g.by, g.group, ...cells(g)]),
           {id: "spec-lowest-groups"});
   }
   if (!sp.lowest_rows.length) return;
-  s.append(el("h3", {}, "lowest answers (weak.jsonl beside this page holds their rows)"));
+  s.append(el("h3", {}, "lowest answers, each within its server (weak.jsonl beside this " +
+                        "page holds their rows, one per id)"));
   table(s, ["id", "line", "worker", "turn", "completion tokens", "verify steps", "accept length"],
         sp.lowest_rows.map(r => [r.id, el("td", {class: "n"}, num(r.line)), r.worker,
                                  r.turn == null ? "" : String(r.turn),

@@ -1,0 +1,152 @@
+"""The in-flight limit's controller (workers/pacing.py) on a model of a server's queue, the
+heartbeat's words for it, and when a limit holds an engine back; the pure parts only (the
+workers that pace against real servers: tests/workers/test_pool_size.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetgen.engine import PROTOCOLS, ServerLimits
+from fleetgen.engine.load import Gauges, Load, parse_load
+from fleetgen.monitor.status import WorkerStatus, holds_back
+from workers.pacing import START_LIMIT, Pace, Pacer, beat_fields, held_queue
+from workers.settings import WorkerSettings
+from workers.startup import FALLBACK_LIMIT, StartupRefused, plan_limit
+
+
+def reading(held: list[int], slots: int) -> Load:
+    """A server with `slots` running slots, holding what the workers hold."""
+    total = sum(held)
+    return Load(min(total, slots), max(0, total - slots))
+
+
+def settle(pacers: list[Pacer], slots: int, supply: int, ticks: int = 40) -> list[list[int]]:
+    """Each tick the workers hold min(limit, supply) (they fetch up to their limit at once) and
+    read the server; the limits tick by tick."""
+    history = []
+    for _ in range(ticks):
+        held = [min(p.limit, supply) for p in pacers]
+        load = reading(held, slots)
+        history.append([p.observe(load, h) for p, h in zip(pacers, held, strict=True)])
+    return history
+
+
+def test_one_worker_finds_the_slots_plus_a_small_queue() -> None:
+    pacer = Pacer(start=16, ceiling=2048)
+    history = settle([pacer], slots=256, supply=10_000)
+    assert pacer.limit == 256 + held_queue(256)  # 272: every slot busy, 16 waiting
+    # Doubling to the first queue: 16, 32, ... 512, within six readings (3 s).
+    assert [h[0] for h in history[:6]][-1] >= 256
+    assert max(h[0] for h in history) <= 512
+
+
+def test_the_same_reading_twice_cuts_once() -> None:
+    """The gauge lags the requests just sent: a second reading of the same excess before any
+    answer comes back must not cut again (a limit of 128 on a 64-slot server went 68, 48, 32)."""
+    pacer = Pacer(start=128, ceiling=2048)
+    load = Load(running=64, waiting=24)
+    first = pacer.observe(load, 88)
+    assert first == 88 - (24 - held_queue(64))
+    assert pacer.observe(load, 88) == first
+
+
+def test_after_a_dip_it_doubles_back_to_the_slots_it_has_seen() -> None:
+    pacer = Pacer(start=128, ceiling=2048)
+    pacer.observe(Load(64, 40), 104)  # the server's 64 slots seen
+    pacer.limit = 20  # e.g. a burst of failures cut it
+    grown = [pacer.observe(Load(pacer.limit, 0), pacer.limit) for _ in range(3)]
+    # Doubled, then capped at the 64 slots seen plus the queue of each reading (40 running:
+    # 2; 66 running: 4), never doubled past them.
+    assert grown == [40, 64 + held_queue(40), 64 + held_queue(66)]
+
+
+def test_two_workers_share_the_slots_without_knowing_of_each_other() -> None:
+    pacers = [Pacer(16, 2048), Pacer(16, 2048)]
+    settle(pacers, slots=128, supply=10_000, ticks=60)
+    total = sum(p.limit for p in pacers)
+    assert 128 <= total <= 128 + 2 * held_queue(128) + 2, [p.limit for p in pacers]
+    assert min(p.limit for p in pacers) >= 32  # neither starves
+
+
+def test_no_growth_while_the_limit_is_not_in_use_and_never_past_the_ceiling() -> None:
+    idle = Pacer(16, 2048)
+    settle([idle], slots=512, supply=5)  # the queue is dry: 5 prompts to hold
+    assert idle.limit == 16
+    capped = Pacer(16, 100)
+    settle([capped], slots=512, supply=10_000)
+    assert capped.limit == 100
+
+
+def test_load_is_summed_over_engines_and_needs_both_gauges() -> None:
+    gauges = Gauges("vllm:num_requests_running", "vllm:num_requests_waiting")
+    text = ('# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 60.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 4.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_waiting{engine="1",model_name="m"} 0.0\n')
+    assert parse_load(text, gauges) == Load(64, 3)
+    assert parse_load(text.replace("waiting", "swapped"), gauges) is None
+
+
+def status_of(beat: dict[str, int | str], in_flight: int) -> WorkerStatus:
+    return WorkerStatus("gpu0", in_flight=in_flight, concurrency=int(beat["concurrency"]),
+                        limit_from=str(beat["limit_from"]), limit_max=int(beat["limit_max"]),
+                        paced=bool(beat["paced"]),
+                        engine_running=int(beat["engine_running"]),
+                        engine_waiting=int(beat["engine_waiting"]),
+                        engine_slots=int(beat["engine_slots"]) if beat["engine_slots"] != -1
+                        else None)
+
+
+def test_a_fixed_limit_in_use_on_an_engine_with_room_holds_it_back() -> None:
+    fixed = beat_fields(Pace(8, "-c 8, as given", False, Load(8, 0)), 8)
+    assert holds_back(status_of(fixed, in_flight=8))
+    assert not holds_back(status_of(fixed, in_flight=3))  # not in use: the queue is dry
+    queued = beat_fields(Pace(8, "-c 8, as given", False, Load(8, 5)), 8)
+    assert not holds_back(status_of(queued, in_flight=8))  # the engine is full anyway
+    growing = beat_fields(Pace(64, "found from its queue", True, Load(64, 0)), 2048)
+    assert not holds_back(status_of(growing, in_flight=64))  # a paced limit grows itself
+    at_ceiling = beat_fields(Pace(2048, "found from its queue", True, Load(2048, 0)), 2048)
+    assert holds_back(status_of(at_ceiling, in_flight=2048))
+    unread = beat_fields(Pace(8, "-c 8, as given", False, None), 8)
+    assert not holds_back(status_of(unread, in_flight=8))  # nothing known of the engine
+    # An engine that reports 8 slots and runs 8 is full, queue or not (-c K on SGLang).
+    full = beat_fields(Pace(8, "-c 8, as given", False, Load(8, 0), slots=8), 8)
+    assert not holds_back(status_of(full, in_flight=8))
+    roomy = beat_fields(Pace(8, "-c 8, as given", False, Load(8, 0), slots=32), 8)
+    assert holds_back(status_of(roomy, in_flight=8))
+    # 8 held, 2 at the engine: the worker's own bookkeeping limits (a fast engine), not -c.
+    busy_worker = beat_fields(Pace(8, "-c 8, as given", False, Load(2, 0), slots=32), 8)
+    assert not holds_back(status_of(busy_worker, in_flight=8))
+
+
+def settings_of(**env: str) -> WorkerSettings:
+    return WorkerSettings.from_env({"FLEETGEN_REDIS_URL": "redis://127.0.0.1:1/0",
+                                    "FLEETGEN_ENGINE_URL": "http://127.0.0.1:9", **env})
+
+
+class Reader:
+    """Stands in for a LoadReader that has read the queue once (plan_limit asks only that)."""
+
+    gauges = Gauges("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def test_the_plan_takes_the_reported_slots_then_the_queue_then_a_fallback() -> None:
+    sglang = ServerLimits(context_length=8192, max_running_requests=7,
+                          running_requests_from="internal_states")
+    plan = plan_limit(PROTOCOLS["sglang"], sglang, settings_of(), None)
+    assert (plan.pool, plan.limit, plan.paced, plan.slots) == (8, 8, False, 7)
+    shared = plan_limit(PROTOCOLS["sglang"], sglang, settings_of(FLEETGEN_ENGINE_SHARE="2/2"),
+                        None)
+    assert shared.limit == 4 and "4 for this process (2 of 2)" in shared.source
+    vllm = ServerLimits(context_length=4096, engine="vllm")
+    paced = plan_limit(PROTOCOLS["openai"], vllm, settings_of(FLEETGEN_MAX_IN_FLIGHT="500"),
+                       Reader())  # type: ignore[arg-type]
+    assert (paced.pool, paced.limit, paced.paced) == (500, START_LIMIT, True)
+    assert paced.source == ("vllm reports no slot count: found from its queue "
+                            "(vllm:num_requests_waiting)")
+    blind = plan_limit(PROTOCOLS["openai"], vllm, settings_of(), None)
+    assert (blind.limit, blind.paced) == (FALLBACK_LIMIT, False) and "pass -c" in blind.source
+    router = ServerLimits(context_length=4096, max_running_requests=8, servers_behind=2)
+    with pytest.raises(StartupRefused, match="--enable-metrics"):
+        plan_limit(PROTOCOLS["sglang"], router, settings_of(), None)
