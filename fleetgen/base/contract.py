@@ -74,11 +74,15 @@ class RunKeys:
         # Set of input lines that `fleetgen retry` sent back to work; a worker removes a
         # line when it emits its new outcome. The run is not complete while it is non-empty.
         self.retrying = f"{base}:retrying"
+        # Hash HOST/engineN -> JSON of an engine fleetgen started (`--engine-cmd`): its URL,
+        # GPUs, phase, restarts, last error; written by its node's supervisor, read by
+        # `status` (fleetgen/local/engines.py `publish`).
+        self.engines = f"{base}:engines"
 
     def all(self) -> list[str]:
         return [
             self.stream, self.manifest, self.sent, self.done,
-            self.stats, self.written, self.failed, self.retrying,
+            self.stats, self.written, self.failed, self.retrying, self.engines,
         ]
 
 

@@ -170,13 +170,20 @@ BENCH_FIGURES = _unset("FLEETGEN_BENCH_FIGURES", "path", "bench",
 BENCH_RUN = _unset("FLEETGEN_BENCH_RUN", "text", "bench",
                    "set by `python -m bench`: the run each figure file names",
                    "`python -m bench NAME (alone)`")
+# Read by the Slurm script alone (bash), listed here as every variable is.
+SLURM_LISTEN_PORT = _unset("FLEETGEN_LISTEN_PORT", "port", "`slurm/fleetgen.sbatch`",
+                           "the run's Valkey port on the first node (`run --listen`)",
+                           "16000 + the job id modulo 4000")
+SLURM_HEAD_ADDR = _unset("FLEETGEN_HEAD_ADDR", "host", "`slurm/fleetgen.sbatch`",
+                         "the first node's address as the other nodes reach it",
+                         "its `hostname`")
 
 TABLE: tuple[EnvVar[Any], ...] = (
     REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
     BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
     VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, MAX_IN_FLIGHT, CACHE_DIR,
     SIM_API_KEY, STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, TEST_VLLM_URL, TEST_VLLM_SPEC_URL,
-    BENCH_FIGURES, BENCH_RUN,
+    BENCH_FIGURES, BENCH_RUN, SLURM_LISTEN_PORT, SLURM_HEAD_ADDR,
 )
 
 # docs/reference.md's table (tools/envvars_table.py writes it there).

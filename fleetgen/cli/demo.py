@@ -26,7 +26,9 @@ from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, DrainDir, usable_di
 from fleetgen.cli import job
 from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.enginecmd import EnginePolicy, parse_engine_cmd
+from fleetgen.local.engines import EngineSet
+from fleetgen.local.fleet import SIM_WORKER_ENV, FleetSpec, LocalFleet
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ STATE_DIR = ".fleetgen-demo"
 # is judged while most of a small set is still unsent (the default 512 would send the
 # bundled set whole before the first answer is back).
 STOP_IF_BATCH = 16
+# A simulator loads in a second or two: a minute is plenty, and one that stops answering for
+# 10 s is restarted.
+SIM_POLICY = EnginePolicy(start_timeout_s=60.0, unhealthy_after_s=10.0)
 
 
 def output_files() -> tuple[str, ...]:
@@ -127,10 +132,16 @@ def run(args: argparse.Namespace) -> int:
     spec = FleetSpec(gpus=args.gpus, context_length=args.context_length,
                      max_running_requests=args.slots, tpot_ms=args.tpot_ms,
                      output_tokens_mean=args.output_tokens_mean,
-                     task_events=bool(args.flower), redis_password=secrets.token_urlsafe(18))
-    # `fleetgen run` on simulated servers: the same job, its fleet starting its simulators.
+                     task_events=bool(args.flower), redis_password=secrets.token_urlsafe(18),
+                     concurrency=args.slots, worker_env=dict(SIM_WORKER_ENV))
+    # `fleetgen run --engine-cmd` on simulated servers: the same job, one simulator a GPU
+    # started, watched, restarted and stopped as real servers are.
+    engines = EngineSet(parse_engine_cmd(spec.sim_engine_cmd()),
+                        [(str(gpu),) for gpu in range(args.gpus)], SIM_POLICY,
+                        args.out / STATE_DIR / "engines")
     with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:
-        fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR)
+        fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR).with_engines(
+            engines, say=lambda text: print(f"fleetgen demo: {text}", flush=True))
         flower = args.flower
         return job.execute(job.NodeJob(
             "demo", fleet, settings, args.out, args.out / STATE_DIR, resumed=bool(resumed),

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from fleetgen.base.redisconn import connect
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.runview import FleetView, LogLine
 from fleetgen.cli.signals import Stopped, sigterm_flag
+from fleetgen.local.engines import publish
 from fleetgen.local.fleet import LocalFleet
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ STOP_GRACE_S = 1.5
 # How long the workers may take to come online: a real server's worker without -c waits for
 # its engine (the pre-flight saw it ready) and reads its pool size from it.
 WORKERS_READY_S = {"demo": 60.0, "run": 180.0}
+# How often the engines this node started are written for `fleetgen status`.
+ENGINES_EVERY_S = 2.0
 
 
 @dataclass
@@ -83,6 +87,8 @@ def execute(job: NodeJob) -> int:
                     before_workers=lambda url: _before_workers(job, url))
         if not should_stop():
             settings = replace(job.settings, redis_url=fleet.redis_url)
+            if fleet.engines is not None:  # the limits of the engines that started
+                settings = replace(settings, engine_url=tuple(fleet.serving_urls()))
             summary = run_pipeline(job, settings, should_stop)
             print(summary_table(summary, job.out))
             _say_how_it_ended(job, summary, should_stop())
@@ -99,7 +105,7 @@ def execute(job: NodeJob) -> int:
         raise full from None
     finally:
         shield_from_signals()
-        fleet.procs.stop_all(grace_s=0.5 if should_stop() else 15.0)
+        fleet.stop_processes(grace_s=0.5 if should_stop() else 15.0)
         fleet.valkey.stop()
     if summary["complete"]:
         shutil.rmtree(job.state_dir, ignore_errors=True)  # nothing left to resume
@@ -220,16 +226,21 @@ def run_pipeline(job: NodeJob, settings: ProducerSettings,
                      [job.fleet.engine_url(gpu) for gpu in range(job.fleet.spec.gpus)],
                      lambda text: bar.note(f"fleetgen {job.command}: {text}"))
     ticker = LogLine(job.say)
+    engines_due = [0.0]  # when this node's engines are next written for `status`
 
     def on_progress(d: Drainer) -> None:
         producer.raise_error()
+        if job.fleet.engines is not None and time.monotonic() >= engines_due[0]:
+            engines_due[0] = time.monotonic() + ENGINES_EVERY_S
+            publish(d.redis, settings.run, job.fleet.engines.views())
         total = d.manifest().rows
         view.look()
         up, engines = view.engines_up
         bar.advance_to(d.tally.written, total)
-        bar.postfix(f"engines {up}/{engines}")
+        note = job.fleet.engines.note() if job.fleet.engines is not None else ""
+        bar.postfix(f"engines {up}/{engines}" + (f", {note}" if note else ""))
         ticker.tick(d.tally.written, total, in_flight=view.in_flight,
-                    engines=view.engines_up)
+                    engines=view.engines_up, note=note)
 
     try:
         drain_beside(drainer, producer, on_progress=on_progress, should_stop=should_stop)

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         estimate,
         export,
         metrics,
+        node,
         produce,
         purge,
         report,
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetgen {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (demo, run, estimate, produce, drain, export, report, status, retry, purge,
+    for module in (demo, run, node, estimate, produce, drain, export, report, status, retry, purge,
                    sim, check, doctor, metrics, valkey):
         module.add_parser(sub)
     return parser

@@ -25,6 +25,7 @@ from fleetgen.base.errors import ConfigError, EngineUnreachable
 from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
+from fleetgen.cli.engineflags import EnginePlan, add_engine_options, engine_plan
 from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
@@ -46,7 +47,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--run", metavar="NAME",
                    help="run name (default: the one recorded in --out, else run-TIMESTAMP)")
     add_fleet_options(p, f"a Redis of your own (default: $FLEETGEN_REDIS_URL, else a Valkey "
-                      f"under DIR/{STATE_DIR})")
+                      f"under DIR/{STATE_DIR})", engine_url_required=False)
+    add_engine_options(p)
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the embedded Valkey also listens there (with its password), so "
                    "workers on other hosts can join the run; the line they need is printed")
@@ -63,10 +65,11 @@ def add_parser(sub: Any) -> None:
     add_producer_options(p, runoptions.RUN)
 
 
-def add_fleet_options(p: argparse.ArgumentParser, redis_help: str) -> None:
+def add_fleet_options(p: argparse.ArgumentParser, redis_help: str,
+                      engine_url_required: bool = True) -> None:
     """The servers and how the run's workers reach them: `run`'s, and `estimate`'s for the
     `fleetgen run` of its sample."""
-    p.add_argument("--engine-url", action="append", required=True, metavar="URL",
+    p.add_argument("--engine-url", action="append", required=engine_url_required, metavar="URL",
                    help="a server (repeat for each, or a comma list; http://HOST:30000-30007 "
                    "for a range of ports); one worker each")
     redis_option(p, redis_help, metavar="URL")
@@ -123,7 +126,14 @@ def run(args: argparse.Namespace) -> int:
     from producer.inputs import resolve_input
 
     resolve_input(args.input)  # InputError (one line) for a missing file or an empty glob
-    urls = engine_urls(args.engine_url)
+    plan = engine_plan(args)
+    if plan is None and not args.engine_url:
+        raise ConfigError("give the servers (--engine-url URL) or how to start them "
+                          "(--engine-cmd 'CMD with {port}')")
+    urls = engine_urls(args.engine_url) if plan is None else []
+    if plan is not None and args.measure_acceptance:
+        raise ConfigError("--measure-acceptance checks running servers before the run: "
+                          "start them and give --engine-url")
     listen = listen_address(args.listen)
     if args.workers_per_engine < 1:
         raise ConfigError(f"--workers-per-engine must be at least 1, got "
@@ -143,29 +153,41 @@ def run(args: argparse.Namespace) -> int:
                           f"--holdout {args.holdout} (it would hold rows out of the measure)")
     made = usable_dir(args.out)
     try:
-        return _run_in(args, urls, listen, external)
+        return _run_in(args, (urls, plan), listen, external)
     finally:
         remove_if_empty(made)  # refused before anything was written: no empty --out left
 
 
-def _run_in(args: argparse.Namespace, urls: list[str], listen: tuple[str, int] | None,
-            external: str | None) -> int:
+def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | None],
+            listen: tuple[str, int] | None, external: str | None) -> int:
+    urls, plan = engines
     name, resumed = run_name(args.out, args.run)
+    # Started engines' ports are leased now: their URLs are known before they are up.
+    engine_set = plan.engine_set(args.out / STATE_DIR / "engines") if plan else None
+    if engine_set is not None:
+        urls = engine_set.urls
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or setting_default("batch_size")}
     settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
-    preflight(urls, args)
+    if engine_set is None:  # a started engine is checked once it is ready, before its worker
+        preflight(urls, args)
     measure = _measure(urls) if args.measure_acceptance else None
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
-                     worker_env=_protocol_env(args.engine_protocol))
+                     worker_env=_protocol_env(args.engine_protocol),
+                     workers_die_with_parent=plan is not None)
     with tempfile.TemporaryDirectory(prefix="fleetgen-run-") as tmp:
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, engine_urls=urls,
                            valkey_bind=listen[0] if listen else None,
                            valkey_port=listen[1] if listen else None)
+        if engine_set is not None:
+            fleet.with_engines(engine_set, say=lambda text: print(f"fleetgen run: {text}",
+                                                                   flush=True),
+                               check=lambda url: preflight([url], args))
         return job.execute(job.NodeJob(
             "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen)) if listen else None,
+            on_redis=(lambda f: _say_join(f, listen, name, args.engine_cmd)) if listen
+            else None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
             group_by=args.group_by, resume_hint=vars(args).get("resume_hint"),
             on_report=measure.print_report if measure is not None else None))
@@ -187,12 +209,17 @@ def _protocol_env(protocol: str | None) -> dict[str, str]:
     return {envvars.ENGINE_PROTOCOL.name: protocol} if protocol else {}
 
 
-def _say_join(fleet: LocalFleet, listen: tuple[str, int]) -> None:
-    """The line a worker on another host needs to join (its password in it: printed once, on
-    the terminal that asked for --listen, as Flower's generated one)."""
+def _say_join(fleet: LocalFleet, listen: tuple[str, int], run: str,
+              engine_cmd: str | None) -> None:
+    """The line another host runs to join (its password in it: printed once, on the terminal
+    that asked for --listen, as Flower's generated one): `fleetgen node` with its engines,
+    or a bare worker per server already running there."""
     host, port = listen
     reach = socket.gethostname() if host in ("0.0.0.0", "*") else host
     url = f"redis://:{fleet.spec.redis_password}@{reach}:{port}/0"
-    print(f"fleetgen run: workers on other hosts join with, one per GPU server:\n"
+    cmd = shlex.quote(engine_cmd or "CMD with {port}")
+    print(f"fleetgen run: other hosts join with (their engines and a worker each):\n"
+          f"  {envvars.REDIS_URL.name}={url} fleetgen node --run {run} --engine-cmd {cmd}\n"
+          f"or, for servers already running there, one worker each:\n"
           f"  {envvars.REDIS_URL.name}={url} {envvars.ENGINE_URL.name}=http://SERVER:PORT "
           f"celery -A workers worker -Q fleetgen -n gpuN@%h -P threads", flush=True)

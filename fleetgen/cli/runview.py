@@ -211,7 +211,8 @@ class LogLine:
         self._last_at: float | None = None
 
     def tick(self, written: int, total: int | None, *, in_flight: int | None = None,
-             engines: tuple[int, int] | None = None) -> None:
+             engines: tuple[int, int] | None = None, note: str = "") -> None:
+        """`note`: what the engines' supervisor adds (restarts, parked engines)."""
         now = self._clock()
         if self._first is None:
             self._first = (now, written)
@@ -221,10 +222,10 @@ class LogLine:
         if not self._show or now < self._due:
             return
         self._due = now + self._every_s
-        self._say(self.line(now, written, total, in_flight, engines))
+        self._say(self.line(now, written, total, in_flight, engines, note))
 
     def line(self, now: float, written: int, total: int | None, in_flight: int | None,
-             engines: tuple[int, int] | None) -> str:
+             engines: tuple[int, int] | None, note: str = "") -> str:
         since, n0 = self._first or (now, written)
         elapsed = max(now - since, 1e-9)
         rate = (written - n0) / elapsed
@@ -232,5 +233,6 @@ class LogLine:
         left = None if total is None else eta_s(total - written, in_flight, rate, answer_s)
         of = "?" if total is None else f"{total:,}"
         up = f", engines {engines[0]}/{engines[1]}" if engines else ""
+        up += f" ({note})" if note else ""
         return (f"{written:,}/{of} requests written, {rate:,.1f}/s{up}, ETA "
                 f"{'-' if left is None else duration(left)}")

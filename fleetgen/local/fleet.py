@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleetgen.base import envvars
+from fleetgen.base.errors import ConfigError
 from fleetgen.engine.health import probe_url
+from fleetgen.local.engines import EngineSet
 from fleetgen.local.procs import (
     Child,
     ProcessGroup,
     celery_worker_argv,
+    dying_with_parent,
     python_argv,
     wait_for,
 )
@@ -26,6 +30,9 @@ SIM_READY = re.compile(r"fleetgen sim: serving (\d+) server\(s\) on (.+?) \(cont
 
 # The simulator's own defaults, the one home of what a simulated GPU is unless said otherwise.
 SIM = SimConfig()
+# A simulator is back (or dead) within a second, not a real server's minutes: its workers
+# call it gone after 3 s instead of 10, so a local fleet fails over quickly.
+SIM_WORKER_ENV = {envvars.HEALTH_INTERVAL_S.name: "1", envvars.ENGINE_GONE_S.name: "3"}
 
 
 @dataclass
@@ -56,6 +63,12 @@ class FleetSpec:
     task_events: bool = False  # workers send task events from the start (-E): Flower watches
     redis_password: str | None = None
     redis_url: str | None = None  # an existing Redis (e.g. rediss://); else an embedded Valkey
+    # Before each worker's name: `fleetgen node` names its workers NODE-gpuN, so two nodes
+    # that share a host (and its %h) never share a worker name, its queue or its leases.
+    worker_prefix: str = ""
+    # Workers get SIGTERM when the command that started them dies, even by SIGKILL (`fleetgen
+    # node`, `fleetgen run --engine-cmd`: under Slurm, KillWait's SIGKILL).
+    workers_die_with_parent: bool = False
 
     def sim_flavor(self, gpu: int) -> str:
         """The flavour GPU `gpu`'s simulator speaks (its last --flavor flag; sglang)."""
@@ -81,6 +94,12 @@ class FleetSpec:
                 "--output-tokens-mean", str(self.output_tokens_mean),
                 "--seed", str(self.seed), *self.sim_args]
 
+    def sim_engine_cmd(self) -> str:
+        """One simulated GPU as an `--engine-cmd` line (`fleetgen demo` starts its simulators
+        as `fleetgen run --engine-cmd` starts real servers)."""
+        return shlex.join([*python_argv("-m", "fleetgen.simulator"), "--port", "{port}",
+                           *self.sim_flags()])
+
 
 class LocalFleet:
     def __init__(self, work_dir: Path, spec: FleetSpec, valkey_dir: Path | None = None,
@@ -102,6 +121,21 @@ class LocalFleet:
         self.sim: Child | None = None
         self.sims: list[Child] = []  # one per GPU when spec.gpu_sim_args is used
         self.workers: list[Child] = []
+        # Engines this fleet starts itself (`--engine-cmd`), and the GPUs whose engine
+        # failed to start (no worker for them).
+        self.engines: EngineSet | None = None
+        self.skipped: set[int] = set()
+        self.say: Callable[[str], None] = print
+        self.check: Callable[[str], None] | None = None
+
+    def with_engines(self, engines: EngineSet, say: Callable[[str], None],
+                     check: Callable[[str], None] | None = None) -> LocalFleet:
+        """Start these engines too, a GPU's worker once its engine is ready and `check(url)`
+        (`fleetgen run`'s pre-flight) passed; their URLs are the fleet's engine URLs."""
+        self.engines, self.say, self.check = engines, say, check
+        self.engine_urls = engines.urls
+        self.spec = replace(self.spec, gpus=len(self.engine_urls))
+        return self
 
     @property
     def redis_url(self) -> str:
@@ -119,15 +153,35 @@ class LocalFleet:
             self.valkey.start()
         if before_workers is not None:
             before_workers(self.redis_url)
-        if not self.engine_urls:
-            self.start_sims(timeout_s)
-        for gpu in range(self.spec.gpus):
-            if self.spec.processes_per_gpu == 1:
-                self.start_worker(gpu)
-            else:
-                self.start_shared_workers(gpu)
+        if self.engines is not None:
+            start_engines(self)
+        else:
+            if not self.engine_urls:
+                self.start_sims(timeout_s)
+            for gpu in range(self.spec.gpus):
+                self.start_gpu_workers(gpu)
         self.wait_workers_ready(timeout_s)
         return self
+
+    def start_gpu_workers(self, gpu: int) -> None:
+        if self.spec.processes_per_gpu == 1:
+            self.start_worker(gpu)
+        else:
+            self.start_shared_workers(gpu)
+
+    def serving_urls(self) -> list[str]:
+        """The engine URLs the run's producer reads its limits from: all but failed ones."""
+        return [url for gpu, url in enumerate(self.engine_urls) if gpu not in self.skipped]
+
+    def stop_processes(self, grace_s: float) -> None:
+        """At a run's end the workers first (nothing is sent to an engine going away), then
+        the engines; stopped by a signal (a short `grace_s`, gone in 2 s), all at once."""
+        hurry = grace_s < 1.0
+        if self.engines is not None and hurry:
+            self.engines.begin_stop(grace_s)
+        self.procs.stop_all(grace_s=grace_s)
+        if self.engines is not None:
+            self.engines.stop(grace_s if hurry else None)
 
     def sim_argv(self, count: int, extra: list[str]) -> list[str]:
         # Port 0: each server binds a port of the kernel's choosing and reports it in its
@@ -179,10 +233,7 @@ class LocalFleet:
                 raise RuntimeError(f"simulator exited:\n{sim.log_text()[-2000:]}")
 
     def worker_env(self, gpu: int) -> dict[str, str]:
-        # A simulator is back (or dead) within a second, not a real server's minutes: call it
-        # gone after 3 s instead of 10, so a local fleet fails over quickly.
-        quick = {} if self.engine_urls else {envvars.HEALTH_INTERVAL_S.name: "1",
-                                             envvars.ENGINE_GONE_S.name: "3"}
+        quick = {} if self.engine_urls else SIM_WORKER_ENV
         return {envvars.REDIS_URL.name: self.redis_url,
                 envvars.ENGINE_URL.name: self.engine_url(gpu), **quick, **self.spec.worker_env,
                 **self.spec.gpu_worker_env.get(gpu, {})}
@@ -190,10 +241,9 @@ class LocalFleet:
     def start_worker(self, gpu: int, name: str | None = None) -> Child:
         # A real server's worker sizes its pool from the server itself (no -c).
         concurrency = self.spec.concurrency if self.engine_urls else self.spec.pool_of(gpu)
-        child = self.procs.start(name or f"gpu{gpu}",
-                                 celery_worker_argv(f"gpu{gpu}", concurrency,
-                                                    self.spec.worker_loglevel,
-                                                    self.spec.task_events),
+        argv = celery_worker_argv(self.worker_name(gpu), concurrency, self.spec.worker_loglevel,
+                                  self.spec.task_events)
+        child = self.procs.start(name or self.worker_name(gpu), tied(self.spec, argv),
                                  env=self.worker_env(gpu))
         if gpu < len(self.workers):
             self.workers[gpu] = child
@@ -212,16 +262,17 @@ class LocalFleet:
             name = self.worker_name(gpu, i)
             env = {**self.worker_env(gpu), envvars.ENGINE_SHARE.name: f"{i}/{count}"}
             share = None if total is None else share_of(total, (i, count))
-            started.append(self.procs.start(name, celery_worker_argv(
-                name, share, self.spec.worker_loglevel, self.spec.task_events), env=env))
+            started.append(self.procs.start(name, tied(self.spec, celery_worker_argv(
+                name, share, self.spec.worker_loglevel, self.spec.task_events)), env=env))
         self.workers += started
         return started
 
     def worker_name(self, gpu: int, process: int = 1) -> str:
-        return f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
+        name = f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
+        return self.spec.worker_prefix + name
 
     def worker_names(self) -> list[str]:
-        return [self.worker_name(g, i) for g in range(self.spec.gpus)
+        return [self.worker_name(g, i) for g in range(self.spec.gpus) if g not in self.skipped
                 for i in range(1, self.spec.processes_per_gpu + 1)]
 
     def wait_workers_ready(self, timeout_s: float) -> None:
@@ -244,8 +295,37 @@ class LocalFleet:
         wait_for(ready, timeout_s, "workers to come online", poll_s=0.2, check=check)
 
     def stop(self) -> None:
-        self.procs.stop_all()
+        self.stop_processes(grace_s=15.0)
         self.valkey.stop()
+
+
+def tied(spec: FleetSpec, argv: list[str]) -> list[str]:
+    return dying_with_parent(argv) if spec.workers_die_with_parent else argv
+
+
+def start_engines(fleet: LocalFleet) -> None:
+    """Every engine at once; a GPU's worker as soon as its engine is ready; back once each is
+    ready or has failed to start. ConfigError (exit 3) when none started."""
+    engines = fleet.engines
+    assert engines is not None
+    say = fleet.say
+    say(f"starting {len(engines.engines)} engine(s), logs in "
+        f"{engines.engines[0].log_path.parent}")
+    engines.start(say)
+
+    def on_ready(gpu: int) -> None:
+        if fleet.check is not None:
+            fleet.check(fleet.engine_urls[gpu])
+        fleet.start_gpu_workers(gpu)
+
+    ready = engines.wait_settled(
+        on_ready=on_ready,
+        report=lambda views: say("engines: " + "; ".join(v.describe() for v in views)))
+    fleet.skipped = set(range(fleet.spec.gpus)) - set(ready)
+    if not ready:
+        first = engines.engines[0]
+        raise ConfigError(f"no engine started ({first.name}: {first.error}); each one's "
+                          f"log is in {first.log_path.parent}")
 
 
 def _hostname() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,6 +85,15 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str,
             return
         time.sleep(poll_s)
     raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the thread that started it ends, the whole
+    command SIGKILLed included (Slurm's KillWait, the OOM killer): a child in a session of its
+    own is otherwise out of reach of whatever killed its parent. util-linux's setpriv where
+    there is one (Linux's PR_SET_PDEATHSIG, kept across the exec)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 def python_argv(*args: str) -> list[str]:

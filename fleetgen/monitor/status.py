@@ -98,6 +98,8 @@ class RunStatus:
     lost_back_in_s: float | None = None
     # Why the run is not moving though it is not over (no worker alive), else None.
     idle: str | None = None
+    # The engines fleetgen started (`--engine-cmd`), by HOST/engineN: phase, restarts, URL.
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def truncation_rate(self) -> float:
@@ -191,6 +193,8 @@ def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus
     status.workers = _workers(beats, stats, elapsed, clock)
     _lost_leases(client, beats, status, clock)
     status.idle = idle_line(status)
+    status.engines = {name: orjson.loads(value) for name, value in
+                      sorted(read_hash(client, keys.engines).items())}
     return status
 
 
@@ -334,7 +338,14 @@ def render(s: RunStatus) -> str:
         lines.append(f"  {'worker':<28} {'done':>8} {'failed':>6} {'in flight':>9} "
                      f"{'rows/s':>8} {'tok/s':>9}  health")
         lines += [_worker_line(w) for w in s.workers]
+    lines += [_engine_line(name, e) for name, e in s.engines.items()]
     return "\n".join(lines)
+
+
+def _engine_line(name: str, e: dict[str, Any]) -> str:
+    error = f"  last: {e['error']}" if e.get("error") else ""
+    return (f"  engine {name:<21} {e.get('phase', '?'):<10} restarts {e.get('restarts', 0)}"
+            f"  GPU {e.get('gpus', '?')}  {e.get('url', '?')}{error}")
 
 
 def _worker_line(w: WorkerStatus) -> str:

@@ -8,4 +8,5 @@ from __future__ import annotations
 # that tier by its own need: `pytestmark = pytest.mark.fleet` where it starts Celery workers
 # (tests/workers: the task and the gate in real worker processes, beside the module tests of
 # workers/ that need only Valkey; tests/layout/test_test_imports.py holds every module to it).
-FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "bench", "trainers"})
+FLEET_FOLDERS = frozenset({"e2e", "chaos", "ops", "real_engines", "bench", "trainers",
+                           "slurm"})
