@@ -393,6 +393,11 @@ class OwnQueueFirst(priority_cycle):
             [q for q in queues if not q.startswith(AFFINITY_PREFIX)]
 
 
+def _task_queue(name: str) -> bool:
+    """The shared queue or a worker's own (fleetgen/base/contract.py)."""
+    return name == QUEUE or name.startswith(AFFINITY_PREFIX)
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel, its take made reliable (`_TAKE`): the async BRPOP connection
     sends the take script, and only when it finds every queue empty, a BLMOVE of the last
@@ -408,7 +413,10 @@ class Channel(kombu_redis.Channel):
     _refused_until = 0.0  # a take Valkey refused (OOM, MISCONF): the next waits a second
 
     def _brpop_start(self, timeout: Any = None) -> None:
-        if self.global_keyprefix:
+        if self.global_keyprefix or not all(map(_task_queue, self.active_queues)):
+            # Only fleetgen's task queues are taken reliably: a control command's replies
+            # (kombu's pidbox, consumed without acks) are never recorded by `QoS.append`, so
+            # a taking list would give them again at every take.
             return super()._brpop_start(timeout)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues or monotonic() < self._refused_until:
@@ -468,6 +476,7 @@ class Channel(kombu_redis.Channel):
             self.connection._deliver(kombu_json.loads(text(item)), queue)
         finally:
             self.taken_sha1 = ""
+
 
     # `Channel.__init__` makes its cycle with `cycle_by_name(self.queue_order_strategy)`,
     # which takes a dotted path as well as kombu's aliases.

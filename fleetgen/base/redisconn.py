@@ -53,14 +53,16 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
 
 
-def connect(url: str, *, timeout_s: float = 10.0, ping: bool = True) -> redis.Redis:
+def connect(url: str, *, timeout_s: float = 10.0, ping: bool = True,
+            retries: int = 25) -> redis.Redis:
     """A client that retries through a Redis restart (about 30 s of backoff) instead of
     failing the run on the first refused connection. With `ping`, a Redis that is not there
-    at all is reported at once (a user mistake, not an outage to ride out)."""
+    at all is reported at once (a user mistake, not an outage to ride out). `retries=0` for a
+    look that must not hold its caller through an outage (a progress hook's view)."""
     if ping:
         with redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3) as probe:
             probe.ping()
-    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=25)
+    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries)
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout_s,

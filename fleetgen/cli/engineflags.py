@@ -56,9 +56,11 @@ def add_engine_options(p: argparse.ArgumentParser, required: bool = False) -> No
 
 
 def engine_plan(args: argparse.Namespace) -> EnginePlan | None:
-    """None without --engine-cmd; else the checked command, GPU groups and policy."""
-    if args.engine_cmd is None:
-        if args.gpus is not None:
+    """None without --engine-cmd; else the checked command, GPU groups and policy. `args` may
+    be another command's (estimate runs its sample through `run` with its own flags, which
+    have no --engine-cmd)."""
+    if getattr(args, "engine_cmd", None) is None:
+        if getattr(args, "gpus", None) is not None:
             raise ConfigError("--gpus is for the engines --engine-cmd starts")
         return None
     if getattr(args, "engine_url", None):

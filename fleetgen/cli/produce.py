@@ -151,6 +151,7 @@ class Terminal:
         self.show_progress = show_progress
         self._redis_url = redis_url
         self._view: Any = None  # the workers' falls and returns, while the run is waited for
+        self._view_client: Any = None
         self._bars: dict[str, Bar] = {}
         self._stop: Callable[[], bool] | None = None
 
@@ -182,10 +183,15 @@ class Terminal:
 
             # A worker that stops beating (dead, or cut off from Valkey) and its return, said
             # where the run was started, as `fleetgen run` says them (issue 52).
-            self._view = FleetView(connect(self._redis_url, ping=False), self.run, [],
+            # A look never holds the producer through an outage: no retries, a short timeout.
+            self._view_client = connect(self._redis_url, ping=False, timeout_s=2.0, retries=0)
+            self._view = FleetView(self._view_client, self.run, [],
                                    lambda text: bar.note(f"fleetgen produce: {text}"))
         if self._view is not None:
             self._view.look()
+            # No connection is kept between looks: while the producer rides out a Redis outage
+            # this hook is not called, and an idle socket to a dead server would stay open.
+            self._view_client.connection_pool.disconnect()
 
     def close(self) -> None:
         for bar in self._bars.values():
