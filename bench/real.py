@@ -73,10 +73,14 @@ def in_flight_by_second(spans: list[tuple[float, float]]) -> list[int]:
     events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     t0, current, peaks = events[0][0], 0, {}
     for at, step in events:
-        current += step
         second = int(at - t0)
-        peaks[second] = max(peaks.get(second, 0), current)
-    return [peaks.get(s, 0) for s in range(max(peaks) + 1)]
+        # A second with no start or end holds what the last event left in flight.
+        for quiet in range(len(peaks), second):
+            peaks[quiet] = current
+        peaks[second] = max(peaks.get(second, 0), current)  # before an end: it was in flight
+        current += step
+        peaks[second] = max(peaks[second], current)
+    return [peaks[s] for s in range(len(peaks))]
 
 
 def settled(series: list[int]) -> int:
