@@ -200,7 +200,10 @@ class OpenAIClient(EngineClient):
         # vLLM takes `X-Request-Id` as the request's id (`OpenAIServing._base_request_id`: its
         # logs, its errors, `cmpl-<id>`). SGLang 0.5.23 (its /v1 reads `rid` from the body) and
         # llama.cpp's server (tools/server) never read the header.
-        data = self._post("/v1/completions", body, {"X-Request-Id": rid})
+        try:
+            data = self._post("/v1/completions", body, {"X-Request-Id": rid})
+        finally:
+            idle = self._spec.finished()
         # The OpenAI answer carries no timing (SGLang's native meta_info has `e2e_latency`):
         # the request's wall time as this client saw it, queueing in the server included.
         gen = replace(parse_completion(data, options.logprobs),
@@ -208,7 +211,7 @@ class OpenAIClient(EngineClient):
         if reports_per_request(data):
             self._spec.stop()
             return gen
-        counters = self._spec.snapshot()
+        counters = self._spec.snapshot(fresh=idle)
         return gen if counters is None else replace(gen, spec_counters=counters)
 
     def refusal(self, response: httpx.Response, body: dict[str, Any]) -> errors.EngineError:

@@ -165,8 +165,9 @@ class CounterDeltas:
     """One worker's reading of its vLLM server's spec_decode counters: what they grew by since
     the worker first read them (before its first generation), read again at most every
     EVERY_S seconds, after a generation; the pool threads share it. Each result carries the
-    latest reading (`spec_counters`), so the drainer pools the run's figure from the files:
-    a worker's last reading covers its work up to EVERY_S before its last answer."""
+    latest reading (`spec_counters`), so the drainer pools the run's figure from the files.
+    An answer that leaves none of the worker's requests in flight reads them afresh: the last
+    answer of a run (or of a burst) carries the counters with all of its work in them."""
 
     EVERY_S = 1.0
 
@@ -180,14 +181,24 @@ class CounterDeltas:
         self._off = False  # the server keeps no such counters: never read again
         self._last_at = -math.inf
         self._latest: dict[str, Any] | None = None
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
 
     def prime(self) -> None:
-        """The baseline, once, before the first generation is sent."""
+        """Before each generation is sent: counts it in flight; the baseline, once."""
+        with self._count_lock:  # never held across a read of /metrics
+            self._in_flight += 1
         if self._start is not None or self._off:
             return
         with self._lock:
             if self._start is None and not self._off:
                 self._baseline(self._read())
+
+    def finished(self) -> bool:
+        """After each generation, answered or not: True when none is left in flight."""
+        with self._count_lock:
+            self._in_flight -= 1
+            return self._in_flight == 0
 
     def _baseline(self, counters: VllmCounters | None) -> None:
         self._off = counters is None
@@ -199,15 +210,16 @@ class CounterDeltas:
         counters only sum (and other clients' traffic with it)."""
         self._off = True
 
-    def snapshot(self) -> dict[str, Any] | None:
-        """The deltas since the baseline, re-read if the last reading is EVERY_S old."""
+    def snapshot(self, fresh: bool = False) -> dict[str, Any] | None:
+        """The deltas since the baseline, re-read if the last reading is EVERY_S old, or now
+        if `fresh` (the worker's last answer in flight)."""
         if self._off or self._start is None:
             return None
         # A pool thread never waits behind another's /metrics read: the latest reading will do.
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(blocking=fresh):
             return self._latest
         try:
-            if self._clock() - self._last_at >= self.EVERY_S:
+            if fresh or self._clock() - self._last_at >= self.EVERY_S:
                 self._last_at = self._clock()
                 now = self._read()
                 if now is not None and now.drafts < self._start.drafts:

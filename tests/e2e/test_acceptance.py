@@ -181,9 +181,11 @@ def test_vllm_servers_acceptance_from_their_counters(tmp_path: Path) -> None:
     assert figures[0] > figures[1]  # gpu0 is the first --engine-url, the better drafter
     for written, (drafts, accepted) in zip(sorted(vllm["by_worker"]), served, strict=True):
         got = vllm["by_worker"][written]
-        # A worker's last reading is at most a second older than its last answer.
+        # The last answer in flight reads the counters afresh: all of the work is in them
+        # (only the start-up probes' few drafts, sent before the baseline, are not: 3 here).
         assert 0 < got["drafts"] <= drafts and got["accepted"] <= accepted
-        assert abs(got["accept_length"] - (1 + accepted / drafts)) < 0.15
+        assert drafts - got["drafts"] <= 8, (got, drafts)
+        assert abs(got["accept_length"] - (1 + accepted / drafts)) < 0.01
     assert "vLLM acceptance" in done.stdout
     # The user is told how to get each answer's own, before the run and after it.
     assert done.stderr.count("--per-request-spec-decode-metrics summary") == 1, done.stderr

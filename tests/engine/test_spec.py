@@ -114,6 +114,26 @@ def test_counter_deltas_baseline_throttle_and_restart() -> None:
     assert (again["drafts"], again["accepted"]) == (6, 6)
 
 
+def test_the_last_answer_in_flight_reads_the_counters_afresh() -> None:
+    """A run's last answer carries counters with all its work in them, not a reading up to
+    EVERY_S old (the drainer pools the run's figure from the last reading)."""
+    from fleetgen.engine.speculation import CounterDeltas, VllmCounters
+
+    pages = iter([VllmCounters(100, 300, 50), VllmCounters(110, 330, 60),
+                  VllmCounters(130, 390, 90)])
+    deltas = CounterDeltas(lambda: next(pages), clock=lambda: 0.0)  # the clock never moves
+    deltas.prime()
+    deltas.prime()  # two in flight
+    assert not deltas.finished() and deltas.snapshot(fresh=False) is None  # throttled
+    assert deltas.finished()  # the last one in flight
+    got = deltas.snapshot(fresh=True)
+    assert got is not None and (got["drafts"], got["accepted"]) == (10, 10)
+    deltas.prime()
+    assert deltas.finished()
+    got = deltas.snapshot(fresh=True)
+    assert got is not None and (got["drafts"], got["accepted"]) == (30, 40)
+
+
 def test_a_server_without_counters_is_never_read_again() -> None:
     from fleetgen.engine.speculation import CounterDeltas
 

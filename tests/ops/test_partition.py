@@ -236,7 +236,11 @@ def test_the_valkey_host_cut_off_from_every_worker(fleet: Fleet, tmp_path: Path)
     fleet.start_workers({A: 8, B: 8})
     _, ids = fleet.produce("vcut", 48)
     drain = fleet.start("drain", "drain", "--run", "vcut", "--out", str(tmp_path / "out"))
-    wait_until(lambda: fleet.held(A) >= 2 and fleet.held(B) >= 2, 60, "both to hold")
+    results = tmp_path / "out" / "results.jsonl"
+    # The drainer says what it saw change: it must have seen both workers answer (it looks at
+    # each row it writes), or a slow start on a loaded machine finds them already lost.
+    wait_until(lambda: results.exists() and results.stat().st_size > 0
+               and fleet.held(A) >= 2 and fleet.held(B) >= 2, 60, "a row written, both holding")
     held = fleet.held(A) + fleet.held(B)
     fleet.hosts.cut(A, B)
     cut = time.monotonic()
