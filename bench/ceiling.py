@@ -40,7 +40,7 @@ def cpu_s(pid: int) -> float:
 
 def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, Any]:
     from fleetgen.drainer import Drainer
-    from producer.build import build_producer
+    from producer.build import standalone_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
 
@@ -53,7 +53,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
     try:
         settings = ProducerSettings(input=prompts, run="ceiling", redis_url=fleet.redis_url,
                                     context_length=8192)
-        producer = build_producer(settings, tokenizer=tokenizer)
+        producer = standalone_producer(settings, tokenizer=tokenizer)
         drainer = Drainer(connect(fleet.redis_url), "ceiling", work / "out", block_ms=50)
         drainer.recover()
         pids = {c.name: c.proc.pid for c in fleet.procs.children}

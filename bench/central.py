@@ -119,7 +119,7 @@ def _net(client: Any) -> tuple[int, int]:
 
 def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
     from fleetgen.drainer import Drainer
-    from producer.build import build_producer
+    from producer.build import standalone_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
 
@@ -136,7 +136,7 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
                  for i in range(consumers)]
         settings = ProducerSettings(input=prompts, run="central", redis_url=valkey.url,
                                     context_length=8192)
-        producer = build_producer(settings, tokenizer=tokenizer)
+        producer = standalone_producer(settings, tokenizer=tokenizer)
         drainer = Drainer(connect(valkey.url), "central", work / "out", block_ms=50)
         drainer.recover()
         assert valkey.proc is not None
@@ -156,7 +156,8 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
         started = time.perf_counter()
         thread = threading.Thread(target=producer.run, daemon=True)
         thread.start()
-        drainer.run_until_complete(on_progress=sample)
+        for _ in drainer.ticks():
+            sample(drainer)
         seconds = time.perf_counter() - started
         thread.join()
         drainer.close()

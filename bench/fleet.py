@@ -148,8 +148,7 @@ def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float
 def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                  tokenizer: Any, affinity: bool = True) -> dict[str, Any]:
     from fleetgen.drainer import Drainer
-    from producer.build import build_producer
-    from producer.run import Plan
+    from producer.build import standalone_producer
     from producer.settings import ProducerSettings
 
     tag = fleet.name if affinity else f"{fleet.name}-no-affinity"
@@ -160,7 +159,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         settings = ProducerSettings(input=prompts, run=run, redis_url=local.redis_url,
                                     context_length=CONTEXT, affinity=affinity)
         # It waits for the run, as `fleetgen run` does.
-        producer = build_producer(settings, tokenizer=tokenizer, plan=Plan(waits=True))
+        producer = standalone_producer(settings, tokenizer=tokenizer, waits=True)
         poller = Poller([local.engine_url(g) for g in range(model.gpus)]).start()
         drainer = Drainer(connect(local.redis_url), run, work / f"fg-{tag}-out",
                           block_ms=50)
@@ -198,7 +197,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
 def drain_alongside(drainer: Any, produce: Callable[[], object]) -> float:
     """The job's own producer-beside-drainer (fleetgen/cli/job.py); returns when the run was
     complete (perf_counter), before the drainer is closed."""
-    from fleetgen.cli.job import Beside, drain_beside
+    from fleetgen.cli.beside import Beside, drain_beside
 
     producer = Beside(produce)
     drain_beside(drainer, producer)

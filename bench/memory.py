@@ -76,7 +76,7 @@ class Popper(threading.Thread):
 
 def child(args: argparse.Namespace) -> None:
     """One producer run in this process; prints rows, seconds and peak RSS as JSON."""
-    from producer.build import build_producer
+    from producer.build import standalone_producer
     from producer.settings import ProducerSettings
     from producer.tokenizer import load_tokenizer
 
@@ -87,7 +87,7 @@ def child(args: argparse.Namespace) -> None:
     gc.collect()
     reset_peak_rss()  # what follows is the run itself, not the tokenizer build's peak
     before = rss_bytes("VmRSS")
-    producer = build_producer(settings, tokenizer=tokenizer)
+    producer = standalone_producer(settings, tokenizer=tokenizer)
     started = time.perf_counter()
     progress = producer.run()
     seconds = time.perf_counter() - started
@@ -158,7 +158,8 @@ def valkey_memory(rows: int, work: Path, valkey: EmbeddedValkey) -> dict[str, An
 
     started = time.perf_counter()
     try:
-        drainer.run_until_complete(on_progress=sample)
+        for _ in drainer.ticks():
+            sample(drainer)
     finally:
         drainer.close()
         popper.stop.set()

@@ -29,12 +29,12 @@ CONTEXT = 8192
 
 
 def run_fleetgen(path: Path, url: str, tokenizer: Any) -> int:
-    from producer.build import build_producer
+    from producer.build import standalone_producer
     from producer.settings import ProducerSettings
 
     settings = ProducerSettings(input=path, run="fleetgen", redis_url=url,
                                 context_length=CONTEXT, high_water=10**9)
-    producer = build_producer(settings, tokenizer=tokenizer)
+    producer = standalone_producer(settings, tokenizer=tokenizer)
     return producer.run().enqueued
 
 

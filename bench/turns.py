@@ -109,14 +109,13 @@ def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | 
     """A run to its end (`--turns all` or not), the producer beside the drainer (the job's
     path): (start, end) on perf_counter and the summary. `watch` sees the producer first."""
     from fleetgen.drainer import Drainer
-    from producer.build import build_producer
-    from producer.run import Plan
+    from producer.build import standalone_producer
 
     assert settings.out is not None
     drainer = Drainer(connect(settings.redis_url), settings.run, settings.out, block_ms=50)
     drainer.recover()
     # It waits for the run below, as `fleetgen produce`.
-    producer = build_producer(settings, tokenizer=tokenizer, plan=Plan(waits=True))
+    producer = standalone_producer(settings, tokenizer=tokenizer, waits=True)
     if watch is not None:
         watch(producer)
     t0 = time.perf_counter()

@@ -4,7 +4,8 @@ benchmarks share (limits from the flags or the engines, the tokenizer, Redis, th
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+
+import redis
 
 from fleetgen import engine
 from fleetgen.base.errors import (
@@ -151,18 +152,25 @@ def refuse_unwaitable_schema(settings: ProducerSettings, tokenizer: PromptTokeni
         raise ConfigError(unwaitable_schema("--json-schema", limits.grammar_cannot_wait))
 
 
-def build_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,
-                   limits: Limits | None = None, plan: Plan | None = None) -> Producer:
-    """A producer ready to run; InputError for a missing input, a bad setting or an engine
-    that cannot be read. A tokenizer already loaded (benchmarks, tests) can be passed in, and
-    the run's Plan (its input resolved by the caller, whether it waits for the run)."""
-    plan = plan or Plan()
-    if plan.inputs is None:  # InputError, before connecting or loading anything
-        plan = replace(plan, inputs=resolve_input(settings.input))
+def build_producer(settings: ProducerSettings, *, client: redis.Redis, plan: Plan,
+                   tokenizer: PromptTokenizer | None = None,
+                   limits: Limits | None = None) -> Producer:
+    """A producer ready to run, on the run's Redis client and its Plan (the input its caller
+    resolved); InputError for a bad setting or an engine that cannot be read. A tokenizer
+    already loaded (benchmarks, tests) can be passed in."""
     limits = limits or resolve_limits(settings)
-    client = connect(settings.redis_url)
     tokenizer = tokenizer or load_tokenizer(
         settings.tokenizer, chat_template_kwargs=settings.chat_template_kwargs)
     refuse_unwaitable_schema(settings, tokenizer, limits)
     enqueuer = Enqueuer(client, settings.run, settings.high_water)
     return Producer(settings, tokenizer, client, enqueuer, limits, plan)
+
+
+def standalone_producer(settings: ProducerSettings, *, tokenizer: PromptTokenizer | None = None,
+                        limits: Limits | None = None, waits: bool = False) -> Producer:
+    """A producer that is all its process does (a benchmark, a test): its input resolved and
+    its Redis connected here, once (InputError for a missing input, before connecting)."""
+    inputs = resolve_input(settings.input)
+    assert settings.redis_url is not None, "a standalone producer connects: give its URL"
+    return build_producer(settings, client=connect(settings.redis_url),
+                          plan=Plan(inputs, waits=waits), tokenizer=tokenizer, limits=limits)

@@ -24,7 +24,7 @@ from producer.earlystop import EarlyStop, parse_rule
 from producer.enqueue import Enqueuer
 from producer.holdout import HoldOut
 from producer.inputpass import InputPass, PassParts
-from producer.inputs import Inputs, resolve_input
+from producer.inputs import Inputs
 from producer.manifest import CheckedManifest, recorded_in
 from producer.outbox import Outbox
 from producer.progress import Progress
@@ -45,24 +45,23 @@ ROOM_POLL_S = 0.05
 
 @dataclass(frozen=True)
 class Plan:
-    """What one run is given once, resolved by its caller: its input's files (None: resolved
-    here), and whether this producer stays until every request has an outcome; only then
-    does it route first turns to workers' own queues, which it is there to sweep."""
+    """What one run is given once, resolved by its caller: its input's files, and whether
+    this producer stays until every request has an outcome; only then does it route first
+    turns to workers' own queues, which it is there to sweep."""
 
-    inputs: Inputs | None = None
+    inputs: Inputs
     waits: bool = False
 
 
 class Producer:
     def __init__(self, settings: ProducerSettings, tokenizer: PromptTokenizer,
                  client: redis.Redis, enqueuer: Enqueuer, limits: Limits,
-                 plan: Plan | None = None) -> None:
-        plan = plan or Plan()
+                 plan: Plan) -> None:
         self.s = settings
         self.limits = limits
         self.enqueuer = enqueuer
         # Resolved once: every pass of this run reads the same files, in the same order.
-        self.inputs = plan.inputs or resolve_input(settings.input)
+        self.inputs = plan.inputs
         self.run_manifest = CheckedManifest(client, settings.run, settings.new_run,
                                         recorded_in(settings.out, settings.run))
         self.affinity = Affinity(client, enabled=settings.affinity,
@@ -79,6 +78,8 @@ class Producer:
                                     SeenIds(), HoldOut(settings.holdout))
         self._settings: dict[str, Any] = {}
         self.total: int | None = None  # requests in the run, once all the input is read
+        self._opened = False
+        self._input_bytes = 0
 
     def _turn_mode(self) -> TurnMode:
         if self.s.turns != "all":
@@ -98,20 +99,8 @@ class Producer:
             should_stop: Callable[[], bool] = lambda: False) -> Progress:
         """Enqueue every row that is neither done nor in flight (all of them on a first run;
         what an interrupted run left on a resumed one), then mark the run produced."""
-        settings = self.s.manifest_settings(files=self.inputs.names)
-        settings["context_length"] = self.limits.context_length
-        self._settings = settings
-        stopped = self.run_manifest.stop_reason()
-        if stopped is not None and not self.s.ignore_stop:
-            self.progress.stopped = stopped  # stopped before: say so, change nothing
+        if not self._opened and not self.open():
             return self.progress
-        # The size before reading, not after: a row appended while this pass reads may be
-        # missed by it, and must then count as a change the next `produce` reads again.
-        input_bytes = self.inputs.size_bytes()
-        check_readable(self.inputs)  # before the run is opened on files it cannot read
-        # Not counted beforehand: that would be a whole read of the input before the first
-        # row is sent. The total is the pass's own count, known at its end.
-        self.run_manifest.open(settings)
         done = self.reconciler.done()
         in_flight = self.reconciler.in_flight()
         progress = self._pass(lambda slot: slot not in done and slot not in in_flight,
@@ -120,8 +109,30 @@ class Producer:
             self._stop_early(self.early.verdict.reason(), should_stop)
         elif not should_stop():
             self.total = self.input_pass.slots_read  # requests: rows x samples
-            self.run_manifest.close(self.total, input_bytes, input_rows=progress.read)
+            self.run_manifest.close(self.total, self._input_bytes, input_rows=progress.read)
         return progress
+
+    def open(self) -> bool:
+        """The run opened (or reopened) for this pass, before its first row; False for a run
+        stopped by --stop-if before, which stays stopped and changed (without --ignore-stop).
+        A caller that runs the pass in a thread opens it first, so that the run is open (not
+        stopped, not complete) by the time the drainer beside it looks."""
+        settings = self.s.manifest_settings(files=self.inputs.names)
+        settings["context_length"] = self.limits.context_length
+        self._settings = settings
+        stopped = self.run_manifest.stop_reason()
+        if stopped is not None and not self.s.ignore_stop:
+            self.progress.stopped = stopped  # stopped before: say so, change nothing
+            return False
+        # The size before reading, not after: a row appended while this pass reads may be
+        # missed by it, and must then count as a change the next `produce` reads again.
+        self._input_bytes = self.inputs.size_bytes()
+        check_readable(self.inputs)  # before the run is opened on files it cannot read
+        # Not counted beforehand: that would be a whole read of the input before the first
+        # row is sent. The total is the pass's own count, known at its end.
+        self.run_manifest.open(settings)
+        self._opened = True
+        return True
 
     def _pass(self, wanted: Callable[[int], bool],
               on_batch: Callable[[Progress], None] | None,

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import redis
+
 from fleetgen.base.redisconn import connect
 from fleetgen.base.runstate import run_complete
 from producer.build import build_producer
@@ -32,26 +34,21 @@ class Resume:
         return self.complete and self.grown_from is None
 
 
-def check_resume(settings: ProducerSettings, inputs: Inputs | None = None) -> Resume:
-    """InputError for a missing input or an empty glob (one line, exit 3); ConfigError for a
-    resume that finds another file list or other pinned settings than the run was started
-    on. It needs only Redis: a caller that starts servers and workers for the run calls it
-    first, so a mismatch is one line before anything else is started. `inputs`: the input
-    as the caller resolved it (else resolved here)."""
-    inputs = inputs or resolve_input(settings.input)
+def check_resume(settings: ProducerSettings, inputs: Inputs, client: redis.Redis) -> Resume:
+    """ConfigError for a resume that finds another file list or other pinned settings than
+    the run was started on. It needs only Redis: a caller that starts servers and workers for
+    the run calls it first, so a mismatch is one line before anything else is started.
+    `inputs` and `client`: the run's, as its caller resolved and connected them, once."""
     size = inputs.size_bytes()
     pinned = settings.manifest_settings(files=inputs.names)
     recorded = recorded_in(settings.out, settings.run)
-    # Closed at once: an idle connection held for the whole run would keep a dead Redis's
-    # socket open (CLOSE_WAIT) long after the producer's own client noticed it is gone.
-    with connect(settings.redis_url) as client:
-        # Before "already complete": a finished run given a new file or other settings must
-        # say so, also once its Redis state is gone (then its files' summary holds them).
-        manifest = CheckedManifest(client, settings.run, settings.new_run, recorded)
-        manifest.check_files(inputs.names)
-        manifest.check_settings(pinned)
-        changed = manifest.input_changed(size)
-        complete = run_complete(client, settings.run)
+    # Before "already complete": a finished run given a new file or other settings must say
+    # so, also once its Redis state is gone (then its files' summary holds them).
+    manifest = CheckedManifest(client, settings.run, settings.new_run, recorded)
+    manifest.check_files(inputs.names)
+    manifest.check_settings(pinned)
+    changed = manifest.input_changed(size)
+    complete = run_complete(client, settings.run)
     return Resume(complete, size, changed if complete else None)
 
 
@@ -102,14 +99,18 @@ def produce(settings: ProducerSettings, *, wait: bool = False,
     re-enqueueing rows lost on the way. A run already complete (and not grown) is nothing to
     do: an empty Progress."""
     hooks = hooks or Quiet()
-    inputs = resolve_input(settings.input)  # once: the resume check and the run share it
-    resume = check_resume(settings, inputs)
+    # The process's input and Redis client, made once here: the resume check and the run
+    # share them (InputError for a missing input or an empty glob, before connecting).
+    inputs = resolve_input(settings.input)
+    assert settings.redis_url is not None, "produce() connects to its Redis: give its URL"
+    client = connect(settings.redis_url)
+    resume = check_resume(settings, inputs, client)
     hooks.resuming(resume)
     if resume.nothing_to_do:
         return Progress()
     # Rows appended to a finished run's file are rows to generate, not "nothing to do": the
     # pass below skips every row already done and sends the rest.
-    producer = build_producer(settings, plan=Plan(inputs, waits=wait))
+    producer = build_producer(settings, client=client, plan=Plan(inputs, waits=wait))
     # SIGTERM (the CLI's flag): stop between batches, or between two looks at the run while
     # waiting.
     should_stop = hooks.stop_flag()

@@ -34,7 +34,9 @@ def _option(name: str) -> Any:
 class ProducerSettings:
     input: Path
     run: str
-    redis_url: str = field(repr=False)
+    # None in a job that made the run's Redis client itself and passes it down (fleetgen/cli/
+    # job.py); `fleetgen produce`, the benchmarks and the tests connect to it.
+    redis_url: str | None = field(default=None, repr=False)
     tokenizer: str = _option("tokenizer")
     context_length: int | None = _option("context_length")
     # Every server the run will use (read for their limits; the smallest wins). One URL given

@@ -1,7 +1,8 @@
 """What one `fleetgen run` does to reach its resources, counted in its own process (its workers,
 Valkey and the simulator are other processes): opens of the input and of summary.json, TCP
-connections to Redis, input resolutions, `RunKeys` built, and the run manifest's reads before the first row is
-queued. Issue 49's before/after figures; run it twice for a fresh run and its resume:
+connections to Redis, input resolutions, `RunKeys` built, and the run manifest's reads before
+the first row is queued. Issue 49's before/after figures; run it twice for a fresh run and
+its resume:
 
     .venv/bin/python tools/runpath.py [--rows N] [--keep DIR]
 
@@ -98,7 +99,8 @@ def instrument(counts: Counts) -> None:
     resolve = producer.inputs.resolve_input
 
     def resolve_input(spec: Any) -> Any:
-        counts._add("input resolutions")
+        if not isinstance(spec, producer.inputs.Inputs):  # an Inputs is handed back as it is
+            counts._add("input resolutions")
         return resolve(spec)
 
     producer.inputs.resolve_input = resolve_input

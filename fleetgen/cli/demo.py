@@ -15,7 +15,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from fleetgen.local.fleet import SIM_WORKER_ENV, FleetSpec, LocalFleet
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
+    from fleetgen.cli.steps import RunHandle
     from producer.settings import ProducerSettings
 
 # Beside the output files: the demo's Valkey (its AOF), kept until the run is complete, so the
@@ -115,14 +115,15 @@ def _settings(args: argparse.Namespace, prompts: Path, run_name: str) -> Produce
         values["high_water"] = args.high_water or STOP_IF_BATCH
     values["batch_size"] = args.batch_size or (STOP_IF_BATCH if args.stop_if
                                                    else setting_default("batch_size"))
-    return settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
+    return settings_from(argparse.Namespace(**values), None)  # the job connects, once
 
 
 def run(args: argparse.Namespace) -> int:
     from producer.inputs import resolve_input
 
     prompts = args.prompts or sample_prompts()
-    resolve_input(prompts)  # InputError (one line) for a missing file or an empty glob
+    # Once, for the whole command: InputError (one line) for a missing file or an empty glob.
+    inputs = resolve_input(prompts)
     if args.gpus < 1:
         raise ConfigError(f"--gpus must be at least 1, got {args.gpus}")
     usable_dir(args.out)
@@ -141,36 +142,55 @@ def run(args: argparse.Namespace) -> int:
                         args.out / STATE_DIR / "engines")
     with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:
         fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR).with_engines(
-            engines, say=lambda text: print(f"fleetgen demo: {text}", flush=True))
+            engines)
         flower = args.flower
         return job.execute(job.NodeJob(
-            "demo", fleet, settings, args.out, args.out / STATE_DIR, resumed=bool(resumed),
-            on_redis=(lambda f: _start_flower(f, flower)) if flower else None,
-            linger=(lambda stop: _linger(flower, stop)) if flower and sys.stdin.isatty()
-            else None))
+            "demo", fleet, settings, inputs, args.out, args.out / STATE_DIR,
+            resumed=bool(resumed), after_redis=[_Flower(flower)] if flower else [],
+            after_report=[_Linger(flower)] if flower and sys.stdin.isatty() else []))
 
 
-def _start_flower(fleet: LocalFleet, port: int) -> None:
-    from fleetgen.local.flower import ENV_BASIC_AUTH, basic_auth, start_flower
-    from fleetgen.local.ports import PortInUse
+class _Flower:
+    """--flower: Flower on the run's Redis, in the fleet's process group (stopped with the
+    workers)."""
 
-    credentials, generated = basic_auth()
-    try:
-        start_flower(fleet.procs, fleet.redis_url, port, credentials)
-    except PortInUse as error:  # the user's own port: theirs to change, not ours to retry
-        raise ConfigError(f"{error}; pick another --flower PORT") from None
-    user = credentials.split(",")[0].split(":", 1)[0]
-    # A generated password is shown once, on the terminal, so the user can log in; one from
-    # the environment is the user's own and is not echoed.
-    login = f"user {user}, password {credentials.split(':', 1)[1]}" if generated else \
-        f"user {user}, password from ${ENV_BASIC_AUTH}"
-    print(f"fleetgen demo: Flower at http://127.0.0.1:{port}/workers ({login})", flush=True)
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def start(self, run: RunHandle) -> None:
+        from fleetgen.local.flower import ENV_BASIC_AUTH, basic_auth, start_flower
+        from fleetgen.local.ports import PortInUse
+
+        fleet, port = run.job.fleet, self.port
+        credentials, generated = basic_auth()
+        try:
+            start_flower(fleet.procs, fleet.redis_url, port, credentials)
+        except PortInUse as error:  # the user's own port: theirs to change, not ours to retry
+            raise ConfigError(f"{error}; pick another --flower PORT") from None
+        user = credentials.split(",")[0].split(":", 1)[0]
+        # A generated password is shown once, on the terminal, so the user can log in; one
+        # from the environment is the user's own and is not echoed.
+        login = f"user {user}, password {credentials.split(':', 1)[1]}" if generated else \
+            f"user {user}, password from ${ENV_BASIC_AUTH}"
+        print(f"fleetgen demo: Flower at http://127.0.0.1:{port}/workers ({login})",
+              flush=True)
+
+    def stop(self, run: RunHandle) -> None:
+        pass
 
 
-def _linger(port: int, should_stop: Callable[[], bool]) -> None:
-    """Keep the fleet (and Flower) up so the finished run can be inspected."""
-    print(f"fleetgen demo: Flower stays up at http://127.0.0.1:{port}; Ctrl-C to stop",
-          flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        while not should_stop():
-            time.sleep(0.1)  # the poll period of the SIGTERM flag
+class _Linger:
+    """Keeps the fleet (and Flower) up once the run is done, so it can be inspected."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def start(self, run: RunHandle) -> None:
+        print(f"fleetgen demo: Flower stays up at http://127.0.0.1:{self.port}; Ctrl-C to "
+              "stop", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while not run.should_stop():
+                time.sleep(0.1)  # the poll period of the SIGTERM flag
+
+    def stop(self, run: RunHandle) -> None:
+        pass

@@ -33,8 +33,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetgen.cli.job import summary_table
     from fleetgen.cli.runview import FleetView
+    from fleetgen.cli.summary import summary_table
     from fleetgen.drainer import Drainer
 
     client = connect(redis_url(args.redis))
@@ -49,14 +49,10 @@ def run(args: argparse.Namespace) -> int:
     # said here too, as `fleetgen run` says them (issue 52).
     view = FleetView(client, args.run, [], lambda text: bar.note(f"fleetgen drain: {text}"))
 
-    def on_progress(d: Drainer) -> None:
-        total = d.manifest().rows
-        bar.advance_to(d.tally.written, total)
-        view.look()
-
     try:
-        drainer.run_until_complete(follow=args.follow, should_stop=should_stop,
-                                   on_progress=on_progress)
+        for _ in drainer.ticks(follow=args.follow, should_stop=should_stop):
+            bar.advance_to(drainer.tally.written, drainer.manifest().rows)
+            view.look()
     finally:
         drainer.close()
         bar.close()

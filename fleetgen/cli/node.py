@@ -28,8 +28,8 @@ from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redact, redis_url
 from fleetgen.cli.engineflags import add_engine_options, engine_plan
 from fleetgen.cli.flags import redis_option, subcommand
-from fleetgen.cli.job import STOP_GRACE_S, WORKERS_READY_S, shield_from_signals
-from fleetgen.cli.signals import sigterm_flag
+from fleetgen.cli.job import STOP_GRACE_S, WORKERS_READY_S
+from fleetgen.cli.signals import shield_from_signals, sigterm_flag
 from fleetgen.local.engines import publish
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 
@@ -70,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
     should_stop = sigterm_flag(grace_s=STOP_GRACE_S, signums=(signal.SIGTERM, signal.SIGINT))
     fleet = LocalFleet(directory, FleetSpec(redis_url=url, worker_prefix=f"{name}-",
                                                workers_die_with_parent=True))
-    fleet.with_engines(plan.engine_set(directory / "engines"), say)
+    fleet.with_engines(plan.engine_set(directory / "engines"))
     try:
         say(f"joining the run on {redact(url)}: {fleet.spec.gpus} engine(s), logs in "
             f"{directory}")
-        fleet.start(timeout_s=WORKERS_READY_S["run"])
+        fleet.start(timeout_s=WORKERS_READY_S["run"], say=say)
         say(f"{len(fleet.worker_names())} worker(s) online; this node stops once the run "
             "is complete")
         code = serve(fleet, args.run, should_stop, say)

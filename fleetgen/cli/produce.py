@@ -104,7 +104,8 @@ def read_json_schema(path: Path | None) -> str | None:
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
-def settings_from(args: argparse.Namespace, redis_url_value: str) -> ProducerSettings:
+def settings_from(args: argparse.Namespace,
+                  redis_url_value: str | None) -> ProducerSettings:
     from producer.settings import ProducerSettings
 
     return ProducerSettings(**request_options_from(args), input=args.input,

@@ -18,23 +18,27 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import envvars, exitcodes, runoptions
-from fleetgen.base.errors import ConfigError, EngineUnreachable
+from fleetgen.base import envvars, runoptions
+from fleetgen.base.errors import ConfigError
 from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
 from fleetgen.cli.engineflags import EnginePlan, add_engine_options, engine_plan
 from fleetgen.cli.flags import redis_option, subcommand
+from fleetgen.cli.preflight import preflight
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from producer.settings import setting_default
 
+if TYPE_CHECKING:
+    from fleetgen.cli.steps import RunHandle, Step
+    from producer.inputs import Inputs
+
 # Beside the output files: the run's Valkey (its AOF) and its URL, kept until the run is
 # complete, so the same command resumes the run recorded there.
 STATE_DIR = ".fleetgen-state"
-PREFLIGHT_TIMEOUT_S = 60.0
 
 
 def add_parser(sub: Any) -> None:
@@ -101,31 +105,12 @@ def run_name(out: Path, given: str | None) -> tuple[str, bool]:
     return recorded or given or f"run-{time.strftime('%Y%m%d-%H%M%S')}", recorded is not None
 
 
-def preflight(urls: list[str], args: argparse.Namespace) -> None:
-    """What `fleetgen doctor` checks, before anything starts: one line for the first server
-    that disagrees (exit 3) or cannot be reached (exit 4)."""
-    from fleetgen.cli import doctor
-
-    reports, fleet_checks, code = doctor.check_fleet(
-        urls, args.engine_protocol, PREFLIGHT_TIMEOUT_S, args.tokenizer,
-        args.chat_template_kwargs, doctor.needs_of(args.token_ids, args.stop))
-    if code == exitcodes.OK:
-        return
-    failed = [f"{r.url} {c.name}: {c.detail}" for r in reports for c in r.checks if not c.ok]
-    failed += [c.line() for c in fleet_checks]
-    first = failed[0] if failed else doctor.VERDICTS[code]
-    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-    message = (f"{first}{more}; `fleetgen doctor --engine-url {urls[0]}` shows every check")
-    if code == exitcodes.UNAVAILABLE:
-        raise EngineUnreachable(message)
-    raise ConfigError(message)
-
-
 def run(args: argparse.Namespace) -> int:
     from fleetgen.engine import engine_urls
     from producer.inputs import resolve_input
 
-    resolve_input(args.input)  # InputError (one line) for a missing file or an empty glob
+    # Once, for the whole command: InputError (one line) for a missing file or an empty glob.
+    inputs = resolve_input(args.input)
     plan = engine_plan(args)
     if plan is None and not args.engine_url:
         raise ConfigError("give the servers (--engine-url URL) or how to start them "
@@ -153,12 +138,13 @@ def run(args: argparse.Namespace) -> int:
                           f"--holdout {args.holdout} (it would hold rows out of the measure)")
     made = usable_dir(args.out)
     try:
-        return _run_in(args, (urls, plan), listen, external)
+        return _run_in(args, inputs, (urls, plan), listen, external)
     finally:
         remove_if_empty(made)  # refused before anything was written: no empty --out left
 
 
-def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | None],
+def _run_in(args: argparse.Namespace, inputs: Inputs,
+            engines: tuple[list[str], EnginePlan | None],
             listen: tuple[str, int] | None, external: str | None) -> int:
     urls, plan = engines
     name, resumed = run_name(args.out, args.run)
@@ -168,10 +154,11 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
         urls = engine_set.urls
     values = {**vars(args), "run": name, "engine_url": urls, "context_length": None,
               "batch_size": args.batch_size or setting_default("batch_size")}
-    settings = settings_from(argparse.Namespace(**values), "redis://127.0.0.1:6379/0")
+    # No Redis URL: the job connects once its Valkey is up, and hands the client down.
+    settings = settings_from(argparse.Namespace(**values), None)
     if engine_set is None:  # a started engine is checked once it is ready, before its worker
-        preflight(urls, args)
-    measure = _measure(urls) if args.measure_acceptance else None
+        preflight(urls, settings)
+    after_report: list[Step] = [_Acceptance(urls)] if args.measure_acceptance else []
     spec = FleetSpec(processes_per_gpu=args.workers_per_engine, redis_url=external,
                      redis_password=secrets.token_urlsafe(18),
                      worker_env=_protocol_env(args.engine_protocol),
@@ -181,16 +168,13 @@ def _run_in(args: argparse.Namespace, engines: tuple[list[str], EnginePlan | Non
                            valkey_bind=listen[0] if listen else None,
                            valkey_port=listen[1] if listen else None)
         if engine_set is not None:
-            fleet.with_engines(engine_set, say=lambda text: print(f"fleetgen run: {text}",
-                                                                   flush=True),
-                               check=lambda url: preflight([url], args))
+            fleet.with_engines(engine_set)
         return job.execute(job.NodeJob(
-            "run", fleet, settings, args.out, args.out / STATE_DIR, resumed=resumed,
-            on_redis=(lambda f: _say_join(f, listen, name, args.engine_cmd)) if listen
-            else None,
+            "run", fleet, settings, inputs, args.out, args.out / STATE_DIR, resumed=resumed,
+            after_redis=[_JoinLine(listen, name, args.engine_cmd)] if listen else [],
+            after_report=after_report, check_engines=engine_set is not None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
-            group_by=args.group_by, resume_hint=vars(args).get("resume_hint"),
-            on_report=measure.print_report if measure is not None else None))
+            group_by=args.group_by, resume_hint=vars(args).get("resume_hint")))
 
 
 def retry_command(argv: list[str]) -> str:
@@ -199,27 +183,46 @@ def retry_command(argv: list[str]) -> str:
     return shlex.join(["fleetgen", *again])
 
 
-def _measure(urls: list[str]) -> Any:
-    from fleetgen.cli.acceptance import Measure
+class _Acceptance:
+    """--measure-acceptance: the servers' drafters read before anything starts (refused when
+    none speculates), and the acceptance lines printed once the report is written."""
 
-    return Measure.check(urls)
+    def __init__(self, urls: list[str]) -> None:
+        from fleetgen.cli.acceptance import Measure
+
+        self.measure = Measure.check(urls)
+
+    def start(self, run: RunHandle) -> None:
+        if run.built is not None:
+            self.measure.print_report(run.built)
+
+    def stop(self, run: RunHandle) -> None:
+        pass
 
 
 def _protocol_env(protocol: str | None) -> dict[str, str]:
     return {envvars.ENGINE_PROTOCOL.name: protocol} if protocol else {}
 
 
-def _say_join(fleet: LocalFleet, listen: tuple[str, int], run: str,
-              engine_cmd: str | None) -> None:
-    """The line another host runs to join (its password in it: printed once, on the terminal
-    that asked for --listen, as Flower's generated one): `fleetgen node` with its engines,
-    or a bare worker per server already running there."""
-    host, port = listen
-    reach = socket.gethostname() if host in ("0.0.0.0", "*") else host
-    url = f"redis://:{fleet.spec.redis_password}@{reach}:{port}/0"
-    cmd = shlex.quote(engine_cmd or "CMD with {port}")
-    print(f"fleetgen run: other hosts join with (their engines and a worker each):\n"
-          f"  {envvars.REDIS_URL.name}={url} fleetgen node --run {run} --engine-cmd {cmd}\n"
-          f"or, for servers already running there, one worker each:\n"
-          f"  {envvars.REDIS_URL.name}={url} {envvars.ENGINE_URL.name}=http://SERVER:PORT "
-          f"celery -A workers worker -Q fleetgen -n gpuN@%h -P threads", flush=True)
+class _JoinLine:
+    """--listen: the line another host runs to join, once the Valkey is up (its password in
+    it: printed once, on the terminal that asked for --listen, as Flower's generated one):
+    `fleetgen node` with its engines, or a bare worker per server already running there."""
+
+    def __init__(self, listen: tuple[str, int], run: str, engine_cmd: str | None) -> None:
+        self.listen, self.run, self.engine_cmd = listen, run, engine_cmd
+
+    def start(self, run: RunHandle) -> None:
+        host, port = self.listen
+        reach = socket.gethostname() if host in ("0.0.0.0", "*") else host
+        url = f"redis://:{run.job.fleet.spec.redis_password}@{reach}:{port}/0"
+        cmd = shlex.quote(self.engine_cmd or "CMD with {port}")
+        print(f"fleetgen run: other hosts join with (their engines and a worker each):\n"
+              f"  {envvars.REDIS_URL.name}={url} fleetgen node --run {self.run} "
+              f"--engine-cmd {cmd}\n"
+              f"or, for servers already running there, one worker each:\n"
+              f"  {envvars.REDIS_URL.name}={url} {envvars.ENGINE_URL.name}=http://SERVER:PORT "
+              f"celery -A workers worker -Q fleetgen -n gpuN@%h -P threads", flush=True)
+
+    def stop(self, run: RunHandle) -> None:
+        pass

@@ -82,3 +82,11 @@ def _in_finalizer(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def shield_from_signals() -> None:
+    """From here on the command only writes what it has and stops what it started, each step
+    bounded (a worker gets half a second, then SIGKILL): neither another signal nor the
+    handler's grace timer may interrupt that half-way and leave processes behind."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)

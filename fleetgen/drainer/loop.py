@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +117,23 @@ class Drainer:
 
     # -- the loop -------------------------------------------------------------------------
     def run_until_complete(self, follow: bool = False,
-                           on_progress: Callable[[Drainer], None] | None = None,
                            should_stop: Callable[[], bool] = lambda: False) -> None:
+        for _ in self.ticks(follow, should_stop):
+            pass
+
+    def ticks(self, follow: bool = False,
+              should_stop: Callable[[], bool] = lambda: False) -> Iterator[bool]:
+        """Drains until the run is complete (or `should_stop`), yielding after each tick that
+        reached Redis (True at the last): the caller shows progress between two ticks. The
+        summary is written when the run ends or `should_stop` (a caller that leaves the loop
+        otherwise writes it itself)."""
         self._drain_pending()
         summary_due = time.monotonic() + SUMMARY_EVERY_S
         while not should_stop():
             finished = self._tick_riding_outages(follow, should_stop)
             if finished is None:
                 continue
-            if on_progress:
-                on_progress(self)
+            yield finished
             if finished:
                 break
             if follow and time.monotonic() >= summary_due:

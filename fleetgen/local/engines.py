@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,6 +257,7 @@ class EngineSet:
                  policy: EnginePolicy, log_dir: Path) -> None:
         self.policy = policy
         self._leases: list[PortLease] = [lease_port() for _ in groups]
+        self._say: Callable[[str], None] = print
         self.engines = [
             SupervisedEngine(f"engine{i}", gpus, lease.port, command, policy,
                              log_dir / f"engine{i}.log")
@@ -267,6 +268,7 @@ class EngineSet:
         return [e.url for e in self.engines]
 
     def start(self, say: Callable[[str], None], env: dict[str, str] | None = None) -> None:
+        self._say = say
         for engine in self.engines:
             engine.say, engine.env = say, dict(env or {})
             engine.start()
@@ -274,11 +276,10 @@ class EngineSet:
     def views(self) -> list[EngineView]:
         return [e.view() for e in self.engines]
 
-    def wait_settled(self, on_ready: Callable[[int], None],
-                     report: Callable[[list[EngineView]], None] | None = None,
-                     report_every_s: float = 30.0) -> list[int]:
-        """Until every engine is ready or has failed to start, `on_ready(i)` as each becomes
-        ready; the indexes of the ready ones. `report` every `report_every_s` meanwhile."""
+    def ready_as_they_come(self, report_every_s: float = 30.0) -> Iterator[int]:
+        """Until every engine is ready or has failed to start: the index of each as it becomes
+        ready (its worker can start at once, while slower ones load), and every
+        `report_every_s` meanwhile a line on where each one is."""
         seen: set[int] = set()
         due = time.monotonic() + report_every_s
         while True:
@@ -286,13 +287,13 @@ class EngineSet:
             for i, engine in enumerate(self.engines):
                 if i not in seen and engine.ever_ready:
                     seen.add(i)
-                    on_ready(i)
+                    yield i
             if all(e.ever_ready or v.phase in SETTLED
                    for e, v in zip(self.engines, views, strict=True)):
-                return sorted(seen)
-            if report is not None and time.monotonic() >= due:
+                return
+            if time.monotonic() >= due:
                 due = time.monotonic() + report_every_s
-                report(views)
+                self._say("engines: " + "; ".join(v.describe() for v in views))
             time.sleep(POLL_S)  # the poll period of the engines' own threads
 
     def note(self) -> str:

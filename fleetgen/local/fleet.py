@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import redis
+
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
 from fleetgen.engine.health import probe_url
@@ -125,14 +127,11 @@ class LocalFleet:
         # failed to start (no worker for them).
         self.engines: EngineSet | None = None
         self.skipped: set[int] = set()
-        self.say: Callable[[str], None] = print
-        self.check: Callable[[str], None] | None = None
 
-    def with_engines(self, engines: EngineSet, say: Callable[[str], None],
-                     check: Callable[[str], None] | None = None) -> LocalFleet:
-        """Start these engines too, a GPU's worker once its engine is ready and `check(url)`
-        (`fleetgen run`'s pre-flight) passed; their URLs are the fleet's engine URLs."""
-        self.engines, self.say, self.check = engines, say, check
+    def with_engines(self, engines: EngineSet) -> LocalFleet:
+        """Start these engines too, a GPU's worker once its engine is ready; their URLs are
+        the fleet's engine URLs."""
+        self.engines = engines
         self.engine_urls = engines.urls
         self.spec = replace(self.spec, gpus=len(self.engine_urls))
         return self
@@ -146,15 +145,21 @@ class LocalFleet:
             return self.engine_urls[gpu]
         return f"http://127.0.0.1:{self.sim_ports[gpu]}"
 
-    def start(self, timeout_s: float = 60.0,
-              before_workers: Callable[[str], object] | None = None) -> LocalFleet:
-        """`before_workers(redis_url)` runs once Redis is up and before any worker is."""
+    def start(self, timeout_s: float = 60.0, say: Callable[[str], None] = print) -> LocalFleet:
+        """Valkey, the servers (simulated, started or given) and their workers, in order:
+        for tests, benchmarks and `fleetgen node` (`fleetgen run` and the demo go through
+        the steps of fleetgen/cli/job.py)."""
         if self.spec.redis_url is None:
             self.valkey.start()
-        if before_workers is not None:
-            before_workers(self.redis_url)
         if self.engines is not None:
-            start_engines(self)
+            say(f"starting {len(self.engines.engines)} engine(s), logs in "
+                f"{self.engines.engines[0].log_path.parent}")
+            self.engines.start(say)
+            ready = []
+            for gpu in self.engines.ready_as_they_come():
+                self.start_gpu_workers(gpu)
+                ready.append(gpu)
+            self.engines_settled(ready)
         else:
             if not self.engine_urls:
                 self.start_sims(timeout_s)
@@ -168,6 +173,16 @@ class LocalFleet:
             self.start_worker(gpu)
         else:
             self.start_shared_workers(gpu)
+
+    def engines_settled(self, ready: list[int]) -> None:
+        """Every started engine is ready or has failed to start: the failed ones get no
+        worker. ConfigError (exit 3) when none started."""
+        assert self.engines is not None
+        self.skipped = set(range(self.spec.gpus)) - set(ready)
+        if not ready:
+            first = self.engines.engines[0]
+            raise ConfigError(f"no engine started ({first.name}: {first.error}); each one's "
+                              f"log is in {first.log_path.parent}")
 
     def serving_urls(self) -> list[str]:
         """The engine URLs the run's producer reads its limits from: all but failed ones."""
@@ -275,12 +290,12 @@ class LocalFleet:
         return [self.worker_name(g, i) for g in range(self.spec.gpus) if g not in self.skipped
                 for i in range(1, self.spec.processes_per_gpu + 1)]
 
-    def wait_workers_ready(self, timeout_s: float) -> None:
-        """A worker is ready once its health gate has published its heartbeat."""
-        import redis
-
-        client = redis.Redis.from_url(self.redis_url)
+    def wait_workers_ready(self, timeout_s: float, client: redis.Redis | None = None) -> None:
+        """A worker is ready once its health gate has published its heartbeat (read on the
+        run's client, when the caller has one)."""
         from fleetgen.base.contract import worker_key
+
+        client = client or redis.Redis.from_url(self.redis_url)
 
         def ready() -> bool:
             names = self.worker_names()
@@ -301,31 +316,6 @@ class LocalFleet:
 
 def tied(spec: FleetSpec, argv: list[str]) -> list[str]:
     return dying_with_parent(argv) if spec.workers_die_with_parent else argv
-
-
-def start_engines(fleet: LocalFleet) -> None:
-    """Every engine at once; a GPU's worker as soon as its engine is ready; back once each is
-    ready or has failed to start. ConfigError (exit 3) when none started."""
-    engines = fleet.engines
-    assert engines is not None
-    say = fleet.say
-    say(f"starting {len(engines.engines)} engine(s), logs in "
-        f"{engines.engines[0].log_path.parent}")
-    engines.start(say)
-
-    def on_ready(gpu: int) -> None:
-        if fleet.check is not None:
-            fleet.check(fleet.engine_urls[gpu])
-        fleet.start_gpu_workers(gpu)
-
-    ready = engines.wait_settled(
-        on_ready=on_ready,
-        report=lambda views: say("engines: " + "; ".join(v.describe() for v in views)))
-    fleet.skipped = set(range(fleet.spec.gpus)) - set(ready)
-    if not ready:
-        first = engines.engines[0]
-        raise ConfigError(f"no engine started ({first.name}: {first.error}); each one's "
-                          f"log is in {first.log_path.parent}")
 
 
 def _hostname() -> str:

@@ -72,13 +72,14 @@ def test_the_estimate_says_when_its_sample_is_the_whole_input() -> None:
 def test_an_interrupted_estimate_names_its_own_command_not_its_inner_out(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """After Ctrl-C the resume hint named the sample run's --out, which the user never typed."""
-    from fleetgen.cli.job import NodeJob, _say_how_it_ended
+    from fleetgen.cli.job import NodeJob
+    from fleetgen.cli.steps import say_interrupted
 
     inner = tmp_path / ".fleetgen-estimate" / "k" / "run"
     hint = f"run the same `fleetgen estimate` command (same --out {tmp_path}) to resume it"
-    job = NodeJob("run", None, None, inner, inner / "state", resumed=False,  # type: ignore
-                  resume_hint=hint)
-    _say_how_it_ended(job, {"run": "estimate-k"}, interrupted=True)
+    job = NodeJob("run", None, None, None, inner, inner / "state",  # type: ignore[arg-type]
+                  resumed=False, resume_hint=hint)
+    say_interrupted(job, "estimate-k")
     said = capsys.readouterr().out
     assert hint in said and str(inner) not in said
 

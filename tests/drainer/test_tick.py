@@ -38,7 +38,7 @@ def test_summary_counts_held_out_requests_and_rows() -> None:
     """`held out 63` for a 46-line holdout.jsonl: the tally counts the requests a line stands
     for and, beside them, the lines (rows); the terminal says both."""
     from fleetgen.base.contract import KIND_HOLDOUT
-    from fleetgen.cli.job import held_out
+    from fleetgen.cli.summary import held_out
     from fleetgen.drainer.store import Tally
 
     tally = Tally()

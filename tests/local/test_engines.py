@@ -66,7 +66,7 @@ def ready(engines: EngineSet) -> bool:
 def test_a_killed_engine_is_back_on_its_url_and_a_stop_leaves_nothing(
         started: tuple[EngineSet, Said], mark: dict[str, str]) -> None:
     engines, said = started
-    assert engines.wait_settled(on_ready=lambda i: None) == [0, 1]
+    assert sorted(engines.ready_as_they_come()) == [0, 1]
     assert len(marked(mark)) == 4  # two servers, two sleeps
     first = engines.views()[1]
     assert first.pid is not None and probe_url(first.url).ready
@@ -92,7 +92,7 @@ def test_a_killed_engine_is_back_on_its_url_and_a_stop_leaves_nothing(
 
 def test_a_hung_engine_is_killed_and_started_again(started: tuple[EngineSet, Said]) -> None:
     engines, said = started
-    engines.wait_settled(on_ready=lambda i: None)
+    list(engines.ready_as_they_come())
     hung = engines.views()[0]
     assert hung.pid is not None
     os.kill(hung.pid, signal.SIGSTOP)
@@ -126,7 +126,7 @@ def test_an_engine_that_exits_while_starting_is_named_with_its_log(
     said = Said()
     engines.start(said, env=mark)
     try:
-        assert engines.wait_settled(on_ready=lambda i: None) == []
+        assert list(engines.ready_as_they_come()) == []
         assert {v.phase for v in engines.views()} == {Phase.FAILED}
         line = next(s for s in said if s.startswith("engine0"))
         assert "engine0 failed to start: exited with code 3 while starting" in line
@@ -145,7 +145,7 @@ from fleetgen.local.engines import EngineSet
 engines = EngineSet(parse_engine_cmd(sys.argv[1]), [("0",), ("1",)], EnginePolicy(),
                     Path(sys.argv[2]))
 engines.start(print)
-engines.wait_settled(on_ready=lambda i: None)
+list(engines.ready_as_they_come())
 print("settled", flush=True)
 time.sleep(600)
 """
@@ -176,7 +176,7 @@ def test_an_engine_that_cannot_be_started_at_all_fails_and_is_settled(tmp_path: 
     said = Said()
     engines.start(said)
     try:
-        assert engines.wait_settled(on_ready=lambda i: None) == []
+        assert list(engines.ready_as_they_come()) == []
         assert engines.views()[0].phase is Phase.FAILED
         # Said by Popen (could not be started) or, through setpriv, by the log (exit 127).
         assert said[0].startswith("engine0 failed to start: ") and "/no/such/server" in said[0]

@@ -14,7 +14,7 @@ import redis
 
 from fleetgen.base.contract import RunKeys
 from fleetgen.base.outdir import DrainDir
-from producer.build import build_producer
+from producer.build import standalone_producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import QwenTokenizer
 
@@ -34,7 +34,7 @@ def test_the_wait_ends_only_once_the_drainer_has_written_every_recorded_outcome(
     out = tmp_path / "out"
     settings = ProducerSettings(input=prompts, run="w", redis_url=redis_url,
                                 context_length=4096, turns="all", out=out)
-    producer = build_producer(settings, tokenizer=built_tokenizer)
+    producer = standalone_producer(settings, tokenizer=built_tokenizer)
     producer.run()
     keys = RunKeys("w")
     # Turn 1 failed (its failure written: turn 2 held back, both slots settled), then a retry

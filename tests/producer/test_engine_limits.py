@@ -23,7 +23,7 @@ from fleetgen.cli.main import main
 from fleetgen.engine import PROTOCOLS
 from fleetgen.engine.api import ServerLimits
 from producer.budget import budget
-from producer.build import build_producer, grammar_cannot_wait, resolve_limits
+from producer.build import grammar_cannot_wait, resolve_limits, standalone_producer
 from producer.settings import ProducerSettings
 from tests.support.httpd import serving
 from tests.support.sim import StartSim
@@ -180,7 +180,7 @@ def test_a_prompt_at_the_servers_input_limit_is_rejected_before_sending(
                        + json.dumps({"id": "at_limit", "prompt": "x" * limit}) + "\n")
     s = ProducerSettings(input=prompts, run="at-limit", redis_url=redis_url, engine_url=(url,),
                          high_water=100, min_output_tokens=1)
-    report = build_producer(s, tokenizer=CharTokenizer()).run()
+    report = standalone_producer(s, tokenizer=CharTokenizer()).run()
     assert (report.enqueued, report.rejected) == (1, 1)
 
 

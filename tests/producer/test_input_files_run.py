@@ -15,7 +15,7 @@ from fleetgen.base.contract import QUEUE, RunKeys
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.outcomes import read_entry
 from fleetgen.base.wire import task_payload
-from producer.build import build_producer
+from producer.build import standalone_producer
 from producer.manifest import check_same_settings, files_difference
 from producer.settings import ProducerSettings
 
@@ -50,7 +50,7 @@ def settings(prompts: Path | str, redis_url: str, run: str = "files") -> Produce
 
 
 def produce(prompts: Path | str, redis_url: str, run: str = "files") -> None:
-    build_producer(settings(prompts, redis_url, run), tokenizer=CharTokenizer()).run()
+    standalone_producer(settings(prompts, redis_url, run), tokenizer=CharTokenizer()).run()
 
 
 def rejections(client: redis.Redis, run: str) -> dict[int, dict[str, object]]:
@@ -135,7 +135,7 @@ def test_the_recorded_size_is_the_inputs_before_the_pass_reads_it(redis_url: str
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "row {i}"}}\n' for i in range(8)))
     before = prompts.stat().st_size
-    producer = build_producer(ProducerSettings(input=prompts, run="grow", redis_url=redis_url,
+    producer = standalone_producer(ProducerSettings(input=prompts, run="grow", redis_url=redis_url,
                                                context_length=256, high_water=1000,
                                                batch_size=2), tokenizer=CharTokenizer())
 

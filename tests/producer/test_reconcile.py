@@ -13,7 +13,8 @@ from fleetgen.base.contract import QUEUE, RunKeys
 from fleetgen.base.wire import task_payload
 from producer.build import resolve_limits
 from producer.enqueue import Enqueuer
-from producer.run import Producer
+from producer.inputs import resolve_input
+from producer.run import Plan, Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import load_tokenizer
 from tests.support.waiting import wait_until
@@ -35,7 +36,8 @@ def test_lost_rows_are_enqueued_again_and_only_they(rclient: redis.Redis, redis_
     settings = ProducerSettings(input=prompts, run="rc", redis_url=redis_url,
                                 context_length=4096)
     producer = Producer(settings, load_tokenizer("qwen3.6"), rclient,
-                        Enqueuer(rclient, "rc"), resolve_limits(settings))
+                        Enqueuer(rclient, "rc"), resolve_limits(settings),
+                        Plan(resolve_input(prompts)))
     producer.run()
     assert queued_lines(rclient) == list(range(1, 41))
     # Rows 1-10 are "generated"; 11-15 vanish with a Redis crash; 16-40 stay queued.

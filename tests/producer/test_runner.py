@@ -9,6 +9,7 @@ from pathlib import Path
 import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys
+from producer.inputs import resolve_input
 from producer.runner import Resume, check_resume, produce
 from producer.settings import ProducerSettings
 
@@ -42,7 +43,7 @@ def test_a_run_resumes_or_not_as_its_state_says(tmp_path: Path, redis_url: str,
     prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "q {i}"}}\n' for i in range(3)))
     settings = ProducerSettings(input=prompts, run="resume", redis_url=redis_url,
                                 context_length=4096)
-    fresh = check_resume(settings)
+    fresh = check_resume(settings, resolve_input(settings.input), rclient)
     assert fresh == Resume(complete=False, size_bytes=prompts.stat().st_size)
     assert not fresh.nothing_to_do
 
@@ -55,7 +56,7 @@ def test_a_run_resumes_or_not_as_its_state_says(tmp_path: Path, redis_url: str,
 
     # Every row written (as a drainer would publish it): complete, nothing to do.
     rclient.hset(RunKeys("resume").written, mapping={"done": 3})
-    assert check_resume(settings).nothing_to_do
+    assert check_resume(settings, resolve_input(settings.input), rclient).nothing_to_do
     hooks = Recorder()
     assert produce(settings, hooks=hooks).read == 0
     assert [c[0] for c in hooks.calls] == ["resuming"]  # nothing built, no SIGTERM flag
@@ -64,7 +65,7 @@ def test_a_run_resumes_or_not_as_its_state_says(tmp_path: Path, redis_url: str,
     size = prompts.stat().st_size
     with prompts.open("a") as f:
         f.write('{"id": "r3", "prompt": "q 3"}\n')
-    grown = check_resume(settings)
+    grown = check_resume(settings, resolve_input(settings.input), rclient)
     assert grown.complete and grown.grown_from == size and not grown.nothing_to_do
     assert produce(settings).read == 4
 
@@ -88,7 +89,7 @@ def test_a_resume_with_other_settings_is_refused_before_anything_starts(
     queued = rclient.llen(QUEUE)
     capped = dataclasses.replace(settings, max_output_tokens=100, new_run="use another --out")
     with pytest.raises(ConfigError) as refused:
-        check_resume(capped)
+        check_resume(capped, resolve_input(capped.input), rclient)
     assert str(refused.value) == (
         "run 'pinned' was started with --max-output-tokens unset (the default), now 100; "
         "resume it with the same settings, or use another --out")
@@ -96,5 +97,5 @@ def test_a_resume_with_other_settings_is_refused_before_anything_starts(
     other = dataclasses.replace(settings, chat_template_kwargs={"enable_thinking": False})
     with pytest.raises(ConfigError, match=r"--chat-template-kwargs \{\}, now "
                        r'\{"enable_thinking":false\}; .* or use a new --run name$'):
-        check_resume(other)
-    check_resume(settings)  # the same settings resume
+        check_resume(other, resolve_input(other.input), rclient)
+    check_resume(settings, resolve_input(settings.input), rclient)  # the same settings resume

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from fleetgen.base.contract import QUEUE, RunKeys, slot_of
-from producer.build import build_producer
+from producer.build import standalone_producer
 from producer.request import Request, RequestOptions, opens_reasoning, sample_seed
 from producer.rows import Row
 from producer.settings import ProducerSettings
@@ -50,7 +50,7 @@ def settings(tmp_path: Path, redis_url: str, run: str, **kw: Any) -> ProducerSet
 def test_n_samples_are_requests_with_slots_in_input_order(
         tmp_path: Path, redis_url: str, rclient: redis.Redis) -> None:
     s = settings(tmp_path, redis_url, "samples", n=3, sampling={"temperature": 0.7, "seed": 5})
-    producer = build_producer(s, tokenizer=tokenizer())
+    producer = standalone_producer(s, tokenizer=tokenizer())
     producer.run()
     payloads = queued(rclient)
     # 3 good rows x 3 samples; the bad line and the too-long row are 3 rejections each.
@@ -70,7 +70,7 @@ def test_n_samples_are_requests_with_slots_in_input_order(
     assert rclient.bitcount(keys.sent) == 15
     assert rclient.bitcount(keys.done) == 6  # the rejections are outcomes already
     # A resume sends nothing twice: every slot is queued or done.
-    again = build_producer(s, tokenizer=tokenizer())
+    again = standalone_producer(s, tokenizer=tokenizer())
     progress = again.run()
     assert progress.enqueued == 0 and progress.rejected == 0 and progress.skipped == 15
     assert rclient.llen(QUEUE) == 9
@@ -78,7 +78,7 @@ def test_n_samples_are_requests_with_slots_in_input_order(
 
 def test_one_sample_keeps_the_line_as_its_slot(tmp_path: Path, redis_url: str,
                                                rclient: redis.Redis) -> None:
-    producer = build_producer(settings(tmp_path, redis_url, "single"), tokenizer=tokenizer())
+    producer = standalone_producer(settings(tmp_path, redis_url, "single"), tokenizer=tokenizer())
     producer.run()
     payloads = queued(rclient)
     assert [p["line"] for p in payloads] == [1, 2, 5]
@@ -113,7 +113,7 @@ def test_row_options_override_the_run_and_the_budget_caps_them(tmp_path: Path) -
 
 def test_pipeline_caps_a_rows_max_tokens_by_the_budget(tmp_path: Path, redis_url: str,
                                                       rclient: redis.Redis) -> None:
-    producer = build_producer(settings(tmp_path, redis_url, "cap"), tokenizer=tokenizer())
+    producer = standalone_producer(settings(tmp_path, redis_url, "cap"), tokenizer=tokenizer())
     big, small = row(max_tokens=10_000), row(max_tokens=3)
     batch = producer.prompts.batch()
     batch.add(big, [Request(4, None, 4)])

@@ -15,7 +15,7 @@ import orjson
 
 from fleetgen.base.contract import request_key
 from fleetgen.base.redisconn import connect
-from fleetgen.cli.job import Beside
+from fleetgen.cli.beside import Beside
 from fleetgen.drainer import Drainer
 from fleetgen.local.fleet import LocalFleet
 from producer.progress import Progress
@@ -102,8 +102,9 @@ def drain_until_complete(redis_url: str, run: str, out: Path, timeout_s: float =
     drainer.recover()
     deadline = time.monotonic() + timeout_s
     try:
-        drainer.run_until_complete(on_progress=check,
-                                   should_stop=lambda: time.monotonic() > deadline)
+        for _ in drainer.ticks(should_stop=lambda: time.monotonic() > deadline):
+            if check is not None:
+                check(drainer)
     finally:
         drainer.close()
     return drainer
