@@ -15,7 +15,7 @@ from fleetgen.base.errors import EngineError
 from fleetgen.base.outcomes import Generation
 from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import Watch
-from workers.generate import RetryPolicy
+from fleetgen.engine.verdict import RetryPolicy
 from workers.pacing import Pace
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink

@@ -14,10 +14,10 @@ import pytest
 
 from fleetgen.base.contract import TaskPayload
 from fleetgen.engine.sglang import SGLangClient, generate_body
+from fleetgen.engine.verdict import RetryPolicy
 from tests.support.httpd import serving
 from workers.generate import (
     Pacing,
-    RetryPolicy,
     generate_one,
     generate_options,
     request_id,
