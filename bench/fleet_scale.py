@@ -112,7 +112,7 @@ class Worker:
         return messages
 
     def finish(self, message: Any, engine: InstantEngine) -> None:
-        from fleetgen.engine.verdict import RetryPolicy
+        from fleetgen.engine.decision import RetryPolicy
         from workers.generate import generate_one
 
         data = task_payload(message._raw)

@@ -224,7 +224,7 @@ class WireWorker:
     async def answer(self, tag: bytes, payload: dict[str, Any], engine: Any) -> str:
         """The row: is_done's pipeline, the real `generate_one` (outcome built, not sent), the
         outcome's script, the ack."""
-        from fleetgen.engine.verdict import RetryPolicy
+        from fleetgen.engine.decision import RetryPolicy
         from workers.generate import generate_one
 
         keys = RunKeys(payload["run"])

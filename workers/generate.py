@@ -1,5 +1,5 @@
-"""One prompt, start to finish: call the engine, act on each error's verdict
-(fleetgen/engine/verdict.py) and do its waiting, then emit exactly one outcome."""
+"""One prompt, start to finish: call the engine, act on each error's decision
+(fleetgen/engine/decision.py) and do its waiting, then emit exactly one outcome."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_
 from fleetgen.base.errors import EngineGone
 from fleetgen.base.outcomes import Generation, failure_record, quality_counts, result_record
 from fleetgen.engine import Engine, GenerateOptions
-from fleetgen.engine.verdict import Action, Attempt, RetryPolicy, Verdict, asks_server, decide
+from fleetgen.engine.decision import Action, Attempt, Decision, RetryPolicy, asks_server, decide
 from workers.sink import RunPurged, Sink
 from workers.state import state
 
@@ -77,34 +77,34 @@ def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retr
                                   options=options)
             check_token_ids(gen, options)
         except errors.EngineError as exc:
-            verdict = _verdict(exc, attempt, policy, engine, pacing, rng)
-            attempt = verdict.attempt
-            if _again(verdict, payload["id"], pacing):
+            decision = _decide(exc, attempt, policy, engine, pacing, rng)
+            attempt = decision.attempt
+            if _again(decision, payload["id"], pacing):
                 continue
             return _emit_failure(payload, exc, attempt, sink, worker)
         return _emit_result(payload, gen, attempt, sink, worker)
 
 
-def _verdict(exc: errors.EngineError, attempt: Attempt, policy: RetryPolicy, engine: Engine,
-             pacing: Pacing, rng: random.Random) -> Verdict:
-    """The verdict on `exc`, with the one fact it needs from outside: whether the server is
-    up, probed (which may wait up to policy.gone_s) only when the verdict depends on it."""
+def _decide(exc: errors.EngineError, attempt: Attempt, policy: RetryPolicy, engine: Engine,
+            pacing: Pacing, rng: random.Random) -> Decision:
+    """The decision on `exc`, with the one fact it needs from outside: whether the server is
+    up, probed (which may wait up to policy.gone_s) only when the decision depends on it."""
     up = _engine_back(engine, policy, pacing.sleep) if asks_server(exc) else True
     return decide(exc, attempt, policy, engine.rule, server_up=up, jitter=rng.random())
 
 
-def _again(verdict: Verdict, row_id: str, pacing: Pacing) -> bool:
-    """Carry out a verdict's waiting: True to call the engine again, False to write the
+def _again(decision: Decision, row_id: str, pacing: Pacing) -> bool:
+    """Carry out a decision's waiting: True to call the engine again, False to write the
     failure; EngineGone to hand the prompt back (the Celery task requeues it)."""
-    if verdict.action is Action.HAND_BACK:
-        raise EngineGone(verdict.reason)
-    if verdict.action is Action.CORRECT:
-        log.info("id=%s %s, correcting once", row_id, verdict.reason)
+    if decision.action is Action.HAND_BACK:
+        raise EngineGone(decision.reason)
+    if decision.action is Action.CORRECT:
+        log.info("id=%s %s, correcting once", row_id, decision.reason)
         return True
-    if verdict.action is Action.RETRY:
-        log.info("id=%s attempt %d failed (%s), retrying", row_id, verdict.attempt.attempts,
-                 verdict.reason)
-        pacing.sleep(verdict.delay_s)
+    if decision.action is Action.RETRY:
+        log.info("id=%s attempt %d failed (%s), retrying", row_id, decision.attempt.attempts,
+                 decision.reason)
+        pacing.sleep(decision.delay_s)
         return True
     return False
 

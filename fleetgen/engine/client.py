@@ -13,9 +13,9 @@ import orjson
 from fleetgen.base import errors
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, GenerateOptions, LengthRule
+from fleetgen.engine.decision import from_transport, not_json
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import ThreadPosts, auth_headers, response_json
-from fleetgen.engine.verdict import from_transport, not_json
 
 # A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
 PROBE_TIMEOUT_S = 2.0

@@ -1,5 +1,5 @@
 """HTTP at the engine boundary: the error bodies read, the clients made, the generation POSTs
-sent. What a status or an httpx exception means is fleetgen/engine/verdict.py's table, for every
+sent. What a status or an httpx exception means is fleetgen/engine/decision.py's table, for every
 protocol (engines differ in what their 400s mean, not in how a timeout looks)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
-from fleetgen.engine.verdict import from_status, from_transport, not_json
+from fleetgen.engine.decision import from_status, from_transport, not_json
 
 # The header of a body serialized with orjson (`content=`), as httpx's `json=` would set it.
 JSON_HEADERS = {"Content-Type": "application/json"}

@@ -18,6 +18,7 @@ from fleetgen.base.outcomes import Generation
 from fleetgen.base.reasoning import THINK_END, THINK_START
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
+from fleetgen.engine.decision import from_status
 from fleetgen.engine.http import (
     error_message,
     get_json,
@@ -35,7 +36,6 @@ from fleetgen.engine.speculation import (
     parse_vllm_spec,
     reports_per_request,
 )
-from fleetgen.engine.verdict import from_status
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"

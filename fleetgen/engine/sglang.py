@@ -16,6 +16,7 @@ from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
+from fleetgen.engine.decision import from_status
 from fleetgen.engine.http import (
     error_message,
     get_json,
@@ -23,7 +24,6 @@ from fleetgen.engine.http import (
     server_client,
 )
 from fleetgen.engine.preflight import combine
-from fleetgen.engine.verdict import from_status
 
 # schedule_batch.py FINISH_MATCHED_TOKEN / FINISH_MATCHED_STR / FINISHED_MATCHED_REGEX report
 # "stop", FINISH_LENGTH "length": the only finishes that are whole answers.

@@ -31,9 +31,9 @@ import httpx
 
 from fleetgen.base import errors
 from fleetgen.engine.api import ServerLimits
+from fleetgen.engine.decision import from_status, from_transport, not_json
 from fleetgen.engine.http import error_message, server_client
 from fleetgen.engine.preflight import Check
-from fleetgen.engine.verdict import from_status, from_transport, not_json
 
 Messages = Sequence[Mapping[str, Any]]
 # Tokens shown on each side from the first difference on.

@@ -14,7 +14,7 @@ import pytest
 
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
-from fleetgen.engine.verdict import RetryPolicy
+from fleetgen.engine.decision import RetryPolicy
 from fleetgen.simulator import cli as sim_cli
 from workers.settings import ENV, WorkerSettings
 

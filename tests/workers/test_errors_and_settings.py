@@ -10,9 +10,9 @@ import pytest
 
 from fleetgen.base import errors
 from fleetgen.base.errors import ConfigError
-from fleetgen.engine import verdict
+from fleetgen.engine import decision
+from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.sglang import RULE, from_response
-from fleetgen.engine.verdict import RetryPolicy
 from workers.settings import WorkerSettings
 
 REQUESTED = ("Requested token count exceeds the model's maximum context length of 8192 tokens. "
@@ -63,11 +63,11 @@ def test_status_codes_map_to_the_error_classes(status: int, kind: type) -> None:
 
 def test_transport_errors() -> None:
     req = httpx.Request("POST", "http://x/generate")
-    assert isinstance(verdict.from_transport(httpx.ConnectError("refused", request=req)),
+    assert isinstance(decision.from_transport(httpx.ConnectError("refused", request=req)),
                       errors.EngineUnreachable)
-    assert isinstance(verdict.from_transport(httpx.ReadTimeout("slow", request=req)),
+    assert isinstance(decision.from_transport(httpx.ReadTimeout("slow", request=req)),
                       errors.RetryableError)
-    assert isinstance(verdict.from_transport(httpx.RemoteProtocolError("eof", request=req)),
+    assert isinstance(decision.from_transport(httpx.RemoteProtocolError("eof", request=req)),
                       errors.RetryableError)
 
 

@@ -1,6 +1,6 @@
 """generate_one against a real HTTP server that aborts every request: each attempt gets a rid
 of its own, and past the attempt limit the row is a failure carrying the server's abort
-message, never a result. And the task's side of each verdict against a scripted engine: what
+message, never a result. And the task's side of each decision against a scripted engine: what
 it sends again, how long it waits, when it probes the server."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from fleetgen.base.contract import TaskPayload
 from fleetgen.base.errors import EngineGone
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, GenerateOptions
+from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.openai import ContextRule
 from fleetgen.engine.sglang import SGLangClient, generate_body
-from fleetgen.engine.verdict import RetryPolicy
 from tests.support.httpd import serving
 from workers.generate import (
     PROBE_EVERY_S,

@@ -1,5 +1,5 @@
-"""The one retry decision (fleetgen/engine/verdict.py), as plain functions: every row of its
-table, and every verdict `decide` can give, with the attempt it hands back."""
+"""The one retry decision (fleetgen/engine/decision.py), as plain functions: every row of its
+table, and every decision `decide` can give, with the attempt it hands back."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from fleetgen.base import errors
-from fleetgen.engine import verdict
+from fleetgen.engine import decision
+from fleetgen.engine.decision import Action, Attempt, Kind, RetryPolicy, decide
 from fleetgen.engine.openai import ContextRule
-from fleetgen.engine.verdict import Action, Attempt, Kind, RetryPolicy, decide
 
 POLICY = RetryPolicy(max_attempts=3, base_s=1.0, cap_s=8.0, gone_s=60.0)
 RULE = ContextRule("vllm")  # room = context - prompt, corrected only below the sent budget
@@ -24,7 +24,7 @@ REQUEST = httpx.Request("POST", "http://engine/generate")
     (422, errors.PermanentError), (501, errors.PermanentError), (505, errors.PermanentError),
 ])
 def test_each_status_is_one_error_class(status: int, error: type) -> None:
-    err = verdict.from_status(status, "why")
+    err = decision.from_status(status, "why")
     assert type(err) is error
     assert (err.status, err.message) == (status, "why")
 
@@ -46,16 +46,16 @@ def test_each_status_is_one_error_class(status: int, error: type) -> None:
 ])
 def test_each_transport_error_is_one_error_class(exc: httpx.HTTPError, error: type,
                                                  message: str) -> None:
-    err = verdict.from_transport(exc)
+    err = decision.from_transport(exc)
     assert type(err) is error
     assert (err.message, err.status) == (message, None)
 
 
 def test_a_200_that_is_not_json_is_transient() -> None:
-    err = verdict.not_json("/generate", ValueError("Expecting value"))
+    err = decision.not_json("/generate", ValueError("Expecting value"))
     assert type(err) is errors.RetryableError and err.status == 200
     assert err.message == "/generate sent invalid JSON: Expecting value"
-    assert verdict.kind_of(err) is Kind.TRANSIENT
+    assert decision.kind_of(err) is Kind.TRANSIENT
 
 
 @pytest.mark.parametrize(("error", "kind"), [
@@ -69,8 +69,8 @@ def test_a_200_that_is_not_json_is_transient() -> None:
     (errors.EngineError("?"), Kind.REFUSED),
 ])
 def test_each_error_class_is_one_kind(error: errors.EngineError, kind: Kind) -> None:
-    assert verdict.kind_of(error) is kind
-    assert verdict.asks_server(error) is (kind is Kind.TRANSIENT)
+    assert decision.kind_of(error) is kind
+    assert decision.asks_server(error) is (kind is Kind.TRANSIENT)
 
 
 def test_a_subclass_without_a_row_takes_its_nearest_ancestors_kind() -> None:
@@ -80,8 +80,8 @@ def test_a_subclass_without_a_row_takes_its_nearest_ancestors_kind() -> None:
     class Tight(errors.ContextLengthError):
         pass
 
-    assert verdict.kind_of(Busy("b")) is Kind.TRANSIENT
-    assert verdict.kind_of(Tight("t", 400, 1, 2)) is Kind.BUDGET
+    assert decision.kind_of(Busy("b")) is Kind.TRANSIENT
+    assert decision.kind_of(Tight("t", 400, 1, 2)) is Kind.BUDGET
 
 
 # -- decide ---------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_a_context_length_400_no_budget_can_fix_fails(prompt: int, context: int 
 
 def test_a_context_length_400_never_asks_about_the_server() -> None:
     err = errors.ContextLengthError("too long", 400, 4000, 4096)
-    assert not verdict.asks_server(err)
+    assert not decision.asks_server(err)
     assert decide(err, Attempt(200, 1), POLICY, RULE, server_up=False).action is Action.CORRECT
 
 

@@ -1,10 +1,10 @@
 """What an engine's answer means and what a worker does about it, decided once: one table from
 HTTP status and error class to kind, and one pure function from an error and an attempt to a
-verdict (retry, correct, fail or hand back); the waiting is the task's.
+decision (retry, correct, fail or hand back); the waiting is the task's.
 
 It sits at the engine boundary, beside the clients that raise these errors, because the clients
 translate every status and transport error through the same table (as httpx's `_exceptions.py`
-maps httpcore's once); the worker's task (workers/generate.py) acts on the verdict. It imports
+maps httpcore's once); the worker's task (workers/generate.py) acts on the decision. It imports
 only the base and httpx, so both the engine floor and the worker use it.
 """
 
@@ -82,7 +82,7 @@ def not_json(what: str, exc: ValueError) -> errors.EngineError:
     return errors.RetryableError(f"{what} sent invalid JSON: {exc}", 200)
 
 
-# -- the policy and the verdict ---------------------------------------------------------------
+# -- the policy and the decision ---------------------------------------------------------------
 class _PolicySettings(Protocol):
     """The worker's settings the policy reads (workers/settings.py), without importing them:
     the engine floor imports only the base."""
@@ -138,7 +138,7 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Decision:
     action: Action
     attempt: Attempt  # the prompt's attempts with this error counted
     reason: str  # for the task's log line
@@ -146,13 +146,13 @@ class Verdict:
 
 
 def asks_server(error: errors.EngineError) -> bool:
-    """Whether the verdict on `error` depends on the server being up: only a transient error
+    """Whether the decision on `error` depends on the server being up: only a transient error
     may come from a server that is gone, and only then is a health probe worth its wait."""
     return kind_of(error) is Kind.TRANSIENT
 
 
 def decide(error: errors.EngineError, attempt: Attempt, policy: RetryPolicy,
-           rule: LengthRule, *, server_up: bool = True, jitter: float = 1.0) -> Verdict:
+           rule: LengthRule, *, server_up: bool = True, jitter: float = 1.0) -> Decision:
     """What to do after `attempt.attempts` calls, the last of which raised `error`.
 
     `server_up`: whether the server answered its health probe within `policy.gone_s` (the
@@ -162,24 +162,24 @@ def decide(error: errors.EngineError, attempt: Attempt, policy: RetryPolicy,
     if kind is Kind.BUDGET and isinstance(error, errors.ContextLengthError):
         return _correct(error, attempt, rule)
     if kind is not Kind.TRANSIENT:
-        return Verdict(Action.FAIL, attempt, error.message)
+        return Decision(Action.FAIL, attempt, error.message)
     # A transient error from a server that stays refused or not ready past gone_s is a server
     # that is gone (down, dead): another GPU gets the prompt instead of its retries burning
     # here, even on the last attempt. An abort or a 503 from a server that is up is retried.
     if not server_up:
-        return Verdict(Action.HAND_BACK, attempt, error.message)
+        return Decision(Action.HAND_BACK, attempt, error.message)
     attempt = replace(attempt, retries=attempt.retries + 1)
     if attempt.attempts >= policy.max_attempts:
-        return Verdict(Action.FAIL, attempt, error.message)
-    return Verdict(Action.RETRY, attempt, error.message,
-                   policy.backoff_s(attempt.retries, jitter))
+        return Decision(Action.FAIL, attempt, error.message)
+    return Decision(Action.RETRY, attempt, error.message,
+                    policy.backoff_s(attempt.retries, jitter))
 
 
-def _correct(error: errors.ContextLengthError, attempt: Attempt, rule: LengthRule) -> Verdict:
+def _correct(error: errors.ContextLengthError, attempt: Attempt, rule: LengthRule) -> Decision:
     """A context-length 400 is possible only when the server's tokenizer counts differently
     from ours: resend once with the budget the server's own counts allow, if any does."""
     fixed = None if attempt.corrected else rule.correction(error, attempt.max_tokens)
     if fixed is None:
-        return Verdict(Action.FAIL, attempt, error.message)
-    return Verdict(Action.CORRECT, replace(attempt, max_tokens=fixed, corrected=True),
+        return Decision(Action.FAIL, attempt, error.message)
+    return Decision(Action.CORRECT, replace(attempt, max_tokens=fixed, corrected=True),
                    f"context-length 400, max_tokens {attempt.max_tokens} -> {fixed}")
