@@ -66,7 +66,8 @@ class InstantEngine:
 
 def consumer(url: str, name: str, words: int) -> None:
     """One lightweight worker: kombu's Redis traffic per task, the worker's own outcome path."""
-    from workers.generate import RetryPolicy, generate_one
+    from fleetgen.engine.decision import RetryPolicy
+    from workers.generate import generate_one
     from workers.sink import StreamSink
 
     client = connect(url)

@@ -112,7 +112,8 @@ class Worker:
         return messages
 
     def finish(self, message: Any, engine: InstantEngine) -> None:
-        from workers.generate import RetryPolicy, generate_one
+        from fleetgen.engine.decision import RetryPolicy
+        from workers.generate import generate_one
 
         data = task_payload(message._raw)
         assert data is not None

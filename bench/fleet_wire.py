@@ -224,7 +224,8 @@ class WireWorker:
     async def answer(self, tag: bytes, payload: dict[str, Any], engine: Any) -> str:
         """The row: is_done's pipeline, the real `generate_one` (outcome built, not sent), the
         outcome's script, the ack."""
-        from workers.generate import RetryPolicy, generate_one
+        from fleetgen.engine.decision import RetryPolicy
+        from workers.generate import generate_one
 
         keys = RunKeys(payload["run"])
         done, _known = await self.wire.call(("GETBIT", keys.done, payload["line"]),

@@ -1,4 +1,5 @@
-"""One prompt, start to finish: call the engine with retries, then emit exactly one outcome."""
+"""One prompt, start to finish: call the engine, act on each error's decision
+(fleetgen/engine/decision.py) and do its waiting, then emit exactly one outcome."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ from uuid import uuid4
 
 from fleetgen.base import errors
 from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
-from fleetgen.base.envvars import BACKOFF_BASE_S, BACKOFF_CAP_S, ENGINE_GONE_S, MAX_ATTEMPTS
 from fleetgen.base.errors import EngineGone
 from fleetgen.base.outcomes import Generation, failure_record, quality_counts, result_record
 from fleetgen.engine import Engine, GenerateOptions
-from workers.settings import WorkerSettings
+from fleetgen.engine.decision import Action, Attempt, Decision, RetryPolicy, asks_server, decide
 from workers.sink import RunPurged, Sink
 from workers.state import state
 
@@ -27,40 +27,16 @@ PROBE_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = MAX_ATTEMPTS.default
-    base_s: float = BACKOFF_BASE_S.default
-    cap_s: float = BACKOFF_CAP_S.default
-    gone_s: float = ENGINE_GONE_S.default  # an engine down this long is gone: hand it back
-
-    @classmethod
-    def of(cls, s: WorkerSettings) -> RetryPolicy:
-        return cls(s.max_attempts, s.backoff_base_s, s.backoff_cap_s, s.engine_gone_s)
-
-    def backoff_s(self, attempt: int, rng: random.Random) -> float:
-        """Exponential backoff with full jitter, so retries from 128 threads don't align."""
-        return rng.uniform(0, min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
-
-
-@dataclass(frozen=True)
 class Pacing:
-    """How the retry loop waits: the sleep between attempts and the jitter's random source.
-    Real time and a fresh source per prompt unless a test gives its own, so that retries take
-    no time and draw the same jitter every run."""
+    """How the task waits: the sleep before a retry and between health probes, and the
+    jitter's random source. Real time and a fresh source per prompt unless a test gives its
+    own, so that retries take no time and draw the same jitter every run."""
 
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random | None = None
 
 
 REAL_TIME = Pacing()
-
-
-@dataclass
-class Attempt:
-    max_tokens: int
-    attempts: int = 0
-    corrected: bool = False
-    retries: int = 0
 
 
 def generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: RetryPolicy, *,
@@ -94,18 +70,43 @@ def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retr
     attempt = Attempt(payload["max_tokens"])
     options = generate_options(payload)
     while True:
-        attempt.attempts += 1
+        attempt = attempt.called()
         try:
             gen = engine.generate(payload["input_ids"], attempt.max_tokens,
                                   dict(payload["sampling"]), rid=request_id(run, slot),
                                   options=options)
             check_token_ids(gen, options)
         except errors.EngineError as exc:
-            if _should_retry(exc, attempt, policy, engine, payload["id"], pacing.sleep):
-                pacing.sleep(policy.backoff_s(attempt.retries, rng))
+            decision = _decide(exc, attempt, policy, engine, pacing, rng)
+            attempt = decision.attempt
+            if _again(decision, payload["id"], pacing):
                 continue
             return _emit_failure(payload, exc, attempt, sink, worker)
         return _emit_result(payload, gen, attempt, sink, worker)
+
+
+def _decide(exc: errors.EngineError, attempt: Attempt, policy: RetryPolicy, engine: Engine,
+            pacing: Pacing, rng: random.Random) -> Decision:
+    """The decision on `exc`, with the one fact it needs from outside: whether the server is
+    up, probed (which may wait up to policy.gone_s) only when the decision depends on it."""
+    up = _engine_back(engine, policy, pacing.sleep) if asks_server(exc) else True
+    return decide(exc, attempt, policy, engine.rule, server_up=up, jitter=rng.random())
+
+
+def _again(decision: Decision, row_id: str, pacing: Pacing) -> bool:
+    """Carry out a decision's waiting: True to call the engine again, False to write the
+    failure; EngineGone to hand the prompt back (the Celery task requeues it)."""
+    if decision.action is Action.HAND_BACK:
+        raise EngineGone(decision.reason)
+    if decision.action is Action.CORRECT:
+        log.info("id=%s %s, correcting once", row_id, decision.reason)
+        return True
+    if decision.action is Action.RETRY:
+        log.info("id=%s attempt %d failed (%s), retrying", row_id, decision.attempt.attempts,
+                 decision.reason)
+        pacing.sleep(decision.delay_s)
+        return True
+    return False
 
 
 def generate_options(payload: TaskPayload) -> GenerateOptions:
@@ -147,30 +148,6 @@ def request_id(run: str, slot: int) -> str:
     while its first delivery runs; aborts match rids by prefix (`Scheduler.abort_request`:
     `rid.startswith`), so the suffix has a fixed length: no rid is a prefix of another."""
     return f"{run}:{slot}:{uuid4().hex}"
-
-
-def _should_retry(exc: errors.EngineError, attempt: Attempt, policy: RetryPolicy,
-                  engine: Engine, row_id: str, sleep: Callable[[float], None]) -> bool:
-    if isinstance(exc, errors.ContextLengthError):
-        fixed = None if attempt.corrected else engine.rule.correction(exc, attempt.max_tokens)
-        if fixed is None:
-            return False
-        log.info("id=%s context-length 400, retrying once with max_tokens %d -> %d",
-                 row_id, attempt.max_tokens, fixed)
-        attempt.max_tokens, attempt.corrected = fixed, True
-        return True
-    if not isinstance(exc, errors.RetryableError):
-        return False
-    # A retryable error from a server that stays refused or not ready past policy.gone_s is
-    # a server that is gone (down, dead): hand the prompt to another GPU instead of burning
-    # its retries here. An abort or a 503 from a server that is up is just retried.
-    if not _engine_back(engine, policy, sleep):
-        raise EngineGone(str(exc))
-    attempt.retries += 1
-    if attempt.attempts >= policy.max_attempts:
-        return False
-    log.info("id=%s attempt %d failed (%s), retrying", row_id, attempt.attempts, exc.message)
-    return True
 
 
 def _engine_back(engine: Engine, policy: RetryPolicy, sleep: Callable[[float], None]) -> bool:

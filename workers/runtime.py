@@ -14,8 +14,8 @@ from fleetgen import engine
 from fleetgen.base.errors import EngineError
 from fleetgen.base.outcomes import Generation
 from fleetgen.base.redisconn import connect
+from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.health import Watch
-from workers.generate import RetryPolicy
 from workers.pacing import Pace
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink

@@ -1,9 +1,10 @@
 """Every error fleetgen raises on purpose, in one hierarchy, split by what to do about it.
 
 A user mistake (ConfigError, InputError, TokenizerError) is one line and exit code 3; a bad row
-(ContentError) is a rejection and the run goes on; an engine error is retried, recorded as a
-failure, or (EngineGone) hands the prompt back to the queue. Engines translate their HTTP
-answers into these classes in one place each (`fleetgen.engine`).
+(ContentError) is a rejection and the run goes on; an engine error is retried, corrected,
+recorded as a failure, or (EngineGone) hands the prompt back to the queue. Which class an HTTP
+status or httpx exception is, and what a worker does about each class, is one table
+(`fleetgen/engine/decision.py`); engines refine only what their own 400s mean.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class RetryableError(EngineError):
 
 
 class EngineUnreachable(RetryableError):
-    """No connection at all: the server is gone, so stop consuming rather than burn retries."""
+    """No connection at all: to the CLI, a server not there (exit code 4); to a worker, a
+    transient error until the server stays refused past FLEETGEN_ENGINE_GONE_S (then the
+    prompt is handed back)."""
 
     kind = "unreachable"
 

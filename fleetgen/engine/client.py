@@ -13,8 +13,9 @@ import orjson
 from fleetgen.base import errors
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, GenerateOptions, LengthRule
+from fleetgen.engine.decision import from_transport, not_json
 from fleetgen.engine.health import Prober
-from fleetgen.engine.http import ThreadPosts, auth_headers, from_transport, response_json
+from fleetgen.engine.http import ThreadPosts, auth_headers, response_json
 
 # A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
 PROBE_TIMEOUT_S = 2.0
@@ -80,4 +81,4 @@ class EngineClient(abc.ABC):
         try:
             return response_json(response)
         except ValueError as exc:
-            raise errors.RetryableError(f"engine sent invalid JSON: {exc}", 200) from exc
+            raise not_json("engine", exc) from exc

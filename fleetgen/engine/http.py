@@ -1,4 +1,5 @@
-"""HTTP at the engine boundary: httpx exceptions and error bodies translated once, for every
+"""HTTP at the engine boundary: the error bodies read, the clients made, the generation POSTs
+sent. What a status or an httpx exception means is fleetgen/engine/decision.py's table, for every
 protocol (engines differ in what their 400s mean, not in how a timeout looks)."""
 
 from __future__ import annotations
@@ -9,22 +10,12 @@ from typing import Any
 import httpx
 import orjson
 
-from fleetgen.base import errors
+from fleetgen.engine.decision import from_status, from_transport, not_json
 
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # The header of a body serialized with orjson (`content=`), as httpx's `json=` would set it.
 JSON_HEADERS = {"Content-Type": "application/json"}
 # httpx's own default timeout, for a client whose calls each say their own.
 HTTPX_TIMEOUT_S = 5.0
-
-
-def from_transport(exc: httpx.HTTPError) -> errors.EngineError:
-    """Translate an httpx exception raised before any response arrived."""
-    if isinstance(exc, httpx.ConnectError):
-        return errors.EngineUnreachable(f"cannot connect to engine: {exc}")
-    if isinstance(exc, httpx.TimeoutException):
-        return errors.RetryableError(f"engine timed out: {type(exc).__name__}")
-    return errors.RetryableError(f"engine connection failed: {type(exc).__name__}: {exc}")
 
 
 def error_message(response: httpx.Response) -> str:
@@ -84,14 +75,12 @@ def get_json(http: httpx.Client, path: str) -> Any:
         response = http.get(path)
     except httpx.HTTPError as exc:
         raise from_transport(exc) from exc
-    if response.status_code in RETRYABLE_STATUSES:
-        raise errors.RetryableError(error_message(response), response.status_code)
     if response.status_code != 200:
-        raise errors.PermanentError(error_message(response), response.status_code)
+        raise from_status(response.status_code, error_message(response))
     try:
         return response.json()
     except ValueError as exc:
-        raise errors.RetryableError(f"{path} sent invalid JSON: {exc}", 200) from exc
+        raise not_json(path, exc) from exc
 
 
 def positive_int(value: Any) -> int | None:

@@ -18,8 +18,8 @@ from fleetgen.base.outcomes import Generation
 from fleetgen.base.reasoning import THINK_END, THINK_START
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
+from fleetgen.engine.decision import from_status
 from fleetgen.engine.http import (
-    RETRYABLE_STATUSES,
     error_message,
     get_json,
     optional_json,
@@ -156,11 +156,10 @@ def vllm_budget_error(message: str, sent: int | None) -> tuple[int | None, int |
 
 
 def from_response(response: httpx.Response, sent: int | None = None) -> errors.EngineError:
-    """The error of a non-200 answer; `sent`: the prompt's length in ids, where known."""
+    """The error of a non-200 answer; `sent`: the prompt's length in ids, where known. Only
+    its 400s mean something of their own; every other status is the common table's."""
     status = response.status_code
     message = error_message(response)
-    if status in RETRYABLE_STATUSES:
-        return errors.RetryableError(message, status)
     if status == 400:
         try:
             body = response.json()
@@ -169,7 +168,7 @@ def from_response(response: httpx.Response, sent: int | None = None) -> errors.E
         parsed = context_error(body, message) or vllm_budget_error(message, sent)
         if parsed is not None:
             return errors.ContextLengthError(message, status, parsed[0], parsed[1])
-    return errors.PermanentError(message, status)
+    return from_status(status, message)
 
 
 class OpenAIClient(EngineClient):

@@ -16,8 +16,8 @@ from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
+from fleetgen.engine.decision import from_status
 from fleetgen.engine.http import (
-    RETRYABLE_STATUSES,
     error_message,
     get_json,
     positive_int,
@@ -227,11 +227,10 @@ _INPUT_ALLOWED = re.compile(r"Input length \((\d+) tokens\) exceeds the maximum 
 
 
 def from_response(response: httpx.Response) -> errors.EngineError:
-    """Translate an error response; the only place that reads SGLang's error bodies."""
+    """Translate an error response; the only place that reads SGLang's error bodies. Only its
+    400s mean something of their own; every other status is the common table's."""
     status = response.status_code
     message = error_message(response)
-    if status in RETRYABLE_STATUSES:
-        return errors.RetryableError(message, status)
     if status == 400 and message.startswith(DUPLICATE_RID):
         # An earlier delivery of this prompt still runs there; the next attempt's rid is new.
         return errors.DuplicateRidError(message, status)
@@ -240,7 +239,7 @@ def from_response(response: httpx.Response) -> errors.EngineError:
         if parsed is not None:
             prompt_tokens, context = parsed
             return errors.ContextLengthError(message, status, prompt_tokens, context)
-    return errors.PermanentError(message, status)
+    return from_status(status, message)
 
 
 def parse_context_error(message: str) -> tuple[int, int | None] | None:

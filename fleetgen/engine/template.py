@@ -31,7 +31,8 @@ import httpx
 
 from fleetgen.base import errors
 from fleetgen.engine.api import ServerLimits
-from fleetgen.engine.http import error_message, from_transport, server_client
+from fleetgen.engine.decision import from_status, from_transport, not_json
+from fleetgen.engine.http import error_message, server_client
 from fleetgen.engine.preflight import Check
 
 Messages = Sequence[Mapping[str, Any]]
@@ -240,13 +241,12 @@ def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
     except httpx.HTTPError as exc:
         raise from_transport(exc) from exc
     if response.status_code != 200:
-        error = errors.PermanentError if response.status_code < 500 else errors.RetryableError
-        raise error(f"{path}: {response.status_code} {error_message(response)}",
-                    response.status_code)
+        raise from_status(response.status_code,
+                          f"{path}: {response.status_code} {error_message(response)}")
     try:
         return response.json()
     except ValueError as exc:
-        raise errors.PermanentError(f"{path} sent invalid JSON: {exc}", 200) from exc
+        raise not_json(path, exc) from exc
 
 
 # -- as check lines ---------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import pytest
 
 from fleetgen.base import envvars
 from fleetgen.base.errors import ConfigError
+from fleetgen.engine.decision import RetryPolicy
 from fleetgen.simulator import cli as sim_cli
-from workers.generate import RetryPolicy
 from workers.settings import ENV, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import pytest
 
 from fleetgen.base import errors
 from fleetgen.base.errors import ConfigError
-from fleetgen.engine import http
+from fleetgen.engine import decision
+from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.sglang import RULE, from_response
-from workers.generate import RetryPolicy
 from workers.settings import WorkerSettings
 
 REQUESTED = ("Requested token count exceeds the model's maximum context length of 8192 tokens. "
@@ -63,11 +63,11 @@ def test_status_codes_map_to_the_error_classes(status: int, kind: type) -> None:
 
 def test_transport_errors() -> None:
     req = httpx.Request("POST", "http://x/generate")
-    assert isinstance(http.from_transport(httpx.ConnectError("refused", request=req)),
+    assert isinstance(decision.from_transport(httpx.ConnectError("refused", request=req)),
                       errors.EngineUnreachable)
-    assert isinstance(http.from_transport(httpx.ReadTimeout("slow", request=req)),
+    assert isinstance(decision.from_transport(httpx.ReadTimeout("slow", request=req)),
                       errors.RetryableError)
-    assert isinstance(http.from_transport(httpx.RemoteProtocolError("eof", request=req)),
+    assert isinstance(decision.from_transport(httpx.RemoteProtocolError("eof", request=req)),
                       errors.RetryableError)
 
 
@@ -76,7 +76,7 @@ def test_backoff_is_bounded_and_grows() -> None:
 
     policy = RetryPolicy(max_attempts=5, base_s=1.0, cap_s=8.0)
     rng = random.Random(1)
-    worst = [max(policy.backoff_s(a, rng) for _ in range(200)) for a in range(1, 7)]
+    worst = [max(policy.backoff_s(a, rng.random()) for _ in range(200)) for a in range(1, 7)]
     assert worst[0] <= 1.0 and worst[2] <= 4.0 and max(worst) <= 8.0
     assert worst[3] > worst[0]
 

@@ -1,6 +1,7 @@
 """generate_one against a real HTTP server that aborts every request: each attempt gets a rid
 of its own, and past the attempt limit the row is a failure carrying the server's abort
-message, never a result."""
+message, never a result. And the task's side of each decision against a scripted engine: what
+it sends again, how long it waits, when it probes the server."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ from typing import Any
 
 import pytest
 
+from fleetgen.base import errors
 from fleetgen.base.contract import TaskPayload
+from fleetgen.base.errors import EngineGone
+from fleetgen.base.outcomes import Generation
+from fleetgen.engine.api import PLAIN, GenerateOptions
+from fleetgen.engine.decision import RetryPolicy
+from fleetgen.engine.openai import ContextRule
 from fleetgen.engine.sglang import SGLangClient, generate_body
 from tests.support.httpd import serving
 from workers.generate import (
+    PROBE_EVERY_S,
     Pacing,
-    RetryPolicy,
     generate_one,
     generate_options,
     request_id,
@@ -106,3 +113,78 @@ def test_require_reasoning_only_when_the_prompt_left_the_think_block_open(
     options = generate_options(payload)
     assert options.reasoning_first is waits
     assert ("require_reasoning" in generate_body([1], 8, {}, "r:1:ab", options)) is waits
+
+
+class ScriptedEngine:
+    """An engine that raises the scripted errors in turn, then answers; counts its probes."""
+
+    rule = ContextRule("vllm")
+    base_url = "http://scripted"
+
+    def __init__(self, *raises: errors.EngineError, up: bool = True) -> None:
+        self.raises = list(raises)
+        self.up = up
+        self.budgets: list[int] = []
+        self.probes = 0
+
+    def generate(self, input_ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
+                 rid: str, options: GenerateOptions = PLAIN) -> Generation:
+        self.budgets.append(max_new_tokens)
+        if self.raises:
+            raise self.raises.pop(0)
+        return Generation(text="ok", finish_reason="stop", prompt_tokens=3,
+                          completion_tokens=1, cached_tokens=0, latency_s=0.1)
+
+    def healthy(self) -> bool:
+        self.probes += 1
+        return self.up
+
+    def close(self) -> None:
+        pass
+
+
+def run_one(engine: ScriptedEngine, sleeps: list[float]) -> tuple[str, MemorySink]:
+    sink = MemorySink()
+    payload = TaskPayload(run="r", line=1, id="x1", input_ids=[1, 2, 3], max_tokens=200,
+                          sampling={}, row={})
+    policy = RetryPolicy(max_attempts=3, gone_s=1.0)
+    kind = generate_one(payload, engine, sink, policy, worker="w",
+                        pacing=Pacing(sleep=sleeps.append, rng=random.Random(0)))
+    return kind, sink
+
+
+def test_a_corrected_budget_is_sent_at_once_and_recorded() -> None:
+    engine = ScriptedEngine(errors.ContextLengthError("too long", 400, 4000, 4096))
+    sleeps: list[float] = []
+    kind, sink = run_one(engine, sleeps)
+    assert kind == "result" and engine.budgets == [200, 96]
+    [(_, record)] = sink.emitted
+    assert (record["attempts"], record["max_tokens"]) == (2, 96)
+    assert sleeps == [] and engine.probes == 0  # no wait, no probe: the server answered
+
+
+def test_a_retry_waits_its_backoff_after_the_server_answers_its_probe() -> None:
+    engine = ScriptedEngine(errors.RetryableError("queue full", 503))
+    sleeps: list[float] = []
+    kind, _ = run_one(engine, sleeps)
+    assert kind == "result" and engine.budgets == [200, 200] and engine.probes == 1
+    [delay] = sleeps
+    assert 0 <= delay <= RetryPolicy().base_s
+
+
+def test_a_server_that_stays_down_gets_the_prompt_handed_back() -> None:
+    engine = ScriptedEngine(errors.EngineUnreachable("cannot connect"), up=False)
+    sleeps: list[float] = []
+    with pytest.raises(EngineGone, match="cannot connect"):
+        run_one(engine, sleeps)
+    # Probed every PROBE_EVERY_S for gone_s (1 s), then handed back with no backoff.
+    assert sleeps == [PROBE_EVERY_S] * 2 and engine.probes == 3
+
+
+def test_a_refusal_is_written_without_a_probe_or_a_wait() -> None:
+    engine = ScriptedEngine(errors.PermanentError("bad temperature", 400), up=False)
+    sleeps: list[float] = []
+    kind, sink = run_one(engine, sleeps)
+    assert kind == "failure" and (sleeps, engine.probes) == ([], 0)
+    [(_, record)] = sink.emitted
+    assert record["error"]["type"] == "permanent" and record["attempts"] == 1
