@@ -15,7 +15,7 @@ from fleetgen.base.errors import (
     RetryableError,
 )
 from fleetgen.base.redisconn import connect
-from fleetgen.engine import EngineProtocol, ServerLimits
+from fleetgen.engine import EngineProtocol, ServerLimits, kinds
 from fleetgen.engine.preflight import combine, returns_token_ids
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
@@ -87,26 +87,16 @@ def resolve_limits(s: ProducerSettings) -> Limits:
 
 def grammar_cannot_wait(proto: EngineProtocol, servers: dict[str, ServerLimits]) -> str | None:
     """Why a JSON schema's grammar could not let a thinking prompt's reasoning through on these
-    servers, naming the fix; None when it can, or when no server says.
-
-    SGLang 0.5.23 lets a grammar wait for `</think>` only with `--reasoning-parser`
-    (`constrained/base_grammar_backend.py` `create_grammar_backend` wraps the backend in a
-    `ReasonerGrammarBackend` only then; the plain grammar objects ignore `require_reasoning`),
-    and only on /generate (its /v1/completions `CompletionRequest` has no `require_reasoning`).
-    Otherwise the grammar holds from the first token: after a prompt that opened `<think>`,
-    the document is written inside the reasoning and the split finds no answer. vLLM does not
-    report its parser; llama.cpp is not checked."""
+    servers, naming the fix; None when it can, or when no server says (each kind declares
+    its own: SGLang's needs its parser and /generate; vLLM does not report its parser;
+    llama.cpp is not checked). Otherwise the grammar holds from the first token: after a
+    prompt that opened `<think>`, the document is written inside the reasoning and the split
+    finds no answer."""
     for url, limits in servers.items():
-        if limits.engine != "sglang":
-            continue
-        if proto.name != "sglang":
-            return (f"{url} is SGLang's /v1/completions, which cannot make a grammar wait for "
-                    "</think>; use its native protocol (FLEETGEN_ENGINE_PROTOCOL=sglang) with "
-                    "--reasoning-parser qwen3 on the server")
-        # max_req_input_len: the server info was read, and it lists every server argument.
-        if limits.reasoning_parser is None and limits.max_req_input_len is not None:
-            return (f"{url} runs no reasoning parser, so its grammar holds from the first token, "
-                    "inside the reasoning; restart it with --reasoning-parser qwen3")
+        kind = kinds.kind_of(limits.engine)
+        why = kind.grammar_cannot_wait(url, limits, proto.name) if kind else None
+        if why is not None:
+            return why
     return None
 
 

@@ -101,9 +101,14 @@ ENGINE_API_KEY = _unset(
     "FLEETGEN_ENGINE_API_KEY", "text", f"{WORKERS}, `produce`, `doctor`, `check`",
     "sent to the engine as `Authorization: Bearer`", "none", secret=True)
 ENGINE_PROTOCOL = _unset(
-    "FLEETGEN_ENGINE_PROTOCOL", "sglang|openai", f"{WORKERS}, `produce`, `doctor`",
-    "SGLang's native `/generate`, or `/v1/completions` (vLLM, llama.cpp, SGLang's `/v1`); "
-    "the default of `--engine-protocol`", "detected from the server")
+    "FLEETGEN_ENGINE_PROTOCOL", "protocol name", f"{WORKERS}, `produce`, `doctor`",
+    "a registered protocol (fleetgen/engine/kinds.py): `sglang`, SGLang's native `/generate`, "
+    "or `openai`, `/v1/completions` (vLLM, llama.cpp, SGLang's `/v1`), or a plug-in's; the "
+    "default of `--engine-protocol`", "detected from the server")
+ENGINE_KINDS = _unset(
+    "FLEETGEN_ENGINE_KINDS", "module[:object],...", f"every command, {WORKERS}",
+    "modules that register more engine kinds and protocols, imported at the registry's first "
+    "use (docs/engines.md \"Adding an engine kind\")", "the builtin kinds only")
 REQUEST_TIMEOUT_S = _seconds("FLEETGEN_REQUEST_TIMEOUT_S", 900.0, "one request to the engine")
 MAX_ATTEMPTS = EnvVar("FLEETGEN_MAX_ATTEMPTS", "integer",
                       "attempts per prompt before it is written as a failure", 5, _integer,
@@ -179,8 +184,8 @@ SLURM_HEAD_ADDR = _unset("FLEETGEN_HEAD_ADDR", "host", "`slurm/fleetgen.sbatch`"
                          "its `hostname`")
 
 TABLE: tuple[EnvVar[Any], ...] = (
-    REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, REQUEST_TIMEOUT_S, MAX_ATTEMPTS,
-    BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
+    REDIS_URL, ENGINE_URL, ENGINE_API_KEY, ENGINE_PROTOCOL, ENGINE_KINDS, REQUEST_TIMEOUT_S,
+    MAX_ATTEMPTS, BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
     VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, MAX_IN_FLIGHT, CACHE_DIR,
     SIM_API_KEY, STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, TEST_VLLM_URL, TEST_VLLM_SPEC_URL,
     BENCH_FIGURES, BENCH_RUN, SLURM_LISTEN_PORT, SLURM_HEAD_ADDR,

@@ -183,12 +183,13 @@ TABLE: tuple[RunOption, ...] = (
               "http://HOST:30000-30007 for a range of ports): the smallest limits win", default=(),
               flag=Flag(("--engine-url",), metavar="URL", action="append"), commands=PRODUCE_ONLY,
               kept=Kept(stored=True)),
-    RunOption("engine_protocol", "sglang|openai", "sglang (native /generate) or openai "
-              "(/v1/completions: vLLM, llama.cpp); picks the length rule. Default: "
-              "$FLEETGEN_ENGINE_PROTOCOL, else detected from the --engine-url server, else "
-              "sglang",
-              flag=Flag(("--engine-protocol",), metavar="NAME", choices=("sglang", "openai"),
-                        env=envvars.ENGINE_PROTOCOL),
+    # Its choices are the engine registry's (fleetgen/engine/kinds.py), which this floor
+    # cannot import: the CLI gives them (fleetgen/cli/engineflags.py `protocol_choices`).
+    RunOption("engine_protocol", "protocol name", "sglang (native /generate) or openai "
+              "(/v1/completions: vLLM, llama.cpp), or a registered plug-in's; picks the length "
+              "rule. Default: $FLEETGEN_ENGINE_PROTOCOL, else detected from the --engine-url "
+              "server, else sglang",
+              flag=Flag(("--engine-protocol",), metavar="NAME", env=envvars.ENGINE_PROTOCOL),
               commands=PRODUCE_ONLY, kept=Kept(stored=True),
               default_text="$FLEETGEN_ENGINE_PROTOCOL, else detected"),
     RunOption("reserved_tokens", "integer", "tokens the servers count with every input, for "

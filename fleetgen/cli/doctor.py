@@ -31,17 +31,14 @@ import orjson
 from fleetgen import engine
 from fleetgen.base import envvars, errors, exitcodes
 from fleetgen.base.runoptions import DEFAULT_TOKENIZER
-from fleetgen.cli.flags import json_object, subcommand
-from fleetgen.engine import EngineProtocol, ServerLimits
+from fleetgen.cli.flags import engine_protocol_option, json_object, subcommand
+from fleetgen.engine import EngineProtocol, ServerLimits, kinds
 from fleetgen.engine.health import State, probe_url
 from fleetgen.engine.load import gauges_of
-from fleetgen.engine.openai import LLAMA_CPP, VLLM
 from fleetgen.engine.preflight import (
     Check,
     combine,
     fleet_disagreements,
-    keeps_verbose,
-    per_request_acceptance,
     refuses_long_input,
     refuses_past_total,
     tiny_generation,
@@ -78,9 +75,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine-url", action="append", required=True, metavar="URL",
                    help="a server of the fleet (repeat for each, or a comma list; "
                    "http://HOST:30000-30007 for a range of ports)")
-    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=envvars.ENGINE_PROTOCOL.value(),
-                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    engine_protocol_option(p)
     p.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                    help="per request; the tiny generation may wait in a busy server's queue (60)")
     p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, metavar=f"PATH|{DEFAULT_TOKENIZER}",
@@ -161,11 +156,12 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
     if limits.skip_tokenizer_init:
         checks.append(Check("text", False, "started with --skip-tokenizer-init: answers carry "
                             "output ids and no text; restart it without that flag"))
+    kind = kinds.kind_of(limits.engine)
     client = proto.connect(url, timeout_s=timeout_s, concurrency=1, api_key=api_key)
     try:
         checks.append(tiny_generation(client))
-        if limits.engine == LLAMA_CPP:
-            checks.append(keeps_verbose(client, needs))
+        if kind is not None:  # what only this kind's answers can lack (llama.cpp's __verbose)
+            checks += kind.client_checks(client, needs)
         rule = proto.rule_for(limits)
         long_input = refuses_long_input(client, limits, rule)
         checks.append(long_input)
@@ -176,9 +172,8 @@ def probe_rules(url: str, proto: EngineProtocol, limits: ServerLimits, timeout_s
             checks.append(refuses_past_total(client, limits))
     finally:
         client.close()
-    acceptance = per_request_acceptance(url, api_key, timeout_s) if limits.engine == VLLM \
-        else None
-    return checks + ([acceptance] if acceptance else [])
+    # The kind's own checks by URL (vLLM: whether answers carry their acceptance).
+    return checks + (kind.server_checks(url, api_key, timeout_s) if kind is not None else [])
 
 
 def exit_code(reports: list[ServerReport], fleet_checks: list[Check]) -> int:

@@ -41,3 +41,33 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def protocol_choices() -> tuple[str, ...]:
+    """Every `--engine-protocol`'s choices: the engine registry's protocols (the builtins and
+    FLEETGEN_ENGINE_KINDS's), chosen there once."""
+    from fleetgen.engine import protocol_names
+
+    return protocol_names()
+
+
+def engine_protocol_option(p: argparse.ArgumentParser) -> None:
+    """`--engine-protocol` as `run`, `doctor` and `estimate` take it (`produce` has it from the
+    run options' table, its choices given by `option_kwargs`)."""
+    from fleetgen.base.envvars import ENGINE_PROTOCOL
+
+    names = protocol_choices()
+    p.add_argument("--engine-protocol", choices=names, metavar="NAME",
+                   default=ENGINE_PROTOCOL.value(),
+                   help=f"{' or '.join(names)} (default: $FLEETGEN_ENGINE_PROTOCOL, else "
+                   "detected)")
+
+
+# Choices the run options' table cannot hold, since they come from a floor above the base.
+CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {"engine_protocol": protocol_choices}
+
+
+def option_kwargs(attr: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A table flag's `add_argument` keywords, with the choices only the CLI can give."""
+    choices = CHOICES.get(attr)
+    return kwargs if choices is None else {**kwargs, "choices": choices()}

@@ -18,7 +18,7 @@ from fleetgen.base import envvars, exitcodes, runoptions
 from fleetgen.base.contract import Sampling
 from fleetgen.base.errors import ConfigError
 from fleetgen.base.redisconn import connect, redact, redis_url
-from fleetgen.cli.flags import json_object, subcommand
+from fleetgen.cli.flags import json_object, option_kwargs, subcommand
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
 
@@ -41,7 +41,8 @@ def add_producer_options(p: argparse.ArgumentParser, command: str = runoptions.P
     in its order; `run` and `demo` declare a few of their own first (their --out, ...)."""
     own = {action.dest for action in p._actions}
     for option in runoptions.flags_of(command):
-        p.add_argument(*option.flags, **option.argparse_kwargs(command))
+        p.add_argument(*option.flags,
+                       **option_kwargs(option.attr, option.argparse_kwargs(command)))
     if command != runoptions.PRODUCE:
         # What `settings_from` reads that the command neither asks nor declares itself: the
         # table's defaults (the demo's fleet is its own, with a known context and no real

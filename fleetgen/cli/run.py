@@ -26,7 +26,7 @@ from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
 from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
 from fleetgen.cli.engineflags import EnginePlan, add_engine_options, engine_plan
-from fleetgen.cli.flags import redis_option, subcommand
+from fleetgen.cli.flags import engine_protocol_option, redis_option, subcommand
 from fleetgen.cli.preflight import preflight
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.fleet import FleetSpec, LocalFleet
@@ -80,9 +80,7 @@ def add_fleet_options(p: argparse.ArgumentParser, redis_help: str,
     p.add_argument("--workers-per-engine", type=int, default=1, metavar="N",
                    help="worker processes per engine, sharing its K + 1 slots "
                    "(FLEETGEN_ENGINE_SHARE; for a small model's fast GPU) (1)")
-    p.add_argument("--engine-protocol", choices=("sglang", "openai"), metavar="NAME",
-                   default=envvars.ENGINE_PROTOCOL.value(),
-                   help="sglang or openai (default: $FLEETGEN_ENGINE_PROTOCOL, else detected)")
+    engine_protocol_option(p)
 
 
 def listen_address(value: str | None) -> tuple[str, int] | None:

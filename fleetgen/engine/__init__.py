@@ -1,9 +1,11 @@
-"""Floor 2, the engines: one interface (`EngineProtocol`) and its implementations; `resolve`
-picks one by name or by asking the server. Imports only the base."""
+"""Floor 2, the engines: one interface (`EngineProtocol`), its implementations and the engine
+kinds behind them, all in the registry (fleetgen/engine/kinds.py); `resolve` picks a protocol
+by name or by asking the server. Imports only the base."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fleetgen.base.envvars import ENGINE_PROTOCOL
 from fleetgen.base.errors import ConfigError, EngineError
@@ -16,33 +18,30 @@ from fleetgen.engine.api import (
     ServerLimits,
 )
 from fleetgen.engine.detect import detect
-from fleetgen.engine.openai import PROTOCOL as OPENAI
-from fleetgen.engine.sglang import PROTOCOL as SGLANG
+from fleetgen.engine.kinds import DEFAULT_PROTOCOL, protocol, protocol_names
 from fleetgen.engine.urls import check_url, engine_urls, one_engine_url
 
-PROTOCOLS: dict[str, EngineProtocol] = {SGLANG.name: SGLANG, OPENAI.name: OPENAI}
-DEFAULT_PROTOCOL = SGLANG.name
-
-__all__ = ["PLAIN", "PROTOCOLS", "Engine", "EngineProtocol", "GenerateOptions", "LengthRule",
-           "ServerLimits", "check_url", "engine_urls", "one_engine_url", "protocol",
-           "resolve"]
+__all__ = ["DEFAULT_PROTOCOL", "PLAIN", "PROTOCOLS", "Engine", "EngineProtocol",
+           "GenerateOptions", "LengthRule", "ServerLimits", "check_url", "engine_urls",
+           "one_engine_url", "protocol", "protocol_names", "resolve"]
 
 log = logging.getLogger("fleetgen.engine")
 
 
-def protocol(name: str = DEFAULT_PROTOCOL) -> EngineProtocol:
-    try:
-        return PROTOCOLS[name]
-    except KeyError:
-        known = ", ".join(sorted(PROTOCOLS))
-        raise ConfigError(f"unknown engine protocol {name!r} (known: {known}); set "
-                          f"{ENGINE_PROTOCOL.name} or --engine-protocol to one of them") from None
+def __getattr__(name: str) -> Any:
+    # PROTOCOLS is the registry's, filled at first use: importing this package must not import
+    # a plug-in (FLEETGEN_ENGINE_KINDS) that itself imports this package.
+    if name == "PROTOCOLS":
+        from fleetgen.engine.kinds import REGISTRY
+
+        return REGISTRY.protocols()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve(name: str | None, base_url: str | None, api_key: str | None = None,
             ) -> EngineProtocol:
     """The protocol named, else the one the server at `base_url` speaks (logged with the
-    evidence), else SGLang's native protocol. ConfigError for a server that speaks neither,
+    evidence), else SGLang's native protocol. ConfigError for a server that speaks none,
     or for a name the server contradicts."""
     if name:
         chosen = protocol(name)
@@ -50,21 +49,24 @@ def resolve(name: str | None, base_url: str | None, api_key: str | None = None,
             _confirm(chosen, base_url, api_key)
         return chosen
     if not base_url:
-        return protocol()
+        return protocol(DEFAULT_PROTOCOL)
     found = detect(base_url, api_key)
     log.info("engine %s: protocol %s (%s)", base_url, found.protocol, found.evidence)
     return protocol(found.protocol)
 
 
 def _confirm(chosen: EngineProtocol, base_url: str, api_key: str | None) -> None:
-    """SGLang's native protocol needs an SGLang server (or router): anything else answers
-    every /generate with a 404, a run of failures instead of one line at start-up."""
-    if chosen.name != SGLANG.name:
+    """A protocol only its own kind serves (SGLang's native /generate) needs a server of that
+    kind: anything else answers every request with a 404, a run of failures instead of one
+    line at start-up."""
+    if getattr(chosen, "open_to_all", False):
         return
     try:
         found = detect(base_url, api_key)
     except (ConfigError, EngineError):
         return  # not reachable yet, or not saying: the caller's own reads report that
-    if found.protocol != SGLANG.name:
-        raise ConfigError(f"{base_url} does not speak SGLang's native protocol ({found.evidence})"
-                          f"; use {ENGINE_PROTOCOL.name}=openai (or --engine-protocol openai)")
+    if found.protocol != chosen.name:
+        spoken = getattr(chosen, "description", f"the {chosen.name} protocol")
+        raise ConfigError(f"{base_url} does not speak {spoken} ({found.evidence}); use "
+                          f"{ENGINE_PROTOCOL.name}={found.protocol} (or --engine-protocol "
+                          f"{found.protocol})")

@@ -6,7 +6,8 @@ SGLang 0.5.23's `/health` is a generation probe (http_server.py `health_generate
 a request and polls once a second, so every call takes >= 1 s and up to 20 s before a 503);
 its `/ready` is the instant check (http_server.py `ready`: 200 only when up, not paused and
 not exiting). SGLang's router serves `/readiness` instead; servers that have neither answer
-`/health` quickly. So: the first of these paths that is not a 404.
+`/health` quickly. So: the first of the registered kinds' paths (`EngineKind.ready_paths`,
+fleetgen/engine/kinds.py) that is not a 404.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from fleetgen.engine.http import server_client
-
-READY_PATHS = ("/ready", "/readiness", "/health")
+from fleetgen.engine.kinds import ready_paths
 
 
 class State(enum.Enum):
@@ -48,10 +48,12 @@ class Readiness:
         return self.state in (State.READY, State.SLOW)
 
 
-def probe(http: httpx.Client, timeout_s: float = 2.0, paths: tuple[str, ...] = READY_PATHS,
+def probe(http: httpx.Client, timeout_s: float = 2.0, paths: tuple[str, ...] = (),
           ) -> tuple[Readiness, str | None]:
-    """Probe with `http` (its base URL is the server). Returns the result and the path that
-    answered, to be passed back as `paths=(path,)` next time."""
+    """Probe with `http` (its base URL is the server) at `paths`, by default every kind's.
+    Returns the result and the path that answered, to be passed back as `paths=(path,)` next
+    time."""
+    paths = paths or ready_paths()
     for path in paths:
         try:
             response = http.get(path, timeout=timeout_s)
@@ -76,7 +78,7 @@ class Prober:
     def __init__(self, http: httpx.Client, timeout_s: float = 2.0) -> None:
         self._http = http
         self.timeout_s = timeout_s
-        self._paths: tuple[str, ...] = READY_PATHS
+        self._paths: tuple[str, ...] = ()  # every kind's, until one answers
 
     def __call__(self) -> Readiness:
         result, path = probe(self._http, self.timeout_s, self._paths)

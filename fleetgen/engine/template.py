@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import httpx
 
 from fleetgen.base import errors
+from fleetgen.engine import kinds
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.decision import from_status, from_transport, not_json
 from fleetgen.engine.http import error_message, server_client
@@ -112,7 +113,11 @@ class Comparison:
 def compare_templates(base_url: str, limits: ServerLimits, renderer: ChatRenderer,
                       run_kwargs: Mapping[str, Any], *, api_key: str | None = None,
                       timeout_s: float = 60.0) -> list[Comparison]:
-    """Every probe through the server's chat path and through `renderer`."""
+    """Every probe through the server's chat path and through `renderer`; none for a kind that
+    declares no chat path (it renders no chats, so nothing re-renders what it answered)."""
+    kind = kinds.kind_of(limits.engine)
+    if kind is not None and kind.render_chat is None:
+        return []
     with server_client(base_url, api_key=api_key, timeout_s=timeout_s) as http:
         return [_compare(http, limits, renderer, probe, {**run_kwargs, **probe.template_kwargs})
                 for probe in PROBES]
@@ -147,10 +152,12 @@ LLAMA_PRESERVE_HINT = ("llama.cpp keeps every turn's reasoning by default: start
 
 
 def _hint(limits: ServerLimits, difference: Difference | None) -> str | None:
-    if limits.engine == "llama.cpp" and difference is not None \
-            and difference.server_text.startswith("<think>"):
-        return LLAMA_PRESERVE_HINT
-    return None
+    kind = kinds.kind_of(limits.engine)
+    return kind.template_hint(difference) if kind and difference is not None else None
+
+
+def llama_cpp_hint(difference: Difference) -> str | None:
+    return LLAMA_PRESERVE_HINT if difference.server_text.startswith("<think>") else None
 
 
 def first_difference(server: list[int], ours: list[int], renderer: ChatRenderer) -> Difference:
@@ -164,18 +171,23 @@ def first_difference(server: list[int], ours: list[int], renderer: ChatRenderer)
 
 def server_rendering(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
                      kwargs: dict[str, Any]) -> ServerRendering:
-    if limits.engine == "llama.cpp":
-        return _llama_cpp(http, messages, kwargs)
-    if limits.engine == "vllm":
-        tokens = _tokenize_messages(http, limits, messages, kwargs)
-        if tokens is None:
-            raise errors.PermanentError("/tokenize does not render messages (404); a vLLM "
-                                        "new enough to have it is needed for this check")
-        return ServerRendering(len(tokens), tokens, "/tokenize")
-    return _sglang(http, limits, messages, kwargs)
+    """The server's rendering, as its kind declares it (SGLang's for a kind no module
+    declared, as before kinds were registered)."""
+    kind = kinds.kind_of(limits.engine)
+    render = kind.render_chat if kind is not None and kind.render_chat else render_sglang
+    return render(http, limits, messages, kwargs)
 
 
-def _sglang(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
+def render_vllm(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
+                kwargs: dict[str, Any]) -> ServerRendering:
+    tokens = _tokenize_messages(http, limits, messages, kwargs, add_generation_prompt=True)
+    if tokens is None:
+        raise errors.PermanentError("/tokenize does not render messages (404); a vLLM "
+                                    "new enough to have it is needed for this check")
+    return ServerRendering(len(tokens), tokens, "/tokenize")
+
+
+def render_sglang(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
             kwargs: dict[str, Any]) -> ServerRendering:
     body: dict[str, Any] = {"messages": messages, "max_tokens": 1, "temperature": 0}
     if limits.model:
@@ -187,19 +199,20 @@ def _sglang(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, A
     count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if not isinstance(count, int) or isinstance(count, bool):
         raise errors.PermanentError("/v1/chat/completions answered without usage.prompt_tokens")
-    tokens = _tokenize_messages(http, limits, messages, kwargs)
+    tokens = _tokenize_messages(http, limits, messages, kwargs, add_generation_prompt=False)
     via = "/v1/chat/completions usage.prompt_tokens"
     return ServerRendering(count, tokens, via + (", /tokenize" if tokens is not None else
                                                  " (no /tokenize: counts only)"))
 
 
 def _tokenize_messages(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
-                       kwargs: dict[str, Any]) -> list[int] | None:
+                       kwargs: dict[str, Any], *, add_generation_prompt: bool,
+                       ) -> list[int] | None:
     """The server's tokens for the messages, or None where /tokenize does not exist. SGLang
     renders them "as for a chat completion" when `add_generation_prompt` is left out
     (`TokenizeRequest`); vLLM's default is true, sent anyway."""
     body: dict[str, Any] = {"messages": messages}
-    if limits.engine != "sglang":
+    if add_generation_prompt:
         body["add_generation_prompt"] = True
     if limits.model:
         body["model"] = limits.model
@@ -214,7 +227,7 @@ def _tokenize_messages(http: httpx.Client, limits: ServerLimits, messages: list[
     return _token_list(answer, "/tokenize")
 
 
-def _llama_cpp(http: httpx.Client, messages: list[dict[str, Any]],
+def render_llama_cpp(http: httpx.Client, limits: ServerLimits, messages: list[dict[str, Any]],
                kwargs: dict[str, Any]) -> ServerRendering:
     body: dict[str, Any] = {"messages": messages}
     if kwargs:
@@ -276,11 +289,16 @@ def _shown(text: str, ids: list[int]) -> str:
 
 def reasoning_line(limits: ServerLimits) -> str | None:
     """What the server's reasoning parser means for a JSON schema on a thinking prompt."""
-    if limits.engine == "vllm":
-        return ("reasoning parser unknown (vLLM's /v1/models does not say): a JSON schema's "
-                "grammar waits for </think> only if it was started with --reasoning-parser")
-    if limits.engine != "sglang":
-        return None
+    kind = kinds.kind_of(limits.engine)
+    return kind.reasoning_note(limits) if kind else None
+
+
+def vllm_reasoning(limits: ServerLimits) -> str | None:
+    return ("reasoning parser unknown (vLLM's /v1/models does not say): a JSON schema's "
+            "grammar waits for </think> only if it was started with --reasoning-parser")
+
+
+def sglang_reasoning(limits: ServerLimits) -> str | None:
     if limits.reasoning_parser:
         return (f"reasoning parser {limits.reasoning_parser}: a JSON schema's grammar can wait "
                 "for </think> (require_reasoning)")
