@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.flower import start_flower_leased
 from tests.support.binaries import require_binary
 from tests.support.content import assert_fleet_content
-from tests.support.ops import REPO
+from tests.support.ops import REPO, start_flower_leased
 from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from tests.support.waiting import wait_until
 
