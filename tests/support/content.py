@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from fleetgen.simulator.answers import (
     THINK_END_ID,
     Opening,
@@ -95,11 +96,14 @@ def sim_config(argv: Iterable[str]) -> SimConfig:
     return config_from_args(parser.parse_args(list(argv)))
 
 
-def fleet_configs(fleet: LocalFleet) -> ConfigFor:
-    """Per GPU, the config of the simulator the fleet started for it (its own flags)."""
+def fleet_configs(fleet: LocalFleet | SimGpus) -> ConfigFor:
+    """Per GPU, the config of the simulator started for it (its own flags): a fleet's
+    simulated GPUs, or ones never started that name the config of servers started apart."""
+    sims = fleet if isinstance(fleet, SimGpus) else fleet.servers
+    assert isinstance(sims, SimGpus), sims
     configs: dict[str, SimConfig] = {}
-    for gpu in range(fleet.spec.gpus):
-        argv = fleet.sim_argv(1, fleet.spec.gpu_sim_args.get(gpu, []))
+    for gpu in range(sims.gpus):
+        argv = sims.argv(1, sims.gpu_sim_args.get(gpu, []))
         configs[f"gpu{gpu}"] = sim_config(argv[argv.index("fleetgen.simulator") + 1:])
 
     def config_for(worker: str) -> SimConfig:
@@ -251,12 +255,12 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
     return len(results)
 
 
-def assert_fleet_content(fleet: LocalFleet, prompts: Path, data: Mapping[str, Any], *,
+def assert_fleet_content(fleet: LocalFleet | SimGpus, prompts: Path, data: Mapping[str, Any], *,
                          sampling: Mapping[str, Any] | None = None,
                          options: Mapping[str, Any] | None = None,
                          template_kwargs: Mapping[str, Any] | None = None) -> int:
-    """assert_content for a LocalFleet's output (read_output's dict or a results list);
-    fails if there is nothing to check."""
+    """assert_content for the output of a LocalFleet's simulated GPUs, or of these ones
+    (read_output's dict or a results list); fails if there is nothing to check."""
     results = data["results"] if isinstance(data, Mapping) else data
     assert results, "no results to check"
     return assert_content(results, prompts, fleet_configs(fleet), sampling=sampling,
