@@ -178,11 +178,7 @@ class LocalFleet:
         return started
 
     def pool_of(self, gpu: int) -> int | None:
-        """GPU `gpu`'s -c: the spec's `concurrency`, else what started servers say; a running
-        server's worker sizes its pool from the server itself (None: no -c)."""
-        if self.spec.concurrency or self.servers is None:
-            return self.spec.concurrency
-        return self.servers.pool_of(gpu)
+        return pool_of(self.spec, self.servers, gpu)
 
     def worker_name(self, gpu: int, process: int = 1) -> str:
         name = f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
@@ -214,6 +210,14 @@ class LocalFleet:
     def stop(self) -> None:
         self.stop_processes(grace_s=15.0)
         self.valkey.stop()
+
+
+def pool_of(spec: FleetSpec, servers: StartedServers | None, gpu: int) -> int | None:
+    """GPU `gpu`'s worker's -c: the spec's `concurrency`, else what started servers say; a
+    running server's worker sizes its pool from the server itself (None: no -c)."""
+    if spec.concurrency or servers is None:
+        return spec.concurrency
+    return servers.pool_of(gpu)
 
 
 def tied(spec: FleetSpec, argv: list[str]) -> list[str]:

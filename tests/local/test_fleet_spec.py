@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from pathlib import Path
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import FleetSpec, pool_of
 from fleetgen.local.simgpus import SimGpus
 from fleetgen.simulator.cli import add_arguments, config_from_args
 from fleetgen.simulator.config import SimConfig
@@ -41,12 +40,11 @@ def test_a_spec_that_says_otherwise_is_what_its_simulators_serve() -> None:
         (4096, 8, 5, 0.5, 40, 7, "vllm")
 
 
-def test_a_vllm_flavoured_gpu_gets_no_c_as_against_vllm(tmp_path: Path) -> None:
+def test_a_vllm_flavoured_gpu_gets_no_c_as_against_vllm() -> None:
     """vLLM reports no slot count and neither does its flavour: the local fleet must not tell
     the worker the simulator's slots either, so the worker paces from the queue (issue 48)."""
     def pools(spec: FleetSpec, sims: SimGpus) -> list[int | None]:
-        fleet = LocalFleet(tmp_path, spec, servers=sims)  # never started
-        return [fleet.pool_of(g) for g in range(sims.gpus)]
+        return [pool_of(spec, sims, g) for g in range(sims.gpus)]
 
     vllm = ["--flavor", "vllm"]
     assert pools(FleetSpec(), SimGpus(gpus=3, max_running_requests=12, sim_args=vllm,
@@ -55,4 +53,5 @@ def test_a_vllm_flavoured_gpu_gets_no_c_as_against_vllm(tmp_path: Path) -> None:
     assert pools(FleetSpec(), SimGpus(gpus=1, max_running_requests=12)) == [12]
     assert pools(FleetSpec(concurrency=5), SimGpus(gpus=1, sim_args=vllm)) == [5]
     # Running servers (`fleetgen run`): the worker asks its server unless told.
-    assert LocalFleet(tmp_path, FleetSpec(), servers=["http://h:1"]).pool_of(0) is None
+    assert pool_of(FleetSpec(), None, 0) is None
+    assert pool_of(FleetSpec(concurrency=5), None, 0) == 5
