@@ -12,7 +12,7 @@ from aiohttp import web
 from fleetgen.simulator.httpio import json_response, read_control_body
 from fleetgen.simulator.metrics import render_prometheus
 from fleetgen.simulator.parts import ServerParts
-from fleetgen.simulator.protocol import bad_request
+from fleetgen.simulator.request import bad_request
 
 logger = logging.getLogger(__name__)
 

@@ -16,23 +16,16 @@ from fleetgen.simulator.chat import parse_chat, render_chat, tokenize
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.faults import HANG_ANSWER, HANG_S, Fault
 from fleetgen.simulator.httpio import json_response, read_json
-from fleetgen.simulator.parts import ServerParts
-from fleetgen.simulator.protocol import (
-    QUEUE_FULL_MESSAGE,
-    ApiError,
-    GenerationRequest,
-    ServedItem,
-    native_error_body,
+from fleetgen.simulator.openai_api import (
     openai_error_body,
     parse_completions,
-    parse_generate,
     render_completions,
-    render_native,
     vllm_error_body,
 )
-from fleetgen.simulator.protocol import (
-    InFlight as RidInFlight,
-)
+from fleetgen.simulator.parts import ServerParts
+from fleetgen.simulator.request import QUEUE_FULL_MESSAGE, ApiError, GenerationRequest, ServedItem
+from fleetgen.simulator.request import InFlight as RidInFlight
+from fleetgen.simulator.sglang_api import native_error_body, parse_generate, render_native
 from fleetgen.simulator.vllm_api import (
     parse_chat_vllm,
     render_chat_vllm,

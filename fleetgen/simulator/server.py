@@ -15,8 +15,9 @@ from fleetgen.simulator.admin import Admin
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.httpio import json_response
 from fleetgen.simulator.parts import ServerParts
-from fleetgen.simulator.protocol import ApiError, native_error_body
+from fleetgen.simulator.request import ApiError
 from fleetgen.simulator.routes import DROPPED, Routes
+from fleetgen.simulator.sglang_api import native_error_body
 
 # SGLang leaves these open even with --api-key (probes and scrapers carry no key);
 # the simulator adds its read-only stats.

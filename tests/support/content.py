@@ -41,7 +41,7 @@ from fleetgen.simulator.answers import (
 from fleetgen.simulator.cli import add_arguments, config_from_args
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import STOP_TOKEN_ID, Completion, request_key
-from fleetgen.simulator.protocol import schedule_limit, vllm_limit
+from fleetgen.simulator.request import schedule_limit, vllm_limit
 from producer.request import sample_seed
 from producer.rows import Row, read_rows
 from producer.tokenizer import PromptTokenizer, load_tokenizer
@@ -115,8 +115,8 @@ def fleet_configs(fleet: LocalFleet | SimGpus) -> ConfigFor:
 def expected(ids: list[int], max_tokens: int, config: SimConfig,
              sampling: Mapping[str, Any], options: Mapping[str, Any] | None = None,
              ) -> dict[str, Any]:
-    """What the simulator answers for these ids under this budget (fleetgen/simulator/protocol.py
-    `_build_job` and `style_of`, fleetgen/simulator/scheduler.py `_answer`), as a result record
+    """What the simulator answers for these ids under this budget (fleetgen/simulator/request.py
+    `build_job` and `style_of`, fleetgen/simulator/scheduler.py `_answer`), as a result record
     holds it."""
     options = options or {}
     prompt_tokens = len(ids) + config.extra_prompt_tokens
