@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from bench.common import save, table
-from bench.fleet import CONTEXT, Fleet, Model, spec
+from bench.fleet import CONTEXT, Fleet, Model, local_fleet, sim_gpus
 from bench.turns import run_all_turns
 from fleetgen.base.contract import slot_of
 from fleetgen.local.fleet import LocalFleet
@@ -148,10 +148,10 @@ def run_fleetgen(model: Model, name: str, prompts: Path, work: Path, tokenizer: 
     from producer.settings import ProducerSettings
 
     tag = f"{name}-{'on' if affinity else 'off'}"
-    fleet_spec = replace(spec(model, Fleet("equal", [1.0] * model.gpus)),
-                         sim_args=["--prefill-tokens-per-s", f"{prefill_tokens_per_s:.0f}",
-                                   "--max-total-tokens", str(KV_TOKENS)])
-    local = LocalFleet(work / f"fg-{tag}", fleet_spec)
+    sims = replace(sim_gpus(model, Fleet("equal", [1.0] * model.gpus)),
+                   sim_args=["--prefill-tokens-per-s", f"{prefill_tokens_per_s:.0f}",
+                             "--max-total-tokens", str(KV_TOKENS)])
+    local = local_fleet(work / f"fg-{tag}", model, sims)
     local.start()
     out = work / f"fg-{tag}-out"
     sent: dict[int, list[int]] = {}

@@ -20,6 +20,7 @@ import psutil
 from bench.common import save, self_cpu_s, table, write_uniform_prompts
 from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.simgpus import SimGpus
 
 GPUS = 8
 SLOTS = 32
@@ -46,7 +47,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
 
     prompts = write_uniform_prompts(work / "prompts.jsonl", rows)
     tokenizer = load_tokenizer("qwen3.6")
-    fleet = LocalFleet(work / "fleet", FleetSpec(
+    fleet = LocalFleet(work / "fleet", FleetSpec(), servers=SimGpus(
         gpus=gpus, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
         output_tokens_mean=output_tokens_mean))
     fleet.start()

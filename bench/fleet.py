@@ -32,6 +32,8 @@ from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import probe_url
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.procs import ProcessGroup
+from fleetgen.local.simgpus import SimGpus
 
 BATCH = 512  # the producer's batch: the window it could reorder without holding rows back
 CONTEXT = 8192
@@ -123,15 +125,20 @@ class Poller:
         return self.busy(died_at)
 
 
-def spec(model: Model, fleet: Fleet) -> FleetSpec:
-    return FleetSpec(gpus=model.gpus, context_length=CONTEXT, max_running_requests=model.slots,
-                     ttft_ms=model.ttft_ms, tpot_ms=model.tpot_ms,
-                     output_tokens_mean=model.output_tokens_mean, seed=model.seed,
-                     gpu_sim_args=fleet.sim_args(),
-                     concurrency=model.slots + model.extra_concurrency)
+def sim_gpus(model: Model, fleet: Fleet) -> SimGpus:
+    return SimGpus(gpus=model.gpus, context_length=CONTEXT, max_running_requests=model.slots,
+                   ttft_ms=model.ttft_ms, tpot_ms=model.tpot_ms,
+                   output_tokens_mean=model.output_tokens_mean, seed=model.seed,
+                   gpu_sim_args=fleet.sim_args())
 
 
-def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float]) -> None:
+def local_fleet(work_dir: Path, model: Model, sims: SimGpus) -> LocalFleet:
+    """fleetgen's fleet on these simulated GPUs, its workers at the model's concurrency."""
+    spec = FleetSpec(concurrency=model.slots + model.extra_concurrency)
+    return LocalFleet(work_dir, spec, servers=sims)
+
+
+def kill_later(fleet: Fleet, sims: SimGpus, t0: float, died: dict[int, float]) -> None:
     """SIGKILL the dying GPU's simulator at its time: its port closes, connections drop."""
     if fleet.die_gpu is None or fleet.die_at_s is None:
         return
@@ -139,7 +146,7 @@ def kill_later(fleet: Fleet, local: LocalFleet, t0: float, died: dict[int, float
 
     def kill() -> None:
         time.sleep(max(0.0, t0 + at - time.perf_counter()))
-        local.sims[gpu].signal(signal.SIGKILL)
+        sims.children[gpu].signal(signal.SIGKILL)
         died[gpu] = time.perf_counter()
 
     threading.Thread(target=kill, daemon=True).start()
@@ -152,7 +159,8 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
     from producer.settings import ProducerSettings
 
     tag = fleet.name if affinity else f"{fleet.name}-no-affinity"
-    local = LocalFleet(work / f"fg-{tag}", spec(model, fleet))
+    sims = sim_gpus(model, fleet)
+    local = local_fleet(work / f"fg-{tag}", model, sims)
     local.start()
     try:
         run = f"bench-{tag}"
@@ -166,7 +174,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         drainer.recover()
         died: dict[int, float] = {}
         t0 = time.perf_counter()
-        kill_later(fleet, local, t0, died)
+        kill_later(fleet, sims, t0, died)
 
         def produce() -> None:
             producer.run()
@@ -212,16 +220,16 @@ def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]], work
     seed's remedy: a second pass over the rows that failed to connect, sharded over the
     servers still up."""
     tag = f"bl{in_flight}-{fleet.name}"
-    local = LocalFleet(work / tag, spec(model, fleet))
-    local.start_sims(60.0)
+    sims = sim_gpus(model, fleet)
+    procs = ProcessGroup(work / tag / "logs")
     out = work / f"{tag}.jsonl"
     name = seed_name(model, in_flight)
     try:
-        urls = [local.engine_url(g) for g in range(model.gpus)]
+        urls = sims.start(procs, 60.0)
         poller = Poller(urls).start()
         died: dict[int, float] = {}
         t0 = time.perf_counter()
-        kill_later(fleet, local, t0, died)
+        kill_later(fleet, sims, t0, died)
         first = asyncio.run(run_baseline(urls, rows, in_flight, out))
         results = [_seed_result(model, fleet, name, first, [out], rows,
                                 poller.busy(_rel_int(died, t0)), _rel(died, t0))]
@@ -241,7 +249,7 @@ def run_seed(model: Model, fleet: Fleet, rows: list[tuple[str, list[int]]], work
             r["running_series"] = _series(poller, t0)
             r["in_flight_per_server"] = in_flight
     finally:
-        local.stop()
+        procs.stop_all()
     return results
 
 

@@ -24,6 +24,7 @@ import psutil
 from bench.common import save, table
 from bench.worker_cpu import PROMPT_TOKENS, SLOTS, prompts, timed_tasks
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.simgpus import SimGpus
 
 GOAL_PER_S = 500
 WARMUP = 300
@@ -32,18 +33,19 @@ WARMUP = 300
 def phase(fleet: LocalFleet, run: str, rows: list[list[int]],
           timeout_s: float) -> dict[str, float]:
     """Push every task, wait for the last outcome: seconds, and CPU of workers, sim, Valkey."""
-    assert fleet.sim is not None and fleet.valkey.proc is not None
-    pids = {"workers": [w.proc.pid for w in fleet.workers], "simulator": [fleet.sim.proc.pid],
+    assert isinstance(fleet.servers, SimGpus) and fleet.valkey.proc is not None
+    pids = {"workers": [w.proc.pid for w in fleet.workers],
+            "simulator": [fleet.servers.children[0].proc.pid],
             "valkey": [fleet.valkey.proc.pid]}
     return timed_tasks(fleet, run, rows, pids, timeout_s)
 
 
 def measure_shape(work: Path, processes: int, requests: int, rounds: int,
                   output_tokens_mean: int) -> list[dict[str, float]]:
-    fleet = LocalFleet(work / f"fleet-{processes}", FleetSpec(
-        gpus=1, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
-        output_tokens_mean=output_tokens_mean, concurrency=SLOTS + 1,
-        processes_per_gpu=processes))
+    fleet = LocalFleet(work / f"fleet-{processes}",
+                       FleetSpec(concurrency=SLOTS + 1, processes_per_gpu=processes),
+                       servers=SimGpus(gpus=1, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
+                                       output_tokens_mean=output_tokens_mean))
     fleet.start()
     try:
         phase(fleet, "warm", prompts(WARMUP, seed=1), timeout_s=120)

@@ -22,7 +22,8 @@ import orjson
 
 from bench.common import self_cpu_s
 from fleetgen.engine.http import JSON_HEADERS, ThreadPosts
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.procs import ProcessGroup
+from fleetgen.local.simgpus import SimGpus
 
 PROMPT_TOKENS = 300
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -84,12 +85,12 @@ def measure(url: str, requests: int, rounds: int) -> dict[str, Any]:
 
 def run(requests: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fleetgen-bench-http-") as tmp:
-        fleet = LocalFleet(Path(tmp), FleetSpec(gpus=1, ttft_ms=0, tpot_ms=0))
+        procs = ProcessGroup(Path(tmp) / "logs")
         try:
-            fleet.start_sims(60.0)
-            return measure(fleet.engine_url(0), requests, rounds)
+            urls = SimGpus(gpus=1, ttft_ms=0, tpot_ms=0).start(procs, 60.0)
+            return measure(urls[0], requests, rounds)
         finally:
-            fleet.procs.stop_all()
+            procs.stop_all()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,11 +27,10 @@ from typing import Any
 import orjson
 
 from bench.common import save, table
-from bench.fleet import CONTEXT, Fleet, Model, Poller, drain_alongside, spec
+from bench.fleet import CONTEXT, Fleet, Model, Poller, drain_alongside, local_fleet, sim_gpus
 from fleetgen.base.contract import KIND_RESULT
 from fleetgen.base.outdir import DrainDir
 from fleetgen.base.redisconn import connect
-from fleetgen.local.fleet import LocalFleet
 
 TOPICS = ["the sea", "prime numbers", "a recipe", "Rust lifetimes", "the Roman empire",
           "jazz", "tides", "compilers", "bees", "chess openings"]
@@ -86,7 +85,7 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
     from producer.settings import ProducerSettings
 
     fleet = Fleet("equal", [1.0] * model.gpus)
-    local = LocalFleet(work / "fg-turns", spec(model, fleet))
+    local = local_fleet(work / "fg-turns", model, sim_gpus(model, fleet))
     local.start()
     out = work / "fg-turns-out"
     try:

@@ -32,6 +32,7 @@ from fleetgen.base.redisconn import connect
 from fleetgen.base.wire import task_message
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import wait_for
+from fleetgen.local.simgpus import SimGpus
 
 SLOTS = 32
 PROMPT_TOKENS = 300
@@ -105,8 +106,9 @@ def client_phase(fleet: LocalFleet, rows: list[list[int]], work: Path,
 
 
 def _pids(fleet: LocalFleet) -> dict[str, int]:
-    assert fleet.sim is not None and fleet.valkey.proc is not None
-    return {"worker": fleet.workers[0].proc.pid, "simulator": fleet.sim.proc.pid,
+    assert isinstance(fleet.servers, SimGpus) and fleet.valkey.proc is not None
+    return {"worker": fleet.workers[0].proc.pid,
+            "simulator": fleet.servers.children[0].proc.pid,
             "valkey": fleet.valkey.proc.pid}
 
 
@@ -120,10 +122,10 @@ def run(requests: int, rounds: int, work: Path, output_tokens_mean: int,
         worker_env: dict[str, str], loglevel: str = "WARNING",
         warmup: int = WARMUP) -> dict[str, Any]:
     concurrency = SLOTS + 1
-    fleet = LocalFleet(work / "fleet", FleetSpec(
-        gpus=1, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
-        output_tokens_mean=output_tokens_mean, concurrency=concurrency,
-        worker_env=worker_env, worker_loglevel=loglevel))
+    fleet = LocalFleet(work / "fleet", FleetSpec(concurrency=concurrency, worker_env=worker_env,
+                                                 worker_loglevel=loglevel),
+                       servers=SimGpus(gpus=1, max_running_requests=SLOTS, ttft_ms=0, tpot_ms=0,
+                                       output_tokens_mean=output_tokens_mean))
     fleet.start()
     rounds_out: list[dict[str, Any]] = []
     try:

@@ -249,27 +249,6 @@ def iter_lines(file: InputFile, meter: Meter | None = None) -> Iterator[bytes]:
         raise _damaged(file, f"after line {line}", exc) from exc
 
 
-def count_lines(file: InputFile) -> int:
-    """How many lines iter_lines yields (a last line without a newline counts). A compressed
-    file is decompressed to count them, which also finds a damaged one before the run sends
-    anything; counted once per process (size and mtime are the key)."""
-    stat = file.path.stat()
-    return _count_lines(file, stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=1024)
-def _count_lines(file: InputFile, _size: int, _mtime_ns: int) -> int:
-    count, last = 0, b"\n"
-    try:
-        with file.open_raw() as disk, _open(file, disk) as f:
-            while chunk := f.read(CHUNK_BYTES):
-                count += chunk.count(b"\n")
-                last = chunk[-1:]
-    except READ_ERRORS as exc:
-        raise _damaged(file, "while counting its lines", exc) from exc
-    return count + (last != b"\n")
-
-
 def _damaged(file: InputFile, where: str, exc: BaseException) -> InputError:
     if isinstance(exc, OSError) and exc.errno is not None:  # the file system said no
         return InputError(f"cannot read {file.path} {where}: {exc.strerror}")

@@ -53,10 +53,8 @@ class CheckedManifest:
         """Requests in the run, once the producer has read all of the input (0 before)."""
         return self.record.read().total or 0
 
-    def open(self, settings: dict[str, Any], expected: int | None = None) -> None:
-        """Start the run, or resume it after checking that the pinned settings are the same.
-        `expected`: its requests if they were counted before reading (the producer does not
-        count them: its pass finds the total)."""
+    def open(self, settings: dict[str, Any]) -> None:
+        """Start the run, or resume it after checking that the pinned settings are the same."""
         old = self.record.read()
         if old.exists:
             check_same_settings(self.run, old.pinned, settings, self.new_run)
@@ -64,7 +62,7 @@ class CheckedManifest:
             return
         if self.recorded is not None:  # the files' rows were made with these
             check_same_settings(self.run, self.recorded.settings, settings, self.new_run)
-        self.record.start(settings, expected)
+        self.record.start(settings)
         if self.recorded is not None and self.recorded.clock is not None:
             started, worked_s = self.recorded.clock
             self.record.carry_clock(started, time.time() - started - worked_s)

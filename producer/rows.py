@@ -13,7 +13,7 @@ import orjson
 
 from fleetgen.base.errors import InputError
 from producer.conversation import conversation, kind
-from producer.inputs import InputFile, Inputs, Meter, count_lines, iter_lines, resolve_input
+from producer.inputs import InputFile, Inputs, Meter, iter_lines, resolve_input
 from producer.openai_batch import batch_id, batch_request, is_batch_line
 from producer.rowsampling import OptionError, Options, json_schema, sampling_object
 
@@ -73,14 +73,6 @@ def read_rows(spec: Path | str | Inputs) -> Iterator[Row | BadRow]:
             inputs.meter.add(file.path.stat().st_size)
         else:
             offset += yield from _read_jsonl(file, offset, source, inputs.meter)
-
-
-def count_rows(spec: Path | str | Inputs) -> int:
-    """How many rows read_rows will yield, without parsing them (newlines, or Parquet's
-    metadata), so progress bars and ETAs have a total from the first second. A file that
-    cannot be read (damaged, or Parquet without a prompt column) fails here, up front."""
-    return sum(int(_parquet_file(f).metadata.num_rows) if f.format == "parquet"
-               else count_lines(f) for f in resolve_input(spec).files)
 
 
 def _read_jsonl(file: InputFile, offset: int, source: str | None,

@@ -33,7 +33,7 @@ SETTINGS: Final = "settings"  # JSON: fleetgen/base/runoptions.py STORED, and `f
 STATE: Final = "state"  # producing | produced | stopped (fleetgen/base/contract.py)
 STARTED_AT: Final = "started_at"
 READ: Final = "read"  # requests read so far
-EXPECTED: Final = "expected"  # the input's requests as counted before reading (rows x --n)
+EXPECTED: Final = "expected"  # the total, as `reassert` writes it back into a lost manifest
 TOTAL: Final = "total"  # the run's requests, once the producer has read all of the input
 PRODUCED_AT: Final = "produced_at"
 INPUT_BYTES: Final = "input_bytes"  # the input's size when produced: a grown input is read again
@@ -132,15 +132,13 @@ class RunManifest:
         return bool(self.redis.exists(self.key))
 
     # -- the producer ------------------------------------------------------------------------
-    def start(self, settings: Mapping[str, Any], expected: int | None = None) -> None:
-        """A new run: its settings, `expected` requests if they were counted before reading
-        (None: known once all is read), and its name in the runs index."""
+    def start(self, settings: Mapping[str, Any]) -> None:
+        """A new run: its settings and its name in the runs index (its total is known once
+        the producer has read all of the input)."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.key, mapping={
             SETTINGS: orjson.dumps(dict(settings)), STATE: STATE_PRODUCING,
-            STARTED_AT: time.time(), READ: 0,
-            **({EXPECTED: expected} if expected is not None else {}),
-        })
+            STARTED_AT: time.time(), READ: 0})
         pipe.sadd(runs_index_key(), self.run)
         pipe.execute()
 

@@ -27,7 +27,7 @@ from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.local.enginecmd import EnginePolicy, parse_engine_cmd
 from fleetgen.local.engines import EngineSet
-from fleetgen.local.fleet import SIM_WORKER_ENV, FleetSpec, LocalFleet
+from fleetgen.local.fleet import FleetSpec, LocalFleet
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
@@ -119,6 +119,9 @@ def _settings(args: argparse.Namespace, prompts: Path, run_name: str) -> Produce
 
 
 def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: every command's parser imports this module, and the simulator
+    # stays off `fleetgen run`'s path (tests/e2e/test_run_imports.py).
+    from fleetgen.local.simgpus import SimGpus
     from producer.inputs import resolve_input
 
     prompts = args.prompts or sample_prompts()
@@ -130,14 +133,14 @@ def run(args: argparse.Namespace) -> int:
     resumed = _prepare_out(args.out)
     run_name = resumed or f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     settings = _settings(args, prompts, run_name)
-    spec = FleetSpec(gpus=args.gpus, context_length=args.context_length,
-                     max_running_requests=args.slots, tpot_ms=args.tpot_ms,
-                     output_tokens_mean=args.output_tokens_mean,
-                     task_events=bool(args.flower), redis_password=secrets.token_urlsafe(18),
-                     concurrency=args.slots, worker_env=dict(SIM_WORKER_ENV))
+    gpus = SimGpus(gpus=args.gpus, context_length=args.context_length,
+                   max_running_requests=args.slots, tpot_ms=args.tpot_ms,
+                   output_tokens_mean=args.output_tokens_mean)
+    spec = FleetSpec(task_events=bool(args.flower), redis_password=secrets.token_urlsafe(18),
+                     concurrency=args.slots, worker_env=gpus.worker_env)
     # `fleetgen run --engine-cmd` on simulated servers: the same job, one simulator a GPU
     # started, watched, restarted and stopped as real servers are.
-    engines = EngineSet(parse_engine_cmd(spec.sim_engine_cmd()),
+    engines = EngineSet(parse_engine_cmd(gpus.engine_cmd()),
                         [(str(gpu),) for gpu in range(args.gpus)], SIM_POLICY,
                         args.out / STATE_DIR / "engines")
     with tempfile.TemporaryDirectory(prefix="fleetgen-demo-") as tmp:

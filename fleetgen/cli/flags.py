@@ -1,5 +1,6 @@
-"""What several commands' parsers share: a subcommand's parser made from its module's docstring,
-the --redis flag, and flag values parsed the same way (produce, the demo, doctor)."""
+"""What several commands' parsers share: a subcommand's parser made from its module's docstring
+(its arguments added when it is used, if it asks), the --redis flag, and flag values parsed the
+same way (produce, the demo, doctor)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,46 @@ from fleetgen.base.errors import ConfigError
 REDIS_HELP = "Redis URL (default: $FLEETGEN_REDIS_URL)"
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse, with a subcommand's arguments added the first time it parses or shows its
+    help (`deferred`): `fleetgen sim`'s come from the simulator, and building the parser of
+    another command (`fleetgen run`) must not import it."""
+
+    deferred: Callable[[argparse.ArgumentParser], None] | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._add_deferred()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._add_deferred()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._add_deferred()
+        return super().format_usage()
+
+    def _add_deferred(self) -> None:
+        add, self.deferred = self.deferred, None
+        if add is not None:
+            add(self)
+
+
 def subcommand(sub: Any, name: str, help: str, doc: str | None,
-               handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+               handler: Callable[[argparse.Namespace], int],
+               deferred: Callable[[argparse.ArgumentParser], None] | None = None,
+               ) -> argparse.ArgumentParser:
     """The parser of `fleetgen NAME`: `help` is its line in `fleetgen --help`; its own --help
     opens with the last paragraph of `doc`: the command module's docstring (whose first one
     says the module's role to the reader of the code), or the description itself where it is
-    made of the names it shows (drain's and retry's output files)."""
+    made of the names it shows (drain's and retry's output files). `deferred` adds its
+    arguments once the command is used (a CommandParser's subcommands only)."""
     description = " ".join((doc or "").rstrip().rpartition("\n\n")[2].split())
     p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
     p.set_defaults(handler=handler)
+    if deferred is not None:
+        assert isinstance(p, CommandParser), type(p)
+        p.deferred = deferred
     return p
 
 

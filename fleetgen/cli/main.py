@@ -16,6 +16,7 @@ from fleetgen import __version__
 from fleetgen.base import diskfull, envvars, exitcodes
 from fleetgen.base.errors import USER_MISTAKES, DiskFull, EngineUnreachable
 from fleetgen.cli import signals
+from fleetgen.cli.flags import CommandParser
 
 Handler = Callable[[argparse.Namespace], int]
 _INTERRUPTS: list[BaseException] = []
@@ -23,7 +24,7 @@ _INTERRUPTS: list[BaseException] = []
 RESUMABLE = frozenset({"demo", "run", "produce", "drain", "retry"})
 
 
-class Parser(argparse.ArgumentParser):
+class Parser(CommandParser):
     """argparse, but a flag no subcommand knows is that subcommand's error: its usage and the
     flag meant (argparse alone prints the top-level usage and no hint)."""
 

@@ -162,7 +162,7 @@ def _run_in(args: argparse.Namespace, inputs: Inputs,
                      worker_env=_protocol_env(args.engine_protocol),
                      workers_die_with_parent=plan is not None)
     with tempfile.TemporaryDirectory(prefix="fleetgen-run-") as tmp:
-        fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, engine_urls=urls,
+        fleet = LocalFleet(Path(tmp), spec, valkey_dir=args.out / STATE_DIR, servers=urls,
                            valkey_bind=listen[0] if listen else None,
                            valkey_port=listen[1] if listen else None)
         if engine_set is not None:

@@ -13,9 +13,15 @@ from fleetgen.cli.flags import subcommand
 
 
 def add_parser(sub: Any) -> None:
+    # Its flags are added when `fleetgen sim` is run: they come from the simulator, which
+    # no other command imports (tests/e2e/test_run_imports.py).
+    subcommand(sub, "sim", "serve simulated SGLang servers (no GPU needed)", __doc__, run,
+               deferred=_add_arguments)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     from fleetgen.simulator import cli
 
-    p = subcommand(sub, "sim", "serve simulated SGLang servers (no GPU needed)", __doc__, run)
     cli.add_arguments(p)
 
 

@@ -8,13 +8,7 @@ import signal
 
 from fleetgen.base.envvars import REDIS_URL
 from fleetgen.base.errors import ConfigError
-from fleetgen.local.ports import (
-    PortInUse,
-    PortLease,
-    listens_on,
-    on_leased_port,
-    says_address_in_use,
-)
+from fleetgen.local.ports import PortInUse, listens_on, says_address_in_use
 from fleetgen.local.procs import Child, ProcessGroup, http_ok, python_argv, wait_for
 
 ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
@@ -69,11 +63,3 @@ def start_flower(procs: ProcessGroup, redis_url: str, port: int, credentials: st
         raise
     return child
 
-
-def start_flower_leased(procs: ProcessGroup, redis_url: str, credentials: str,
-                        timeout_s: float = 60.0) -> tuple[Child, PortLease]:
-    """Flower on a leased port (retried on another if taken); close the lease after stopping
-    Flower."""
-    lease, child = on_leased_port(
-        lambda held: start_flower(procs, redis_url, held.port, credentials, timeout_s=timeout_s))
-    return child, lease

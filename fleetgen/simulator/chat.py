@@ -21,15 +21,13 @@ from typing import Any
 from fleetgen.simulator import answers, vocab
 from fleetgen.simulator.answers import THINK_END_ID
 from fleetgen.simulator.config import SimConfig
-from fleetgen.simulator.protocol import (
+from fleetgen.simulator.openai_api import openai_response, parse_completions, usage_of
+from fleetgen.simulator.request import (
     ApiError,
     GenerationRequest,
     InFlight,
     ServedItem,
     bad_request,
-    openai_response,
-    parse_completions,
-    usage_of,
 )
 
 DEFAULT_TEMPLATE = (Path(__file__).resolve().parents[2] / "producer" / "templates"

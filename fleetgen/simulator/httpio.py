@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from fleetgen.simulator.protocol import bad_request
+from fleetgen.simulator.request import bad_request
 
 
 async def read_json(request: web.Request) -> Any:

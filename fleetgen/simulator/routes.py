@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from aiohttp import web
 
@@ -16,30 +16,21 @@ from fleetgen.simulator.chat import parse_chat, render_chat, tokenize
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.faults import HANG_ANSWER, HANG_S, Fault
 from fleetgen.simulator.httpio import json_response, read_json
-from fleetgen.simulator.protocol import (
-    QUEUE_FULL_MESSAGE,
-    ApiError,
-    GenerationRequest,
-    ServedItem,
-    native_error_body,
+from fleetgen.simulator.openai_api import (
     openai_error_body,
     parse_completions,
-    parse_generate,
     render_completions,
-    render_native,
     vllm_error_body,
 )
-from fleetgen.simulator.protocol import (
-    InFlight as RidInFlight,
-)
+from fleetgen.simulator.parts import ServerParts
+from fleetgen.simulator.request import QUEUE_FULL_MESSAGE, ApiError, GenerationRequest, ServedItem
+from fleetgen.simulator.request import InFlight as RidInFlight
+from fleetgen.simulator.sglang_api import native_error_body, parse_generate, render_native
 from fleetgen.simulator.vllm_api import (
     parse_chat_vllm,
     render_chat_vllm,
     render_completions_vllm,
 )
-
-if TYPE_CHECKING:
-    from fleetgen.simulator.server import SimServer
 
 DROPPED = web.RequestKey("fleetgen_sim_dropped", bool)
 
@@ -64,9 +55,9 @@ LLAMA = Api(llama.parse, llama.render, llama.error_body)
 class Routes:
     """The generation, tokenizer and model-info endpoints of one server, acting on its parts."""
 
-    def __init__(self, server: SimServer) -> None:
-        self.server = server
-        self.config = server.config
+    def __init__(self, parts: ServerParts) -> None:
+        self.parts = parts
+        self.config = parts.config
         self._created = int(time.time())
         self._started_at = time.time()
 
@@ -107,7 +98,7 @@ class Routes:
         return await self._serve(request, VLLM_CHAT)
 
     async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
-        server = self.server
+        server = self.parts
         with server.in_flight.track() as leave:
             try:
                 refusal = server.availability.refusal()
@@ -130,7 +121,7 @@ class Routes:
     async def _fault(self, request: web.Request, leave: Callable[[], None]) -> bool:
         """This request's fault, if any: raised, or True for a hang. Faults hit only
         requests that passed validation, so length errors stay exact whatever the rates."""
-        faults, metrics = self.server.faults, self.server.scheduler.metrics
+        faults, metrics = self.parts.faults, self.parts.scheduler.metrics
         fault = faults.draw()
         if fault is not Fault.NONE:
             metrics.count_fault(fault.value)
@@ -179,7 +170,8 @@ class Routes:
 
     async def _server_info(self, request: web.Request) -> web.StreamResponse:
         """http_server `server_info`: resolved args at top level, live state per DP rank."""
-        return json_response(info.server_info(self.config, self.server.port, self._started_at))
+        port = self.parts.lifecycle.port
+        return json_response(info.server_info(self.config, port, self._started_at))
 
     async def _model_info(self, request: web.Request) -> web.StreamResponse:
         return json_response(info.model_info(self.config))

@@ -22,7 +22,7 @@ from fleetgen.simulator.prefix_cache import (
     prefix_hashes,
     reuse_for,
 )
-from fleetgen.simulator.protocol import (
+from fleetgen.simulator.request import (
     QUEUE_FULL_MESSAGE,
     RUNNING_ABORT_REASON,
     WAITING_ABORT_MESSAGE,

@@ -11,14 +11,13 @@ from typing import Any
 
 from aiohttp import web
 
-from fleetgen.simulator.admin import Admin, Lifecycle
-from fleetgen.simulator.capacity import InFlight
+from fleetgen.simulator.admin import Admin
 from fleetgen.simulator.config import SimConfig
-from fleetgen.simulator.faults import Availability, FaultInjector
 from fleetgen.simulator.httpio import json_response
-from fleetgen.simulator.protocol import ApiError, native_error_body
+from fleetgen.simulator.parts import ServerParts
+from fleetgen.simulator.request import ApiError
 from fleetgen.simulator.routes import DROPPED, Routes
-from fleetgen.simulator.scheduler import Scheduler
+from fleetgen.simulator.sglang_api import native_error_body
 
 # SGLang leaves these open even with --api-key (probes and scrapers carry no key);
 # the simulator adds its read-only stats.
@@ -40,14 +39,12 @@ class SimServer:
     def __init__(self, config: SimConfig, index: int = 0) -> None:
         self.config = config
         self.index = index
-        self.scheduler = Scheduler(config)
-        self.in_flight = InFlight()
-        self.faults = FaultInjector(config, index)
-        self.availability = Availability(config)
-        self.lifecycle = Lifecycle(config, config.port + index if config.port else 0,
-                                   self.availability, self.in_flight)
-        self.routes = Routes(self)
-        self.admin = Admin(self)
+        self.parts = ServerParts.build(config, index)
+        self.scheduler, self.in_flight = self.parts.scheduler, self.parts.in_flight
+        self.faults, self.availability = self.parts.faults, self.parts.availability
+        self.lifecycle = self.parts.lifecycle
+        self.routes = Routes(self.parts)
+        self.admin = Admin(self.parts)
         # What a test or a bench looks at most, by the names it has always had.
         self.metrics, self.slots = self.scheduler.metrics, self.scheduler.slots
         self.prefill_lane = self.scheduler.prefill_lane
@@ -76,17 +73,7 @@ class SimServer:
         await self.lifecycle.die()
 
     def stats(self) -> dict[str, Any]:
-        stats = self.scheduler.stats()
-        stats.update(
-            url=self.url,
-            port=self.port,
-            down=self.availability.is_down(),
-            draining=self.availability.draining,
-            dead=self.availability.dead,
-            in_flight=self.in_flight.count,
-            uptime_s=self.availability.uptime_s(),
-        )
-        return stats
+        return self.parts.stats()
 
     def _build_app(self) -> web.Application:
         app = web.Application(

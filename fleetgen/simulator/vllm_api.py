@@ -11,14 +11,8 @@ from typing import Any
 
 from fleetgen.simulator.chat import _split_reasoning, parse_chat, prompt_ids
 from fleetgen.simulator.config import SimConfig
-from fleetgen.simulator.protocol import (
-    GenerationRequest,
-    InFlight,
-    ServedItem,
-    render_completions,
-    usage_of,
-    vllm_limit,
-)
+from fleetgen.simulator.openai_api import render_completions, usage_of
+from fleetgen.simulator.request import GenerationRequest, InFlight, ServedItem, vllm_limit
 from fleetgen.simulator.spec import steps_for, vllm_request_metrics
 
 # vLLM 0.32.0's `system_fingerprint` (`vllm-<version>-<build>`), as the real server wrote it.

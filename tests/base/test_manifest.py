@@ -50,11 +50,11 @@ def test_a_manifest_written_by_an_older_fleetgen_reads_as_a_type() -> None:
 def test_the_verbs_write_the_fields_runs_have_always_had(rclient: redis.Redis) -> None:
     record = RunManifest(rclient, "r")
     assert not record.exists() and not record.read().exists
-    record.start({"tokenizer": "qwen3.6"}, expected=10)
+    record.start({"tokenizer": "qwen3.6"})
     assert rclient.sismember("fleetgen:runs", "r")
     record.record_read(4)
     m = record.read()
-    assert m.state == "producing" and m.read == 4 and m.expected == 10 and m.total is None
+    assert m.state == "producing" and m.read == 4 and m.expected is None and m.total is None
     assert m.pinned == {"tokenizer": "qwen3.6"}
     record.stop("truncated>0.2: 3 of 5")
     assert record.read().stopped == "truncated>0.2: 3 of 5"
@@ -79,7 +79,7 @@ def test_the_verbs_write_the_fields_runs_have_always_had(rclient: redis.Redis) -
 
 def test_reassert_writes_back_what_redis_forgot(rclient: redis.Redis) -> None:
     record = RunManifest(rclient, "r")
-    record.start({"n": 1}, expected=5)
+    record.start({"n": 1})
     record.close(5)
     assert not record.reassert({"n": 1}, 5)  # nothing missing
     rclient.hdel(RunKeys("r").manifest, "total")

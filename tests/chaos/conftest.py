@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
-from tests.support.fleet import CHAOS_SPEC, FleetFactory
+from fleetgen.local.fleet import LocalFleet
+from tests.support.fleet import CHAOS_SPEC, FleetFactory, sim_fleet
 
 
 @pytest.fixture()
@@ -18,8 +18,7 @@ def make_fleet(tmp_path: Path) -> Iterator[FleetFactory]:
     fleets: list[LocalFleet] = []
 
     def factory(**overrides: Any) -> LocalFleet:
-        spec = FleetSpec(**{**CHAOS_SPEC, **overrides})
-        fleet = LocalFleet(tmp_path / f"fleet{len(fleets)}", spec)
+        fleet = sim_fleet(tmp_path / f"fleet{len(fleets)}", **{**CHAOS_SPEC, **overrides})
         fleets.append(fleet)
         return fleet.start()
 

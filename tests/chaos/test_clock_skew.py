@@ -23,7 +23,7 @@ from fleetgen.monitor.status import gather
 from tests.support import held
 from tests.support.binaries import require_file
 from tests.support.content import assert_fleet_content
-from tests.support.fleet import FleetFactory, sim_stats
+from tests.support.fleet import FleetFactory, sim_stats, sims_of
 from tests.support.held import worker_name
 from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce
 from tests.support.waiting import wait_until
@@ -135,7 +135,7 @@ def test_skewed_clocks_neither_redeliver_live_prompts_nor_keep_dead_ones(
     twice = {g: len(TWICE.findall(fleet.workers[g].log_text())) for g in range(3)}
     assert twice == {0: 0, 1: 0, 2: 0}, twice
     # Its engine served what it wrote and at most a pool (8) in flight at its death.
-    assert served(stats[1]) <= before + fleet.spec.max_running_requests, (served(stats[1]),
+    assert served(stats[1]) <= before + sims_of(fleet).max_running_requests, (served(stats[1]),
                                                                           before)
     print(f"\nclocks {skews[ahead]:+.0f} s and {skews[behind]:+.0f} s: {rows} rows, "
           f"{sum(served(s) for s in stats)} requests; the worker ahead killed holding "

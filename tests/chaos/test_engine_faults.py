@@ -16,7 +16,7 @@ from fleetgen.base.redisconn import read_hash
 from producer.tokenizer import load_tokenizer
 from tests.support import held
 from tests.support.content import assert_fleet_content
-from tests.support.fleet import FleetFactory, generated, sim_stats
+from tests.support.fleet import FleetFactory, generated, sim_stats, sims_of
 from tests.support.held import worker_name
 from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce, run_pipeline
 from tests.support.waiting import wait_until
@@ -92,8 +92,8 @@ def test_engine_dead_for_good_the_run_still_completes(make_fleet: FleetFactory,
                "gpu2 to write results and hold running requests")
     holding = held.unacked_tasks(client, "dead")  # task id -> line, every worker's
     before = held.worker_done(client, "dead", gpu2)
-    fleet.sims[2].signal(signal.SIGKILL)
-    assert fleet.sims[2].proc.wait(timeout=10) == -signal.SIGKILL
+    sims_of(fleet).children[2].signal(signal.SIGKILL)
+    assert sims_of(fleet).children[2].proc.wait(timeout=10) == -signal.SIGKILL
     # Its worker stops consuming and lets go of every prompt it held.
     wait_until(lambda: held.heartbeat(client, gpu2).get("consuming") == "0"
                and held.heartbeat(client, gpu2).get("inflight") == "0", 20,

@@ -23,7 +23,15 @@ from producer.progress import Progress
 from tests.support import held
 from tests.support.cli import Logged, fleetgen_cli
 from tests.support.content import assert_fleet_content
-from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sim_stats, written
+from tests.support.fleet import (
+    FleetFactory,
+    copy_data,
+    generated,
+    restart_from,
+    sim_stats,
+    sims_of,
+    written,
+)
 from tests.support.held import worker_name
 from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce, read_output
 from tests.support.waiting import wait_until
@@ -200,7 +208,7 @@ def test_worker_sigterm_hands_back_what_it_cannot_finish(make_fleet: FleetFactor
     client = redis.Redis.from_url(fleet.redis_url)
     gpu1, worker = worker_name(1), fleet.workers[1]
     start_producer(fleet, prompts, "handback")
-    slots = fleet.spec.max_running_requests
+    slots = sims_of(fleet).max_running_requests
     wait_until(lambda: sim_stats(fleet)[1]["num_running_reqs"] == slots
                and int(held.heartbeat(client, gpu1).get("inflight", 0)) == slots, 60,
                "gpu1 to hold a full batch")

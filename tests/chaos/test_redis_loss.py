@@ -17,7 +17,7 @@ from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
 from tests.support.cli import fleetgen_cli
 from tests.support.content import assert_fleet_content
-from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, written
+from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sims_of, written
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.waiting import wait_until
 
@@ -91,7 +91,7 @@ def test_restart_from_an_older_copy_converges(make_fleet: FleetFactory, tmp_path
     # The lease is the users' default: what the older copy lists as unacked but nobody holds
     # any more comes back when its lease lapses (60 s after the copy's time), as on a real fleet.
     fleet = make_fleet(tpot_ms=3.0)
-    slots = fleet.spec.gpus * fleet.spec.max_running_requests
+    slots = fleet.spec.gpus * sims_of(fleet).max_running_requests
     run = Run(fleet, tmp_path, "lost")
     run.wait_until(lambda: COPY_AT[point](run), f"copy point {point}")
     at_copy = manifest(fleet, "lost")

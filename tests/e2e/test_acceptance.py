@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec
+from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.sims import engine_flags, separate_sims
 
@@ -25,14 +25,14 @@ from tests.support.sims import engine_flags, separate_sims
 RATES = (0.55, 0.85, 0.25)
 SOURCES = ("code", "chat", "math")
 ROWS = 120
-SPEC = FleetSpec(gpus=1, context_length=4096, max_running_requests=16, tpot_ms=1.0,
-                 output_tokens_mean=120)
+SIMS = SimGpus(gpus=1, context_length=4096, max_running_requests=16, tpot_ms=1.0,
+               output_tokens_mean=120)
 
 
 @contextmanager
 def sim(tmp_path: Path, name: str, extra: list[str]) -> Iterator[str]:
     """One `fleetgen sim` server in a process of its own, as a user starts it."""
-    with separate_sims(tmp_path, SPEC, *extra, name=name, count=1) as urls:
+    with separate_sims(tmp_path, SIMS, *extra, name=name, count=1) as urls:
         yield urls[0]
 
 

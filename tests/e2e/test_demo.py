@@ -11,7 +11,7 @@ import orjson
 import psutil
 
 from fleetgen.cli.demo import sample_prompts
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from tests.support.content import assert_fleet_content
 from tests.support.pipeline import read_output
 from tests.support.waiting import wait_until
@@ -51,13 +51,12 @@ def test_demo_runs_the_bundled_sample_and_stops_everything(tmp_path: Path) -> No
     assert last.startswith("fleetgen demo: report at out/demo/report.html")
     assert b"uPlot" in (out / "report.html").read_bytes()
     # Every answer is the one the demo's simulators (its defaults: 8192 context, 32 slots,
-    # 200-token mean, seed 0) give for that row: a fleet of the same spec, never started,
-    # names their config.
-    demo_fleet = LocalFleet(tmp_path / "spec", FleetSpec(gpus=2, context_length=8192,
-                                                         max_running_requests=32, tpot_ms=1.0,
-                                                         output_tokens_mean=200))
+    # 200-token mean, seed 0) give for that row: simulated GPUs of the same settings, never
+    # started, name their config.
+    demo_gpus = SimGpus(gpus=2, context_length=8192, max_running_requests=32, tpot_ms=1.0,
+                        output_tokens_mean=200)
     results = read_output(out)["results"]
-    assert assert_fleet_content(demo_fleet, sample_prompts(), results) == summary["done"]
+    assert assert_fleet_content(demo_gpus, sample_prompts(), results) == summary["done"]
     assert seen and not [p for p in seen if p.is_running() and p.status() != "zombie"]
 
 

@@ -14,20 +14,20 @@ import httpx
 import orjson
 import pytest
 
-from fleetgen.local.fleet import FleetSpec
+from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import make_prompts
 from tests.support.sims import engine_flags, sims_fixture
 
 # Fast servers (2 ms to the first token, 20 µs a token, 32 slots each): the 2,000 rows' ~5 M
 # tokens cost the simulator's CPU, not its clock.
-SPEC = FleetSpec(gpus=4, context_length=8192, max_running_requests=32, ttft_ms=2.0,
-                 tpot_ms=0.02, output_tokens_mean=1350)
+SIMS = SimGpus(gpus=4, context_length=8192, max_running_requests=32, ttft_ms=2.0,
+               tpot_ms=0.02, output_tokens_mean=1350)
 ROWS = 2000
 SAMPLE = 300
 
 
-urls = sims_fixture(SPEC)
+urls = sims_fixture(SIMS)
 
 
 def fleetgen(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,8 @@ import redis
 
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import unfinished
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
+from tests.support.fleet import sim_fleet
 from tests.support.pipeline import run_pipeline
 
 SHAREGPT = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -27,11 +28,10 @@ SHAREGPT = {"system": "system", "user": "human", "assistant": "gpt"}
 
 @pytest.fixture(scope="module")
 def failing_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(tmp_path_factory.mktemp("fleet-export"),
-                       FleetSpec(gpus=2, context_length=8192, max_running_requests=8,
-                                 ttft_ms=2, tpot_ms=0.05, output_tokens_mean=40,
-                                 sim_args=["--error-rate", "0.25"],
-                                 worker_env={"FLEETGEN_MAX_ATTEMPTS": "1"}))
+    fleet = sim_fleet(tmp_path_factory.mktemp("fleet-export"), gpus=2, context_length=8192,
+                      max_running_requests=8, ttft_ms=2, tpot_ms=0.05, output_tokens_mean=40,
+                      sim_args=["--error-rate", "0.25"],
+                      worker_env={"FLEETGEN_MAX_ATTEMPTS": "1"})
     fleet.start()
     yield fleet
     fleet.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec
+from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.sims import engine_flags, sims_fixture
@@ -21,13 +21,13 @@ from tests.support.waiting import wait_until
 
 # Answers of ~150 tokens at 1 ms a token on 2 x 8 slots: 600 rows take ~6 s, long enough to
 # interrupt the run halfway.
-SPEC = FleetSpec(gpus=2, context_length=4096, max_running_requests=8, ttft_ms=5.0,
-                 tpot_ms=1.0, output_tokens_mean=150)
+SIMS = SimGpus(gpus=2, context_length=4096, max_running_requests=8, ttft_ms=5.0,
+               tpot_ms=1.0, output_tokens_mean=150)
 ROWS = 600
 FRACTION = 0.2
 
 
-urls = sims_fixture(SPEC)
+urls = sims_fixture(SIMS)
 
 
 def run_argv(prompts: str, urls: list[str], out: str, *extra: str) -> list[str]:

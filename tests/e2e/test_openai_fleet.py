@@ -12,8 +12,9 @@ import pytest
 
 from fleetgen.base import exitcodes
 from fleetgen.cli import main as cli
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
 from tests.support.content import assert_fleet_content
+from tests.support.fleet import sim_fleet
 from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from tests.support.workers import start_worker
 
@@ -22,9 +23,9 @@ CTX = 4096
 
 @pytest.fixture(scope="module")
 def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(tmp_path_factory.mktemp("vllm"), FleetSpec(
-        gpus=2, context_length=CTX, max_running_requests=8, ttft_ms=2, tpot_ms=0.02,
-        output_tokens_mean=300, sim_args=["--flavor", "vllm"], concurrency=9))
+    fleet = sim_fleet(tmp_path_factory.mktemp("vllm"), gpus=2, context_length=CTX,
+                      max_running_requests=8, ttft_ms=2, tpot_ms=0.02, output_tokens_mean=300,
+                      sim_args=["--flavor", "vllm"], concurrency=9)
     fleet.start()
     yield fleet
     fleet.stop()

@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import celery_worker_argv
+from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.content import assert_fleet_content
 from tests.support.held import worker_name
@@ -29,18 +29,16 @@ from tests.support.waiting import wait_until
 
 # Slow enough that the run is still going when it is interrupted or joined: 8 slots a server,
 # 4 ms a token, ~250 tokens an answer.
-SPEC = FleetSpec(gpus=2, context_length=4096, max_running_requests=8, tpot_ms=4.0,
-                 output_tokens_mean=250)
+SIMS = SimGpus(gpus=2, context_length=4096, max_running_requests=8, tpot_ms=4.0,
+               output_tokens_mean=250)
 
 
 @pytest.fixture()
-def servers(tmp_path: Path) -> Iterator[tuple[LocalFleet, list[str]]]:
+def servers(tmp_path: Path) -> Iterator[tuple[SimGpus, list[str]]]:
     """Two simulated servers in a process of their own, as a user starts `fleetgen sim`; the
-    fleet object only names their config (never started)."""
-    spec_fleet = LocalFleet(tmp_path / "spec", SPEC)
-    with separate_sims(tmp_path, SPEC) as urls:
-        spec_fleet.sim_ports = [int(url.rsplit(":", 1)[1]) for url in urls]
-        yield spec_fleet, urls
+    SimGpus that names their config (never started itself)."""
+    with separate_sims(tmp_path, SIMS) as urls:
+        yield SIMS, urls
 
 
 def run_argv(prompts: Path, urls: list[str], *extra: str) -> list[str]:
@@ -70,7 +68,7 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def test_run_interrupted_and_resumed_writes_every_row_once(
-        servers: tuple[LocalFleet, list[str]], tmp_path: Path) -> None:
+        servers: tuple[SimGpus, list[str]], tmp_path: Path) -> None:
     fleet, urls = servers
     prompts = tmp_path / "p.jsonl"
     rows = 300
@@ -107,7 +105,7 @@ def test_run_interrupted_and_resumed_writes_every_row_once(
 
 
 def test_a_worker_started_by_hand_joins_a_listening_run(
-        servers: tuple[LocalFleet, list[str]], tmp_path: Path) -> None:
+        servers: tuple[SimGpus, list[str]], tmp_path: Path) -> None:
     fleet, urls = servers
     prompts = tmp_path / "p.jsonl"
     rows = 200
@@ -199,7 +197,7 @@ class LivePage:
 
 
 def test_a_changed_setting_on_resume_is_one_line_before_the_workers_start(
-        servers: tuple[LocalFleet, list[str]], tmp_path: Path) -> None:
+        servers: tuple[SimGpus, list[str]], tmp_path: Path) -> None:
     _, urls = servers
     prompts = tmp_path / "p.jsonl"
     make_prompts(prompts, 300)

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet, sim_ports_reported
 from fleetgen.local.ports import lease_port
+from fleetgen.local.simgpus import SimGpus, sim_ports_reported
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.waiting import wait_until
 
 # 8 slots a server, 8 ms a token, ~250 tokens: about 4 answers a second a server, so 400
 # requests take long enough for a kill, a line in the log and a restart (~40 s).
-SPEC = FleetSpec(gpus=3, context_length=4096, max_running_requests=8, tpot_ms=8.0,
-                 output_tokens_mean=250)
+SIMS = SimGpus(gpus=3, context_length=4096, max_running_requests=8, tpot_ms=8.0,
+               output_tokens_mean=250)
 
 
 class Servers:
@@ -31,7 +31,6 @@ class Servers:
     be killed and started again on the same port, as a restarted server is)."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.spec_fleet = LocalFleet(tmp_path / "spec", SPEC)
         self.tmp_path = tmp_path
         self.lease = lease_port(count=3)
         self.ports = self.lease.ports
@@ -42,7 +41,7 @@ class Servers:
         log = self.tmp_path / f"sim{i}-{len(list(self.tmp_path.glob(f'sim{i}-*')))}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                self.spec_fleet.sim_argv(1, ["--port", str(self.ports[i])]), stdout=out,
+                SIMS.argv(1, ["--port", str(self.ports[i])]), stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(lambda: sim_ports_reported(log.read_text()) == [self.ports[i]]
                    or proc.poll() is not None, 60, f"simulator {i}'s ready line")

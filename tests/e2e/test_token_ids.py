@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleetgen.base import exitcodes
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from tests.support.content import assert_fleet_content, input_rows, tokenizer
 from tests.support.fleet import started_fleet
 from tests.support.httpd import serving
@@ -273,10 +274,9 @@ def test_demo_keeps_token_ids_too(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=240)
     assert demo.returncode == 0, demo.stderr[-3000:]
     data = assert_exactly_once(out, {f"d{i}" for i in range(12)})
-    spec = LocalFleet(tmp_path / "spec", FleetSpec(gpus=1, context_length=8192,
-                                                   max_running_requests=32, tpot_ms=0.05,
-                                                   output_tokens_mean=40))
-    assert assert_fleet_content(spec, prompts, data, template_kwargs=RUN_KWARGS,
+    demo_gpus = SimGpus(gpus=1, context_length=8192, max_running_requests=32, tpot_ms=0.05,
+                        output_tokens_mean=40)
+    assert assert_fleet_content(demo_gpus, prompts, data, template_kwargs=RUN_KWARGS,
                                 options={"think": True, "token_ids": True}) == 12
     done = subprocess.run([sys.executable, "-m", "fleetgen", "export", str(out), "--format",
                            "tokens", "--include-unfinished"], capture_output=True, text=True,

@@ -49,3 +49,51 @@ def test_a_wrong_import_is_caught(tmp_path: Path, module: str, line: str, why: s
     assert len(violations) == 1, violations
     assert violations[0].module == module.removesuffix(".py").replace("/", ".")
     assert why in violations[0].why
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every set of product modules that import one another back (Tarjan's strongly
+    connected components; TYPE_CHECKING and in-function imports count, as for the floors)."""
+    modules = layers.product_modules(root)
+    known = set(modules)
+    graph = {m: sorted({i for _, i in layers.imports_of(m, p, known) if i in known and i != m})
+             for m, p in modules.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            component = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in graph:
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_no_modules_import_each_other_back() -> None:
+    """Issue 49: the simulator's server, routes and admin did (under TYPE_CHECKING)."""
+    assert import_cycles(ROOT) == []
+
+
+def test_a_cycle_is_caught(tmp_path: Path) -> None:
+    for top in layers.PRODUCT:
+        shutil.copytree(ROOT / top, tmp_path / top,
+                        ignore=shutil.ignore_patterns("__pycache__", "data"))
+    routes = tmp_path / "fleetgen/simulator/routes.py"
+    routes.write_text(routes.read_text() + "\nif TYPE_CHECKING:\n"
+                      "    from fleetgen.simulator.server import SimServer\n")
+    assert import_cycles(tmp_path) == [["fleetgen.simulator.routes", "fleetgen.simulator.server"]]

@@ -71,7 +71,8 @@ def test_each_kind_of_wrong_import_is_caught(tmp_path: Path, line: str, wrong: b
 
 
 # What starts the product's processes in a test module (a local fleet, Celery workers).
-STARTS_PROCESSES = re.compile(r"LocalFleet\(|make_fleet|start_worker\(|celery_worker_argv\(")
+STARTS_PROCESSES = re.compile(
+    r"LocalFleet\(|sim_fleet\(|make_fleet|start_worker\(|celery_worker_argv\(")
 
 
 def test_a_module_that_starts_workers_is_in_the_fleet_tier() -> None:

@@ -16,7 +16,6 @@ import pytest
 import redis
 
 import fleetgen.local.valkey
-from fleetgen.local.fleet import sim_ports_reported
 from fleetgen.local.ports import (
     NotOurServer,
     PortInUse,
@@ -26,6 +25,7 @@ from fleetgen.local.ports import (
     listens_on,
     on_leased_port,
 )
+from fleetgen.local.simgpus import sim_ports_reported
 from fleetgen.local.valkey import EmbeddedValkey, probe_valkey
 
 # A child that leases ports and holds them until its stdin closes.

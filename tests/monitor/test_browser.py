@@ -17,10 +17,11 @@ import pytest
 
 from fleetgen.base.redisconn import connect
 from fleetgen.cli.main import main
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
 from fleetgen.monitor.live import Credentials, LivePage
 from fleetgen.monitor.report import build
 from tests.support.browser import chromium, console_errors, require_chromium, statuses
+from tests.support.fleet import sim_fleet
 from tests.support.pipeline import make_prompts, run_pipeline
 from tests.support.waiting import wait_until
 
@@ -69,8 +70,8 @@ def watched_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchedRun
     keys stay in Redis after it ends, so the live page keeps showing it."""
     require_chromium()
     work = tmp_path_factory.mktemp("browser")
-    fleet = LocalFleet(work, FleetSpec(gpus=2, context_length=4096, max_running_requests=8,
-                                       ttft_ms=5, tpot_ms=8, output_tokens_mean=80))
+    fleet = sim_fleet(work, gpus=2, context_length=4096, max_running_requests=8, ttft_ms=5,
+                      tpot_ms=8, output_tokens_mean=80)
     live = None
     watched = None
     try:

@@ -11,10 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetgen.local.flower import start_flower, start_flower_leased
+from fleetgen.local.flower import start_flower
 from fleetgen.local.ports import PortInUse, lease_port
 from fleetgen.local.procs import ProcessGroup
 from fleetgen.local.valkey import EmbeddedValkey
+from tests.support.ops import start_flower_leased
 
 
 @pytest.fixture(scope="module")

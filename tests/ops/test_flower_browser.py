@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
-from fleetgen.local.flower import start_flower_leased
+from fleetgen.local.fleet import LocalFleet
 from tests.support.binaries import require_binary
 from tests.support.content import assert_fleet_content
-from tests.support.ops import REPO
+from tests.support.fleet import sim_fleet
+from tests.support.ops import REPO, start_flower_leased
 from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 from tests.support.waiting import wait_until
 
@@ -31,10 +31,9 @@ def flower_fleet(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[LocalFleet, str, tuple[str, str]]]:
     for name, path in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)):
         require_binary(name, path, "Debian's chromium and chromium-driver drive the browser")
-    fleet = LocalFleet(tmp_path_factory.mktemp("flower"),
-                       FleetSpec(gpus=2, context_length=4096, max_running_requests=8,
-                                 ttft_ms=5, tpot_ms=0.5, output_tokens_mean=100,
-                                 task_events=True))
+    fleet = sim_fleet(tmp_path_factory.mktemp("flower"), gpus=2, context_length=4096,
+                      max_running_requests=8, ttft_ms=5, tpot_ms=0.5, output_tokens_mean=100,
+                      task_events=True)
     lease = None
     try:
         fleet.start()

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.local.fleet import sim_ports_reported
 from fleetgen.local.ports import PortInUse, PortLease, on_leased_port, says_address_in_use
 from fleetgen.local.procs import Child, ProcessGroup
+from fleetgen.local.simgpus import sim_ports_reported
 from fleetgen.local.valkey import probe_valkey
 from tests.support.content import assert_content, sim_config
 from tests.support.ops import VENV_BIN, venv_env

@@ -24,7 +24,6 @@ import redis
 from fleetgen.base import exitcodes
 from fleetgen.base.contract import RunKeys, worker_key
 from fleetgen.cli import main as cli
-from fleetgen.local.fleet import sim_ports_reported
 from fleetgen.local.ports import (
     PortInUse,
     PortLease,
@@ -33,6 +32,7 @@ from fleetgen.local.ports import (
     on_leased_port,
     says_address_in_use,
 )
+from fleetgen.local.simgpus import sim_ports_reported
 from fleetgen.local.valkey import probe_valkey
 from tests.support.content import assert_content, sim_config
 from tests.support.ops import REPO, VENV_BIN, sample, scrape, venv_env

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
 from tests.support.content import assert_fleet_content
+from tests.support.fleet import sim_fleet
 from tests.support.pipeline import assert_exactly_once, make_prompts, run_pipeline
 
 # SGLang reserves max(topk x steps, draft tokens) = max(2 x 4, 6) = 8 tokens of every request
@@ -18,9 +18,9 @@ EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "4",
 
 
 def test_a_speculative_fleet_gets_no_request_it_refuses(tmp_path: Path) -> None:
-    fleet = LocalFleet(tmp_path / "fleet", FleetSpec(
-        gpus=2, context_length=4096, max_running_requests=8, ttft_ms=1, tpot_ms=0.02,
-        output_tokens_mean=40, gpu_sim_args={0: EAGLE, 1: EAGLE}))
+    fleet = sim_fleet(tmp_path / "fleet", gpus=2, context_length=4096, max_running_requests=8,
+                      ttft_ms=1, tpot_ms=0.02, output_tokens_mean=40,
+                      gpu_sim_args={0: EAGLE, 1: EAGLE})
     fleet.start()
     try:
         kinds = make_prompts(tmp_path / "p.jsonl", 40)

@@ -124,15 +124,6 @@ def test_parquet_with_wrong_columns_is_an_input_error(tmp_path: Path) -> None:
         rows_of(tmp_path / "in.parquet")
 
 
-@pytest.mark.parametrize("content", [b"", b"a\n", b"a\nb", b"a\n\nb\n", b"\n\n\n"])
-def test_count_rows_matches_what_read_rows_yields(tmp_path: Path, content: bytes) -> None:
-    from producer.rows import count_rows
-
-    f = tmp_path / "in.jsonl"
-    f.write_bytes(content)
-    assert count_rows(f) == len(rows_of(f))
-
-
 def test_a_bad_json_line_is_shown_where_it_breaks() -> None:
     bad = parse_line(4, b'{"id": "x", "prompt": "' + b"a" * 300 + b'" oops}')
     assert isinstance(bad, BadRow) and bad.reason.startswith("invalid_json: ")

@@ -58,9 +58,9 @@ def llama_fleet(llama: LlamaServer,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Valkey and one real worker per llama-server (no simulator), told the OpenAI protocol."""
     fleet = LocalFleet(tmp_path_factory.mktemp("llamafleet"), FleetSpec(
-        max_running_requests=SLOTS, concurrency=SLOTS,
+        concurrency=SLOTS,
         worker_env={"FLEETGEN_ENGINE_PROTOCOL": "openai"}),
-        engine_urls=[f"http://127.0.0.1:{llama.port}"])
+        servers=[f"http://127.0.0.1:{llama.port}"])
     try:
         fleet.start(timeout_s=120)
         yield fleet

@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import math
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
-from typing import cast
 
 import httpx
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from fleetgen.simulator.cli import PREFILL_TOKENS_PER_S, add_arguments, config_from_args
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import Completion
@@ -216,12 +214,11 @@ def test_bad_prefill_settings_name_the_field(overrides: dict[str, float]) -> Non
 
 
 def test_local_fleets_prefill_for_free_unless_their_flags_say_otherwise() -> None:
-    def config(spec: FleetSpec) -> SimConfig:
-        # The command line only: `sim_argv` reads nothing but the spec, and no fleet (no
-        # process, no Valkey) is built or started here.
-        argv = LocalFleet.sim_argv(cast(LocalFleet, SimpleNamespace(spec=spec)), 1, [])
+    def config(sims: SimGpus) -> SimConfig:
+        # The command line only: no process is started here.
+        argv = sims.argv(1, [])
         return parsed(*argv[argv.index("fleetgen.simulator") + 1:])
 
-    assert config(FleetSpec()).prefill_tokens_per_s == math.inf
-    rated = FleetSpec(sim_args=["--prefill-tokens-per-s", "8000"])
+    assert config(SimGpus()).prefill_tokens_per_s == math.inf
+    rated = SimGpus(sim_args=["--prefill-tokens-per-s", "8000"])
     assert config(rated).prefill_tokens_per_s == 8000.0

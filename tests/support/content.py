@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from fleetgen.simulator.answers import (
     THINK_END_ID,
     Opening,
@@ -40,7 +41,7 @@ from fleetgen.simulator.answers import (
 from fleetgen.simulator.cli import add_arguments, config_from_args
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.model import STOP_TOKEN_ID, Completion, request_key
-from fleetgen.simulator.protocol import schedule_limit, vllm_limit
+from fleetgen.simulator.request import schedule_limit, vllm_limit
 from producer.request import sample_seed
 from producer.rows import Row, read_rows
 from producer.tokenizer import PromptTokenizer, load_tokenizer
@@ -95,11 +96,14 @@ def sim_config(argv: Iterable[str]) -> SimConfig:
     return config_from_args(parser.parse_args(list(argv)))
 
 
-def fleet_configs(fleet: LocalFleet) -> ConfigFor:
-    """Per GPU, the config of the simulator the fleet started for it (its own flags)."""
+def fleet_configs(fleet: LocalFleet | SimGpus) -> ConfigFor:
+    """Per GPU, the config of the simulator started for it (its own flags): a fleet's
+    simulated GPUs, or ones never started that name the config of servers started apart."""
+    sims = fleet if isinstance(fleet, SimGpus) else fleet.servers
+    assert isinstance(sims, SimGpus), sims
     configs: dict[str, SimConfig] = {}
-    for gpu in range(fleet.spec.gpus):
-        argv = fleet.sim_argv(1, fleet.spec.gpu_sim_args.get(gpu, []))
+    for gpu in range(sims.gpus):
+        argv = sims.argv(1, sims.gpu_sim_args.get(gpu, []))
         configs[f"gpu{gpu}"] = sim_config(argv[argv.index("fleetgen.simulator") + 1:])
 
     def config_for(worker: str) -> SimConfig:
@@ -111,8 +115,8 @@ def fleet_configs(fleet: LocalFleet) -> ConfigFor:
 def expected(ids: list[int], max_tokens: int, config: SimConfig,
              sampling: Mapping[str, Any], options: Mapping[str, Any] | None = None,
              ) -> dict[str, Any]:
-    """What the simulator answers for these ids under this budget (fleetgen/simulator/protocol.py
-    `_build_job` and `style_of`, fleetgen/simulator/scheduler.py `_answer`), as a result record
+    """What the simulator answers for these ids under this budget (fleetgen/simulator/request.py
+    `build_job` and `style_of`, fleetgen/simulator/scheduler.py `_answer`), as a result record
     holds it."""
     options = options or {}
     prompt_tokens = len(ids) + config.extra_prompt_tokens
@@ -251,12 +255,12 @@ def assert_content(results: list[dict[str, Any]], prompts: Path,
     return len(results)
 
 
-def assert_fleet_content(fleet: LocalFleet, prompts: Path, data: Mapping[str, Any], *,
+def assert_fleet_content(fleet: LocalFleet | SimGpus, prompts: Path, data: Mapping[str, Any], *,
                          sampling: Mapping[str, Any] | None = None,
                          options: Mapping[str, Any] | None = None,
                          template_kwargs: Mapping[str, Any] | None = None) -> int:
-    """assert_content for a LocalFleet's output (read_output's dict or a results list);
-    fails if there is nothing to check."""
+    """assert_content for the output of a LocalFleet's simulated GPUs, or of these ones
+    (read_output's dict or a results list); fails if there is nothing to check."""
     results = data["results"] if isinstance(data, Mapping) else data
     assert results, "no results to check"
     return assert_content(results, prompts, fleet_configs(fleet), sampling=sampling,

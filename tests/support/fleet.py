@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from fleetgen.local.valkey import EmbeddedValkey
 
-# The type of the chaos tests' `make_fleet` fixture: FleetSpec overrides -> a started fleet.
+# The type of the chaos tests' `make_fleet` fixture: sim_fleet's fields -> a started fleet.
 FleetFactory = Callable[..., LocalFleet]
 
 # Chaos fleets. Requests of ~0.2-0.6 s: long enough that a kill lands mid-run, short enough
@@ -24,12 +26,28 @@ CHAOS_SPEC = {"gpus": 3, "context_length": 4096, "max_running_requests": 8, "ttf
 AOF_DIR = "appendonlydir"
 
 
+SIM_FIELDS = frozenset(f.name for f in fields(SimGpus) if f.init)
+
+
+def sim_fleet(work_dir: Path, **settings: Any) -> LocalFleet:
+    """A fleet (not started) on simulated GPUs: `settings` are SimGpus's fields (gpus, the
+    simulators' flags) and FleetSpec's (the workers, Redis), each given to its own."""
+    sims = SimGpus(**{k: v for k, v in settings.items() if k in SIM_FIELDS})
+    spec = FleetSpec(**{k: v for k, v in settings.items() if k not in SIM_FIELDS})
+    return LocalFleet(work_dir, spec, servers=sims)
+
+
+def sims_of(fleet: LocalFleet) -> SimGpus:
+    """The simulated GPUs a sim_fleet was given."""
+    assert isinstance(fleet.servers, SimGpus), fleet.servers
+    return fleet.servers
+
+
 def started_fleet(work_dir: Path, **spec: Any) -> Iterator[LocalFleet]:
     """A module fixture's fleet: fast simulated GPUs (8192 context, 16 slots) unless `spec`
     says otherwise, started, and stopped when the module is done."""
-    fleet = LocalFleet(work_dir, FleetSpec(**{"context_length": 8192,
-                                              "max_running_requests": 16, "ttft_ms": 5,
-                                              "tpot_ms": 0.05, **spec}))
+    fleet = sim_fleet(work_dir, **{"context_length": 8192, "max_running_requests": 16,
+                                   "ttft_ms": 5, "tpot_ms": 0.05, **spec})
     fleet.start()
     try:
         yield fleet

@@ -9,6 +9,10 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetgen.local.flower import start_flower
+from fleetgen.local.ports import PortLease, on_leased_port
+from fleetgen.local.procs import Child, ProcessGroup
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
@@ -34,3 +38,12 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
            **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def start_flower_leased(procs: ProcessGroup, redis_url: str, credentials: str,
+                        timeout_s: float = 60.0) -> tuple[Child, PortLease]:
+    """Flower on a leased port (retried on another if taken); close the lease after stopping
+    Flower."""
+    lease, child = on_leased_port(
+        lambda held: start_flower(procs, redis_url, held.port, credentials, timeout_s=timeout_s))
+    return child, lease

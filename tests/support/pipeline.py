@@ -22,6 +22,7 @@ from producer.progress import Progress
 from producer.runner import produce as produce_run
 from producer.settings import ProducerSettings
 from producer.tokenizer import QwenTokenizer, load_tokenizer
+from tests.support.fleet import sims_of
 
 WORDS = ["alpha", "beta", "gamma", "数据", "模型", "😀", "def f(x):\n    return x * 2\n",
          "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "\t", "\n\n"]
@@ -77,8 +78,8 @@ def produce(fleet: LocalFleet, prompts: Path, run: str, *, wait: bool = False,
     """The product's own producer path, in this process: `fleetgen produce --no-wait`, or
     with `wait` the default `fleetgen produce`, which stays and re-enqueues lost rows."""
     settings = ProducerSettings(input=prompts, run=run, redis_url=fleet.redis_url,
-                                context_length=options.pop("context_length",
-                                                           fleet.spec.context_length),
+                                context_length=options.pop(
+                                    "context_length", sims_of(fleet).context_length),
                                 **options)
     report: Progress = produce_run(settings, wait=wait,
                                    reconcile_interval_s=reconcile_interval_s)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleetgen.local.fleet import sim_ports_reported
+from fleetgen.local.simgpus import sim_ports_reported
 from tests.support.cli import fleetgen_cli
 from tests.support.waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""Simulated servers of a FleetSpec started as a user starts `fleetgen sim`: a process of their
+"""Simulated GPUs (SimGpus) started as a user starts `fleetgen sim`: a process of their
 own, their ports read from its ready line, for tests that run `fleetgen run` (or `estimate`)
 against them."""
 
@@ -10,27 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.simgpus import SimGpus
 from tests.support.simproc import sim_child
 
 
 @contextmanager
-def separate_sims(work: Path, spec: FleetSpec, *extra: str, name: str = "sim",
+def separate_sims(work: Path, sims: SimGpus, *extra: str, name: str = "sim",
                   count: int | None = None) -> Iterator[list[str]]:
-    """`count` (default `spec.gpus`) servers of `spec` in one `fleetgen sim` process, its
+    """`count` (default `sims.gpus`) servers of `sims` in one `fleetgen sim` process, its
     output in NAME.log; yields their URLs."""
-    count = spec.gpus if count is None else count
-    fleet = LocalFleet(work / "spec", spec)  # names their flags only; never started
-    with sim_child(fleet.sim_argv(count, list(extra)), work / f"{name}.log", count) as urls:
+    count = sims.gpus if count is None else count
+    with sim_child(sims.argv(count, list(extra)), work / f"{name}.log", count) as urls:
         yield urls
 
 
-def sims_fixture(spec: FleetSpec) -> Callable[..., Iterator[list[str]]]:
-    """A module's `urls` fixture (`urls = sims_fixture(SPEC)`): its servers, one set a test."""
+def sims_fixture(sims: SimGpus) -> Callable[..., Iterator[list[str]]]:
+    """A module's `urls` fixture (`urls = sims_fixture(SIMS)`): its servers, one set a test."""
 
     @pytest.fixture()
     def urls(tmp_path: Path) -> Iterator[list[str]]:
-        with separate_sims(tmp_path, spec) as found:
+        with separate_sims(tmp_path, sims) as found:
             yield found
 
     return urls

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.local.fleet import LocalFleet
 from tests.support.content import assert_fleet_content
+from tests.support.fleet import sim_fleet
 from tests.support.pipeline import assert_exactly_once, drain, make_prompts, produce
 from tests.support.waiting import wait_until
 
@@ -29,10 +30,9 @@ SEED = 0
 def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
     # 4 running slots and 5 worker threads per GPU: one request waits in each server's
     # queue, so both kinds of abort (running and waiting) happen.
-    spec = FleetSpec(gpus=4, max_running_requests=4, concurrency=5, ttft_ms=5, tpot_ms=20,
-                     output_tokens_mean=MEAN_TOKENS, seed=SEED,
-                     worker_env={"FLEETGEN_BACKOFF_BASE_S": "0.1"})
-    local = LocalFleet(tmp_path / "fleet", spec)
+    local = sim_fleet(tmp_path / "fleet", gpus=4, max_running_requests=4, concurrency=5,
+                      ttft_ms=5, tpot_ms=20, output_tokens_mean=MEAN_TOKENS, seed=SEED,
+                      worker_env={"FLEETGEN_BACKOFF_BASE_S": "0.1"})
     local.start()
     yield local
     local.stop()

@@ -1,4 +1,7 @@
-"""SGLang's request rules and response shapes: parsing, validation, context limits, bodies.
+"""What every API surface of a simulated server shares: the request model (items, sampling,
+extras), its errors, the context and sampling rules, and the job an endpoint's parser builds.
+Each protocol's parsing and bodies are its own module: sglang_api.py (SGLang's native
+/generate) and openai_api.py (OpenAI's /v1/completions, as SGLang and vLLM serve it).
 
 The checks run in SGLang 0.5.23's order: the contract gate (fleetgen/simulator/contract.py),
 `GenerateReqInput.normalize_batch_and_arguments`, the duplicate-rid check of
@@ -9,26 +12,21 @@ the speculative reserve), `SamplingParams.verify`, then the scheduler's
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from itertools import accumulate
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.simulator import answers
 from fleetgen.simulator import pattern as patterns
 from fleetgen.simulator.answers import Style
 from fleetgen.simulator.config import SimConfig
-from fleetgen.simulator.contract import generate_contract_error
 from fleetgen.simulator.model import MAX_INPUT_ID, Completion, count_text_tokens, request_key
 from fleetgen.simulator.schema import SchemaRefused, check_sglang, check_vllm
-from fleetgen.simulator.spec import meta_info_fields, steps_for
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
 DEFAULT_MAX_NEW_TOKENS = 128  # native /generate: SamplingParams.max_new_tokens
 DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions
-WEIGHT_VERSION = "default"
 # `_handle_abort_req`: a request aborted before it ran gets this message.
 WAITING_ABORT_MESSAGE = "Abort in waiting queue"
 # FINISH_ABORT().to_json(): what a request aborted while running finishes with.
@@ -111,35 +109,11 @@ class ServedItem:
 InFlight = Callable[[str], bool]  # is this rid in flight on the server?
 
 
-# ---------------------------------------------------------------- error bodies
-
-
-def native_error_body(error: ApiError) -> Any:
-    """Contract gate: a string; ValueError: {"error": {...}}; 5xx: an HTTPException body."""
-    if error.contract:
-        return {"error": error.message}
-    if error.status < 500:
-        return {"error": {"message": error.message}}
-    return http_exception_body(error)
-
-
-def openai_error_body(error: ApiError) -> dict[str, Any]:
-    if error.status < 500:
-        return {
-            "object": "error", "message": error.message, "type": "BadRequestError",
-            "param": None, "code": error.status,
-        }
-    return http_exception_body(error)
-
-
 def http_exception_body(error: ApiError) -> dict[str, Any]:
     return {
         "object": "error", "message": error.message, "type": str(error.status),
         "param": None, "code": error.status,
     }
-
-
-# ---------------------------------------------------------------- context rules
 
 
 def validate_context(prompt_tokens: int, max_new_tokens: int | None, config: SimConfig) -> None:
@@ -233,17 +207,8 @@ def vllm_limit(prompt_tokens: int, max_tokens: int | None, config: SimConfig) ->
     return limit
 
 
-def vllm_error_body(error: ApiError) -> dict[str, Any]:
-    """vLLM's `ErrorResponse` (entrypoints/serve/engine/protocol.py): {"error": ErrorInfo}."""
-    kind = "BadRequestError" if error.status < 500 else "InternalServerError"
-    return {"error": {"message": error.message, "type": kind, "param": error.param,
-                      "code": error.status}}
-
-
-# ---------------------------------------------------------------- sampling params
-
 # (name, accepted?, message): `SamplingParams.verify`, in its order.
-_RANGE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+RANGE_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
     ("temperature", lambda v: v >= 0 and v != float("inf"),
      "temperature must be a non-negative finite number, got {}."),
     ("top_p", lambda v: 0 < v <= 1, "top_p must be in (0, 1], got {}."),
@@ -312,7 +277,7 @@ def _stop_strings(value: Any) -> tuple[str, ...]:
 def verify_sampling(sampling: SamplingParams) -> None:
     """`SamplingParams.verify` (srt/sampling/sampling_params.py): 400 on the first bad value."""
     raw = sampling.raw
-    for name, accepted, message in _RANGE_RULES:
+    for name, accepted, message in RANGE_RULES:
         value = raw.get(name)
         if value is not None and not accepted(value):
             raise bad_request(message.format(value))
@@ -343,59 +308,7 @@ def _number(raw: dict[str, Any], name: str, default: float) -> float:
     return value
 
 
-# ---------------------------------------------------------------- native /generate
-
-
-def parse_generate(body: Any, config: SimConfig, in_flight: InFlight) -> GenerationRequest:
-    """Turn a native /generate body into checked items (400 on the first bad one)."""
-    error = generate_contract_error(body)
-    if error is not None:
-        raise ApiError(400, error, contract=True)
-    assert isinstance(body, dict)  # the contract gate refuses anything else
-    _refuse_stream(body)
-    prompts, batch = _native_prompts(body)
-    samplings = _per_prompt(body.get("sampling_params"), len(prompts), batch)
-    n = samplings[0].n if samplings else 1
-    if any(s.n != n for s in samplings):
-        raise bad_request(
-            "The parallel_sample_num should be the same for all samples in sample params."
-        )
-    # `_handle_parallel_sampling`: n > 1 turns even a single prompt into a batch.
-    batch = batch or n > 1
-    rids = _rids(body.get("rid"), len(prompts), n, batch)
-    _refuse_duplicates(rids, in_flight)
-    return _build_job(prompts, samplings, rids, batch, config, _native_extras(body))
-
-
-def _native_extras(body: dict[str, Any]) -> Extras:
-    """`GenerateReqInput`'s `return_logprob`, `top_logprobs_num`, `return_text_in_logprobs`
-    and `require_reasoning` (types checked by the contract gate). `logprob_start_len` is left
-    at -1: only output tokens are scored (`Scheduler.handle_generate_request`)."""
-    wanted, top = body.get("return_logprob"), body.get("top_logprobs_num")
-    if isinstance(wanted, list) or isinstance(top, list):
-        raise bad_request("The simulator takes return_logprob and top_logprobs_num as single "
-                          "values, not per-item lists.")
-    return Extras(logprobs=int(top or 0) if wanted else None,
-                  logprob_text=bool(body.get("return_text_in_logprobs")),
-                  require_reasoning=bool(body.get("require_reasoning")))
-
-
-def _native_prompts(body: dict[str, Any]) -> tuple[list[list[int] | str], bool]:
-    input_ids, text = body.get("input_ids"), body.get("text")
-    if input_ids is None and text is None:
-        raise bad_request("Either text, input_ids or input_embeds should be provided.")
-    if text is not None:
-        if isinstance(text, str):
-            return [text], False
-        return list(text), True
-    if isinstance(input_ids, list) and not input_ids:
-        raise bad_request("input_ids cannot be empty.")
-    if isinstance(input_ids, list) and all(isinstance(i, list) for i in input_ids):
-        return [_token_ids(ids) for ids in input_ids], True
-    return [_token_ids(input_ids)], False
-
-
-def _token_ids(value: Any) -> list[int]:
+def token_ids(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(
         type(token) is int and 0 <= token <= MAX_INPUT_ID for token in value
     ):
@@ -405,42 +318,14 @@ def _token_ids(value: Any) -> list[int]:
     return value
 
 
-def _per_prompt(raw: Any, count: int, batch: bool) -> list[SamplingParams]:
-    if isinstance(raw, list):
-        if not batch or len(raw) != count:
-            raise bad_request("A list of sampling_params needs a batch of the same length.")
-        return [parse_sampling(one) for one in raw]
-    return [parse_sampling(raw)] * count
-
-
-def _rids(raw: Any, count: int, n: int, batch: bool) -> list[str]:
-    """`_normalize_rid`: a string rid of a batch is a prefix, `<rid>_<i>` per expanded item."""
-    if not batch:
-        return [raw if isinstance(raw, str) else uuid.uuid4().hex]
-    expanded = count * n
-    if raw is None:
-        return [uuid.uuid4().hex for _ in range(expanded)]
-    if isinstance(raw, str):
-        return [f"{raw}_{i}" for i in range(expanded)]
-    if len(raw) != count:
-        raise bad_request(
-            "The specified rids length mismatch with the batch_size for batch processing."
-        )
-    rids = [rid for rid in raw for _ in range(n)] if n > 1 else list(raw)
-    if len(set(raw)) != len(raw):
-        duplicates = sorted({rid for rid in raw if raw.count(rid) > 1}, key=raw.index)
-        raise bad_request(f"Duplicate request IDs detected within the request: {duplicates}")
-    return rids
-
-
-def _refuse_duplicates(rids: Sequence[str], in_flight: InFlight) -> None:
+def refuse_duplicates(rids: Sequence[str], in_flight: InFlight) -> None:
     """`TokenizerManager._init_req_state`: a rid still in flight on this server is a 400."""
     for rid in rids:
         if in_flight(rid):
             raise bad_request(f"Duplicate request ID detected: {rid}")
 
 
-def _build_job(
+def build_job(
     prompts: Sequence[list[int] | str],
     samplings: Sequence[SamplingParams],
     rids: Sequence[str],
@@ -533,260 +418,6 @@ def style_of(sampling: SamplingParams, key: int, config: SimConfig, extras: Extr
     )
 
 
-def render_native(job: GenerationRequest, outcomes: list[ServedItem], config: SimConfig) -> Any:
-    bodies = [_native_answer(outcome, config, job.extras) for outcome in outcomes]
-    return bodies if job.batch else bodies[0]
-
-
-def _native_answer(outcome: ServedItem, config: SimConfig, extras: Extras) -> dict[str, Any]:
-    completion = outcome.completion
-    tokens = completion.completion_tokens
-    meta: dict[str, Any]
-    if outcome.waiting_abort:
-        # `_handle_abort_req`: no prompt_tokens, cached_tokens or num_retractions.
-        meta = {
-            "id": outcome.item.rid,
-            "finish_reason": completion.finish_reason,
-            "weight_version": WEIGHT_VERSION,
-            "e2e_latency": round(outcome.e2e_latency_s, 6),
-            "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": 0}],
-            "completion_tokens": tokens,
-        }
-        return {"text": completion.text, "output_ids": completion.output_ids, "meta_info": meta}
-    # `_handle_batch_output` (+ e2e_latency when finished).
-    cached = outcome.cached_tokens
-    meta = {
-        "id": outcome.item.rid,
-        "finish_reason": completion.finish_reason,
-        "prompt_tokens": outcome.item.prompt_tokens,
-        "weight_version": WEIGHT_VERSION,
-        "num_retractions": outcome.num_retractions,
-        **_native_logprobs(outcome, config, extras),
-        "reasoning_tokens": answers.reasoning_tokens(
-            completion.output_ids, config.reasoning_parser is not None,
-            extras.require_reasoning),
-        "completion_tokens": tokens,
-        "cached_tokens": cached,
-        "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": tokens}],
-        "cached_tokens_details": {"device": cached, "host": 0} if cached else None,
-        "e2e_latency": round(outcome.e2e_latency_s, 6),
-        **_spec_fields(outcome, config),
-    }
-    answer: dict[str, Any] = {"output_ids": completion.output_ids, "meta_info": meta}
-    if not config.skip_tokenizer_init:  # BatchTokenIDOutput carries no text
-        answer = {"text": completion.text, **answer}
-    return answer
-
-
-def _spec_fields(outcome: ServedItem, config: SimConfig) -> dict[str, Any]:
-    """The speculative fields a finished request gets after `e2e_latency` when the server runs
-    a speculative algorithm (`_handle_batch_output` -> `_calculate_spec_decoding_metrics`)."""
-    if config.speculative_algorithm is None:
-        return {}
-    tokens = outcome.completion.completion_tokens
-    item = outcome.item
-    return meta_info_fields(steps_for(config, item.key, item.prompt, tokens), tokens)
-
-
-def _native_logprobs(outcome: ServedItem, config: SimConfig, extras: Extras) -> dict[str, Any]:
-    """`TokenizerManager.add_logprob_to_meta_info`: `[logprob, token_id, text-or-null]` per
-    output token (`detokenize_logprob_tokens`; text only with `return_text_in_logprobs` and a
-    tokenizer), the top-K lists when `top_logprobs_num` > 0, and the input's, empty: with
-    `logprob_start_len` -1 no input token is scored."""
-    if extras.logprobs is None:
-        return {}
-    completion = outcome.completion
-    with_text = extras.logprob_text and not config.skip_tokenizer_init
-    texts = completion.token_texts() if with_text else [None] * completion.completion_tokens
-    scored = answers.token_logprobs(outcome.item.key, completion.output_ids, extras.logprobs)
-    fields: dict[str, Any] = {
-        "input_token_logprobs": [],
-        "output_token_logprobs": [[chosen, token, text] for (chosen, _), token, text
-                                  in zip(scored, completion.output_ids, texts, strict=True)],
-        "output_token_logprobs_length": completion.completion_tokens,
-    }
-    if extras.logprobs > 0:
-        # The simulator has no tokenizer: a runner-up that is not a token of the answer is
-        # shown by its id.
-        known = dict(zip(completion.output_ids, texts, strict=True))
-        fields["input_top_logprobs"] = []
-        fields["output_top_logprobs"] = [
-            [[value, token, known.get(token, f"<{token}>") if with_text else None]
-             for value, token in top]
-            for _, top in scored]
-    return fields
-
-
-def _refuse_stream(body: dict[str, Any]) -> None:
+def refuse_stream(body: dict[str, Any]) -> None:
     if body.get("stream"):
         raise bad_request("The simulator does not stream; send \"stream\": false.")
-
-
-# ---------------------------------------------------------------- OpenAI /v1/completions
-
-_OPENAI_TO_SAMPLING = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
-                       "seed": "sampling_seed"}
-_OPENAI_SAMPLING_KEYS = (
-    *(name for name, *_ in _RANGE_RULES), "n", "ignore_eos", "skip_special_tokens", "stop",
-    *_OPENAI_TO_SAMPLING,
-)
-
-
-def parse_completions(body: Any, config: SimConfig, in_flight: InFlight, *,
-                      require_reasoning: bool = False) -> GenerationRequest:
-    """Turn an OpenAI completions body (prompt as text or token ids) into checked items.
-    `require_reasoning`: the chat path's, from the thinking mode (chat.py)."""
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    _refuse_stream(body)
-    prompts = _openai_prompts(body.get("prompt"))
-    raw = {
-        _OPENAI_TO_SAMPLING.get(key, key): body[key]
-        for key in _OPENAI_SAMPLING_KEYS
-        if body.get(key) is not None
-    }
-    raw.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
-    schema = _vllm_schema(body) if config.flavor == "vllm" else body.get("json_schema")
-    if schema is not None:
-        raw["json_schema"] = schema
-    if config.flavor != "vllm" and body.get("regex") is not None:  # SGLang's extension
-        raw["regex"] = body["regex"]
-    extras = replace(_openai_extras(body, config), require_reasoning=require_reasoning)
-    sampling = parse_sampling(raw)
-    rid = body.get("rid")
-    base = rid if isinstance(rid, str) else uuid.uuid4().hex
-    rids = [base] if len(prompts) == 1 else [f"{base}-p{i}" for i in range(len(prompts))]
-    rids = [r for r in rids for _ in range(sampling.n)]
-    _refuse_duplicates(rids, in_flight)
-    return _build_job(prompts, [sampling] * len(prompts), rids, True, config, extras)
-
-
-# vLLM 0.33 `ModelConfig.max_logprobs` default: `SamplingParams._validate_logprobs` refuses more.
-VLLM_MAX_LOGPROBS = 20
-
-
-def _openai_extras(body: dict[str, Any], config: SimConfig) -> Extras:
-    """`logprobs` (K), `return_token_ids`, and vLLM's `return_tokens_as_token_ids`, with
-    vLLM's checks (`CompletionRequest.check_logprobs`, `SamplingParams._validate_logprobs`)."""
-    top = body.get("logprobs")
-    if top is not None:
-        if isinstance(top, bool) or not isinstance(top, int):
-            raise bad_request("`logprobs` must be an integer.")
-        if top < 0:
-            raise bad_request("`logprobs` must be a positive value or -1." if top != -1 else
-                              "The simulator does not return the whole vocabulary "
-                              "(logprobs -1).")
-        if config.flavor == "vllm" and top > VLLM_MAX_LOGPROBS:
-            raise bad_request(f"Requested sample logprobs of {top}, which is greater than max "
-                              f"allowed: {VLLM_MAX_LOGPROBS}")
-    return Extras(logprobs=top, token_ids=body.get("return_token_ids") is True,
-                  tokens_as_ids=config.flavor == "vllm"
-                  and body.get("return_tokens_as_token_ids") is True)
-
-
-def _vllm_schema(body: dict[str, Any]) -> Any:
-    """vLLM's schema: `structured_outputs.json`, or `response_format` `json_schema.schema`
-    (`structured_outputs_from_response_format`; the latter wins)."""
-    schema = None
-    structured = body.get("structured_outputs")
-    if isinstance(structured, dict):
-        schema = structured.get("json")
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
-        wrapper = response_format.get("json_schema")
-        if not isinstance(wrapper, dict):
-            raise bad_request("When response_format type is 'json_schema', the 'json_schema' "
-                              "field must be provided.")
-        schema = wrapper.get("schema", {})
-    return schema
-
-
-def _openai_logprobs(outcome: ServedItem, config: SimConfig, extras: Extras) -> Any:
-    """The legacy completions `logprobs` object. vLLM (`OpenAIServingCompletion.
-    _create_completion_logprobs`): `text_offset` from the tokens' lengths, the top dict of
-    the first K + 1 candidates (the chosen token is one of the top K here, so K of them, one
-    for K = 0), tokens as `token_id:N` with `return_tokens_as_token_ids`. SGLang
-    (`to_openai_style_logprobs`): tokens by text, `text_offset` -1, no top dicts for K = 0."""
-    top = extras.logprobs
-    if top is None:
-        return None
-    completion = outcome.completion
-    vllm = config.flavor == "vllm"
-    scored = answers.token_logprobs(outcome.item.key, completion.output_ids,
-                                    max(top, 1) if vllm else top)
-    texts = completion.token_texts()
-    known = dict(zip(completion.output_ids, texts, strict=True))
-
-    def name(token: int) -> str:
-        return f"token_id:{token}" if extras.tokens_as_ids else known.get(token, f"<{token}>")
-
-    tokens = [name(token) for token in completion.output_ids]
-    offsets = [-1] * len(tokens)
-    if vllm:
-        offsets = list(accumulate((len(t) for t in tokens[:-1]), initial=0))[:len(tokens)]
-    rows = [{name(token): value for value, token in ranked} for _, ranked in scored] \
-        if vllm or top > 0 else []
-    return {"text_offset": offsets, "token_logprobs": [chosen for chosen, _ in scored],
-            "tokens": tokens, "top_logprobs": rows}
-
-
-def _openai_prompts(prompt: Any) -> list[list[int] | str]:
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
-        if all(isinstance(p, list) for p in prompt):
-            return [_token_ids(p) for p in prompt]
-        return [_token_ids(prompt)]
-    raise bad_request(
-        "prompt must be a string, a list of token ids, or a non-empty list of either."
-    )
-
-
-def _stop_field(finish: dict[str, Any], config: SimConfig) -> dict[str, Any]:
-    """What ended a choice. SGLang (`OpenAIServingCompletion._build_completion_response`):
-    `matched_stop`, the finish reason's `matched` (a stop string, or the stop token's id).
-    vLLM (`CompletionResponseChoice.stop_reason`): the stop string, null for the EOS token."""
-    matched = finish.get("matched")
-    if config.flavor == "vllm":
-        return {"stop_reason": matched if isinstance(matched, str) else None}
-    return {"matched_stop": matched}
-
-
-def render_completions(job: GenerationRequest, outcomes: list[ServedItem],
-                       config: SimConfig) -> dict[str, Any]:
-    choices = []
-    for index, outcome in enumerate(outcomes):
-        finish = outcome.completion.finish_reason
-        choice = {
-            "index": index,
-            "text": outcome.completion.text,
-            "logprobs": _openai_logprobs(outcome, config, job.extras),
-            "finish_reason": finish["type"],
-            **_stop_field(finish, config),
-        }
-        if job.extras.token_ids:
-            choice["token_ids"] = outcome.completion.output_ids
-            prompt = outcome.item.prompt
-            choice["prompt_token_ids"] = prompt if isinstance(prompt, list) else None
-        choices.append(choice)
-    return openai_response("text_completion", f"cmpl-{uuid.uuid4().hex}", config, choices,
-                           usage_of(outcomes))
-
-
-def openai_response(kind: str, response_id: str, config: SimConfig, choices: list[Any],
-                    usage: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI answer's body (`object` is its kind): created now, by the served model."""
-    return {"id": response_id, "object": kind, "created": int(time.time()),
-            "model": config.model_name, "choices": choices, "usage": usage}
-
-
-def usage_of(outcomes: list[ServedItem]) -> dict[str, int]:
-    """An OpenAI answer's `usage`: each prompt counts once, however many samples (n) it
-    produced."""
-    n = outcomes[0].item.sampling.n if outcomes else 1
-    prompt_tokens = sum(o.item.prompt_tokens for o in outcomes[::n])
-    completion_tokens = sum(o.completion.completion_tokens for o in outcomes)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
