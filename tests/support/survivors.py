@@ -32,3 +32,28 @@ def marked(mark: dict[str, str]) -> list[str]:
         if state != "Z":
             found.append(f"{proc.name} {cmdline.strip()}")
     return found
+
+
+def _live(proc: Path) -> tuple[int, str] | None:
+    """(process group, cmdline) of a live process, None for a zombie or one gone."""
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else (int(fields[2]), cmdline.strip())
+
+
+def by_cmdline_or_group(needles: list[str], pgids: set[int]) -> list[str]:
+    """`pid cmdline` of every live process whose cmdline holds one of `needles` or that is in
+    one of the process groups `pgids`. For children that lose the environment mark: vLLM's
+    engine core renames itself (setproctitle, `VLLM::EngineCore`), which overwrites the memory
+    /proc/PID/environ reads, so only its group (or its name) still says whose it is."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        live = _live(proc)
+        if live is not None and (live[0] in pgids or any(n in live[1] for n in needles)):
+            found.append(f"{proc.name} {live[1]}")
+    return found
