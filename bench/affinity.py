@@ -35,8 +35,8 @@ import orjson
 from bench.common import save, table
 from bench.fleet import CONTEXT, Fleet, Model, local_fleet, sim_gpus
 from bench.turns import run_all_turns
-from fleetgen.base.contract import slot_of
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.queue.contract import slot_of
 
 REAL_PREFILL_TOKENS_PER_S = 8000.0
 REAL_TPOT_MS = 20.0

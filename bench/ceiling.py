@@ -18,9 +18,9 @@ from typing import Any
 import psutil
 
 from bench.common import save, self_cpu_s, table, write_uniform_prompts
-from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.simgpus import SimGpus
+from fleetgen.queue.redisconn import connect
 
 GPUS = 8
 SLOTS = 32
@@ -63,7 +63,7 @@ def run(rows: int, work: Path, output_tokens_mean: int, gpus: int) -> dict[str, 
         before = {name: cpu_s(pid) for name, pid in pids.items()}
         self_before = self_cpu_s()
         started = time.perf_counter()
-        thread = threading.Thread(target=producer.run, daemon=True)
+        thread = threading.Thread(target=producer.send_pass, daemon=True)
         thread.start()
         drainer.run_until_complete()
         seconds = time.perf_counter() - started

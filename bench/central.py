@@ -26,11 +26,11 @@ import orjson
 import psutil
 
 from bench.common import save, self_cpu_s, table, write_uniform_prompts
-from fleetgen.base.contract import QUEUE
-from fleetgen.base.outcomes import Generation
-from fleetgen.base.redisconn import connect
-from fleetgen.base.wire import task_payload
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.contract import QUEUE
+from fleetgen.queue.redisconn import connect
+from fleetgen.queue.wire import task_payload
+from fleetgen.records.outcomes import Generation
 
 STOP_KEY = "bench:central:stop"
 BYTES_KEY, TAKEN_KEY = "bench:central:message-bytes", "bench:central:messages"
@@ -155,7 +155,7 @@ def run(rows: int, consumers: int, work: Path, words: int) -> dict[str, Any]:
         before = {k: sum(_cpu_s(p) for p in v) for k, v in pids.items()}
         self_before = self_cpu_s()
         started = time.perf_counter()
-        thread = threading.Thread(target=producer.run, daemon=True)
+        thread = threading.Thread(target=producer.send_pass, daemon=True)
         thread.start()
         for _ in drainer.ticks():
             sample(drainer)

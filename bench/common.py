@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.envvars import BENCH_FIGURES, BENCH_RUN
+from fleetgen.settings.envvars import BENCH_FIGURES, BENCH_RUN
 
 # Tracked: the tables of docs/performance.md and docs/scale.md are generated from these files
 # (tools/perf_tables.py). FLEETGEN_BENCH_FIGURES moves them elsewhere (the smoke test must

@@ -18,9 +18,11 @@ import orjson
 import redis
 
 from bench.common import save, table
-from fleetgen.base.contract import KIND_RESULT, STATE_PRODUCED, RunKeys
-from fleetgen.base.outdir import DrainDir
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.records.outdir import OutputDir
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED
 
 
 def fill(client: redis.Redis, run: str, rows: int) -> int:
@@ -42,8 +44,8 @@ def fill(client: redis.Redis, run: str, rows: int) -> int:
 
 
 def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
-    from fleetgen.base.redisconn import connect
     from fleetgen.drainer import Drainer
+    from fleetgen.queue.redisconn import connect
 
     client = redis.Redis.from_url(url)
     client.flushall()
@@ -55,7 +57,7 @@ def measure(url: str, out: Path, rows: int, batch: int) -> dict[str, Any]:
     drainer.run_until_complete()
     seconds = time.perf_counter() - started
     drainer.close()
-    written = sum(1 for _ in DrainDir(out / run).file(KIND_RESULT).open("rb"))
+    written = sum(1 for _ in OutputDir(out / run).file(KIND_RESULT).open("rb"))
     if written != rows:
         raise RuntimeError(f"drainer wrote {written} lines, not {rows}")
     return {"rows": rows, "batch": batch, "seconds": seconds, "lines_per_s": rows / seconds,

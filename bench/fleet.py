@@ -27,13 +27,13 @@ import orjson
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import RUN_ENV, save, table, write_varied_prompts
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
-from fleetgen.base.outdir import DrainDir
-from fleetgen.base.redisconn import connect
 from fleetgen.engine.health import probe_url
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import ProcessGroup
 from fleetgen.local.simgpus import SimGpus
+from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT
+from fleetgen.queue.redisconn import connect
+from fleetgen.records.outdir import OutputDir
 
 BATCH = 512  # the producer's batch: the window it could reorder without holding rows back
 CONTEXT = 8192
@@ -177,13 +177,13 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         kill_later(fleet, sims, t0, died)
 
         def produce() -> None:
-            producer.run()
+            producer.send_pass()
             producer.wait_until_generated(2.0)
 
         end = drain_alongside(drainer, produce)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
-        written = DrainDir(work / f"fg-{tag}-out")
+        written = OutputDir(work / f"fg-{tag}-out")
         service = _service_s(model, written.file(KIND_RESULT))
         replay = replays(model, fleet, _jobs(model, written.file(KIND_RESULT)),
                          _rel_int(died, t0))

@@ -41,17 +41,12 @@ import orjson
 from bench.central import InstantEngine
 from bench.common import save, table
 from bench.fleet_wire import Wire, WireWorker, load_scripts
-from fleetgen.base.contract import (
-    QUEUE,
-    STATE_PRODUCED,
-    RunKeys,
-    TaskPayload,
-    closing_key,
-    worker_key,
-)
-from fleetgen.base.redisconn import connect, text
-from fleetgen.base.wire import slots_in_flight, task_message, task_payload
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.contract import QUEUE, TaskPayload, closing_key, worker_key
+from fleetgen.queue.redisconn import connect, text
+from fleetgen.queue.wire import slots_in_flight, task_message, task_payload
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED
 
 RUN = "scale"
 STOP_KEY = "bench:scale:stop"
@@ -78,8 +73,8 @@ class Worker:
     def __init__(self, url: str, name: str) -> None:
         from kombu import Connection
 
-        from fleetgen.base.broker import Transport
-        from fleetgen.base.celeryconf import celery_config
+        from fleetgen.queue.broker import Transport
+        from fleetgen.queue.celeryconf import celery_config
         from workers.sink import StreamSink
 
         options = celery_config(url, visibility_timeout_s=LEASE_S)["broker_transport_options"]
@@ -123,8 +118,8 @@ class Worker:
 
     def beat(self) -> None:
         """The gate's heartbeat (workers/gate.py `_heartbeat`): `QoS.beat`, one script."""
-        from fleetgen.base import heartbeat
-        from fleetgen.base.celeryconf import sweep_interval_s
+        from fleetgen.queue import heartbeat
+        from fleetgen.queue.celeryconf import sweep_interval_s
 
         qos = self.channel.qos
         sweep_s = sweep_interval_s(LEASE_S)
@@ -158,7 +153,7 @@ def _real(url: str, workers: list[Worker], rng: random.Random) -> None:
     exponential time of mean SLOTS / 0.9 s (so each makes 0.9 rows/s), beats every 2 s and
     sweeps every sweep interval, staggered; at the end, the SIGTERM hand-back of what each
     holds (`QoS.restore_unacked`)."""
-    from fleetgen.base.celeryconf import sweep_interval_s
+    from fleetgen.queue.celeryconf import sweep_interval_s
 
     if not workers:
         return
@@ -203,7 +198,7 @@ def _loop(workers: list[Worker], rows: list[tuple[float, int, str, Any]],
     """Beats and sweeps (`ticks`) before any row that is due: on a machine too loaded to make
     every row in time, the rows fall behind (rows/s says by how much) and the per-worker
     traffic stays on time, as a real worker's timer thread keeps it."""
-    from fleetgen.base.celeryconf import sweep_interval_s
+    from fleetgen.queue.celeryconf import sweep_interval_s
 
     next_look = 0.0
     period = {"beat": HEALTH_S, "sweep": float(sweep_interval_s(LEASE_S))}
@@ -282,7 +277,7 @@ async def _life(w: WireWorker, taken: list[bytes], rng: random.Random, stop: asy
     sweeps first (a real worker's timer thread keeps them on time), then each row due. A
     timer that fell behind fires once, late, as Celery's timer does, not once a missed
     period."""
-    from fleetgen.base.celeryconf import sweep_interval_s
+    from fleetgen.queue.celeryconf import sweep_interval_s
 
     loop = asyncio.get_running_loop()
     engine = InstantEngine(20)

@@ -41,8 +41,8 @@ from typing import Any
 import orjson
 from redis.lock import Lock
 
-from fleetgen.base import heartbeat
-from fleetgen.base.broker import (
+from fleetgen.queue import heartbeat
+from fleetgen.queue.broker import (
     _ACK,
     _APPEND,
     _BEAT,
@@ -51,9 +51,9 @@ from fleetgen.base.broker import (
     SWEEP_DUE_SHARE,
     _seconds,
 )
-from fleetgen.base.celeryconf import sweep_interval_s
-from fleetgen.base.contract import QUEUE, RunKeys, closing_key, worker_key
-from fleetgen.base.wire import (
+from fleetgen.queue.celeryconf import sweep_interval_s
+from fleetgen.queue.contract import QUEUE, closing_key, worker_key
+from fleetgen.queue.wire import (
     IN_FLIGHT,
     KOMBU_UNACKED,
     KOMBU_UNACKED_INDEX,
@@ -64,6 +64,7 @@ from fleetgen.base.wire import (
     taking_key,
     task_payload,
 )
+from fleetgen.runstate.keys import RunKeys
 from workers.sink import _EMIT_IF_RUN_EXISTS, StreamSink
 
 # kombu's defaults for the names and the lock (transport/redis.py: priority_steps, sep,

@@ -31,8 +31,9 @@ from bench.common import (
     table,
     write_uniform_prompts,
 )
-from fleetgen.base.contract import KIND_RESULT, QUEUE, RunKeys
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.contract import KIND_RESULT, QUEUE
+from fleetgen.runstate.keys import RunKeys
 
 HIGH_WATER = 2048
 SHORT_WORDS = 30  # ~60-token prompts: 1 M rows in about a minute; RSS is what is measured
@@ -89,7 +90,7 @@ def child(args: argparse.Namespace) -> None:
     before = rss_bytes("VmRSS")
     producer = standalone_producer(settings, tokenizer=tokenizer)
     started = time.perf_counter()
-    progress = producer.run()
+    progress = producer.send_pass()
     seconds = time.perf_counter() - started
     seen: Any = getattr(producer, "_seen_ids", None)
     seen_bytes = seen.nbytes() if hasattr(seen, "nbytes") else None
@@ -134,8 +135,8 @@ def producer_rss(sizes: list[int], work: Path, valkey: EmbeddedValkey) -> list[d
 def valkey_memory(rows: int, work: Path, valkey: EmbeddedValkey) -> dict[str, Any]:
     """used_memory sampled through a whole run of `rows` rows (producer, fake workers,
     real drainer), against the empty server's baseline."""
-    from fleetgen.base.redisconn import connect
     from fleetgen.drainer import Drainer
+    from fleetgen.queue.redisconn import connect
 
     client = redis.Redis.from_url(valkey.url)
     client.flushall()

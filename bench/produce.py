@@ -1,7 +1,7 @@
 """Producer bench: fleetgen's producer against a naive per-row loop, same rows, same Valkey.
 
 Both read ~300-token chat rows (Qwen3.6 tokenizer) from a JSONL file and enqueue one Celery
-task per row into an embedded Valkey. fleetgen: `Producer.run()` (batched render + tiktoken
+task per row into an embedded Valkey. fleetgen: `Producer.send_pass()` (batched render + tiktoken
 encode, exact budget, hand-built protocol-2 messages LPUSHed in one MULTI per batch, resume
 bitmaps). Naive: per row `apply_chat_template(tokenize=True)` + `app.send_task`. Each runs
 in a fresh process; peak RSS is measured over the run only (the tokenizer load is excluded
@@ -35,20 +35,20 @@ def run_fleetgen(path: Path, url: str, tokenizer: Any) -> int:
     settings = ProducerSettings(input=path, run="fleetgen", redis_url=url,
                                 context_length=CONTEXT, high_water=10**9)
     producer = standalone_producer(settings, tokenizer=tokenizer)
-    return producer.run().enqueued
+    return producer.send_pass().enqueued
 
 
 def run_naive(path: Path, url: str, tokenizer: Any) -> int:
     """The per-row loop a first script writes: render+tokenize one row, send one task."""
     import orjson
 
-    from fleetgen.base.celeryconf import make_app
-    from fleetgen.base.contract import QUEUE, TASK_NAME
+    from fleetgen.queue.celeryconf import make_app
+    from fleetgen.queue.contract import QUEUE, TASK_NAME
     from producer.budget import Limits, budget
 
     app = make_app(url, visibility_timeout_s=3600)
     # A first script's Celery has kombu's own Redis transport, not fleetgen's (one client per
-    # channel, fleetgen/base/broker.py), which would make each of its publishes cheaper.
+    # channel, fleetgen/queue/broker.py), which would make each of its publishes cheaper.
     app.conf.broker_transport = None
     limits = Limits(context_length=CONTEXT)
     hf = tokenizer.hf

@@ -28,9 +28,9 @@ import orjson
 
 from bench.common import save, table
 from bench.fleet import CONTEXT, Fleet, Model, Poller, drain_alongside, local_fleet, sim_gpus
-from fleetgen.base.contract import KIND_RESULT
-from fleetgen.base.outdir import DrainDir
-from fleetgen.base.redisconn import connect
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.queue.redisconn import connect
+from fleetgen.records.outdir import OutputDir
 
 TOPICS = ["the sea", "prime numbers", "a recipe", "Rust lifetimes", "the Roman empire",
           "jazz", "tides", "compilers", "bees", "chess openings"]
@@ -100,7 +100,7 @@ def run_fleetgen(model: Model, prompts: Path, work: Path, tokenizer: Any) -> dic
     return {"makespan_s": end - t0, "busy_slot_s": busy, "series": series,
             "summary": {k: summary[k] for k in ("total", "done", "failed", "rejected",
                                                 "truncated", "completion_tokens")},
-            "chains": chains_of(model, DrainDir(out).file(KIND_RESULT))}
+            "chains": chains_of(model, OutputDir(out).file(KIND_RESULT))}
 
 
 def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | None = None,
@@ -120,7 +120,7 @@ def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | 
     t0 = time.perf_counter()
 
     def produce() -> None:
-        producer.run()
+        producer.send_pass()
         producer.wait_until_generated(2.0)  # it builds every next turn while it waits
 
     end = drain_alongside(drainer, produce)

@@ -27,12 +27,13 @@ import psutil
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, run_baseline
 from bench.common import save, self_cpu_s, table
-from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
-from fleetgen.base.redisconn import connect
-from fleetgen.base.wire import task_message
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import wait_for
 from fleetgen.local.simgpus import SimGpus
+from fleetgen.queue.contract import QUEUE, TaskPayload
+from fleetgen.queue.redisconn import connect
+from fleetgen.queue.wire import task_message
+from fleetgen.runstate.keys import RunKeys
 
 SLOTS = 32
 PROMPT_TOKENS = 300

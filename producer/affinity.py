@@ -5,13 +5,13 @@ scheduling turns itself off past 128 waiting requests (`schedule_policy.py`
 `_determine_active_policy`), so at a fleet's queue depths the client has to send it there.
 
 A worker consumes its own queue beside the shared one (workers/gate.py) and takes it first
-(fleetgen/base/broker.py `OwnQueueFirst`), so a next turn waits for one free slot of its
+(fleetgen/queue/broker.py `OwnQueueFirst`), so a next turn waits for one free slot of its
 worker. No GPU idles for it: a next turn goes to the shared queue when its worker is not
 alive and taking prompts, or already has NEXT_POOLS pools waiting in its queue; a worker's
 queue is moved to the shared one once that worker is lost or stops taking prompts, and what
 waits there goes to the shared queue while that is empty (`sweep`, run by the producer at
 every batch, every look while the queues are full, and every look while it waits: the run
-object's look, producer/run.py).
+object's look, producer/loop.py).
 
 First turns that share a prefix with others (the samples of a prompt, prompts that open with
 the same long system prompt or document) go to one worker too: the one a rendezvous hash of
@@ -28,11 +28,11 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.contract import QUEUE, TaskPayload, slot_of, worker_key, worker_queue
-from fleetgen.base.heartbeat import Heartbeat
-from fleetgen.base.redisconn import read_hash
-from fleetgen.base.serverclock import ServerClock
-from fleetgen.base.wire import move_queue, task_queues
+from fleetgen.queue.contract import QUEUE, TaskPayload, slot_of, worker_key, worker_queue
+from fleetgen.queue.heartbeat import Heartbeat
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.queue.serverclock import ServerClock
+from fleetgen.queue.wire import move_queue, task_queues
 
 # A next turn waits this long at most in its worker's queue before any worker may take it.
 WAIT_S = 2.0
@@ -164,7 +164,7 @@ class Affinity:
         the last sweep saw there already (it waited `wait_s` or more: its worker is
         saturated, an idle one takes it). While the shared queue holds work, no GPU idles for
         a message that waits for its own worker, which takes its queue first
-        (fleetgen/base/broker.py `OwnQueueFirst`). Returns the messages moved."""
+        (fleetgen/queue/broker.py `OwnQueueFirst`). Returns the messages moved."""
         now = time.monotonic()
         if now - self._swept_at < self.wait_s:
             return 0

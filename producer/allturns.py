@@ -1,7 +1,7 @@
 """`--turns all`: every turn of every conversation is a request of its own, in order. The pass
 over the input sends first turns; this follows the drainer's files and sends each next turn
 once the answer before it is written, rendered with this run's answers (docs/design.md "Every
-turn"), and tells the run object (producer/run.py) which turns the files settle and which
+turn"), and tells the run object (producer/loop.py) which turns the files settle and which
 Redis lost."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fleetgen.base.bitmap import Bits
-from fleetgen.base.contract import slot_of
+from fleetgen.queue.contract import slot_of
+from fleetgen.runstate.bitmap import Bits
 from producer.outbox import Outbox
 from producer.prompts import PromptBatch, Prompts
 from producer.reconcile import Reconciler

@@ -8,20 +8,15 @@ import logging
 import redis
 
 from fleetgen import engine
-from fleetgen.base.errors import (
-    ConfigError,
-    EngineUnreachable,
-    PermanentError,
-    RetryableError,
-)
-from fleetgen.base.redisconn import connect
 from fleetgen.engine import EngineProtocol, ServerLimits, kinds
 from fleetgen.engine.preflight import combine, returns_token_ids
+from fleetgen.errors import ConfigError, EngineUnreachable, PermanentError, RetryableError
+from fleetgen.queue.redisconn import connect
 from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
+from producer.loop import Plan, Producer
 from producer.request import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
-from producer.run import Plan, Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import redis
 
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import read_hash
+from fleetgen.errors import ConfigError
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
 
 # The figure a rule names -> the workers' counter it divides by the answers so far
 # (workers/generate.py writes them with every outcome, in the run's stats hash).

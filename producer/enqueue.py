@@ -9,18 +9,18 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.contract import (
+from fleetgen.queue.contract import (
     KIND_HOLDOUT,
     KIND_REJECTED,
     QUEUE,
-    RunKeys,
     TaskPayload,
     slot_of,
     slots_of,
     worker_key,
 )
-from fleetgen.base.outcomes import stream_entry
-from fleetgen.base.wire import queued, task_message
+from fleetgen.queue.wire import queued, task_message
+from fleetgen.records.outcomes import stream_entry
+from fleetgen.runstate.keys import RunKeys
 
 log = logging.getLogger("fleetgen.producer")
 
@@ -112,7 +112,7 @@ class Enqueuer:
         return value
 
     def full(self) -> bool:
-        """The queues hold the high-water mark: the next batch waits (producer/run.py)."""
+        """The queues hold the high-water mark: the next batch waits (producer/loop.py)."""
         return self.queue_depth() >= self.high_water()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from fleetgen.base.outcomes import holdout_record
+from fleetgen.records.outcomes import holdout_record
 from producer.request import Request
 from producer.rows import Row
 

@@ -2,7 +2,7 @@
 and settings give every request the same slot), the wanted ones rendered, tokenized and
 budgeted as one batch, their first turns enqueued and the rest rejected. A first pass wants
 what is neither done nor in flight; a re-enqueueing pass wants only the slots Redis lost. The
-run object (producer/run.py) drives it batch by batch, and looks at the run between them."""
+run object (producer/loop.py) drives it batch by batch, and looks at the run between them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.outcomes import duplicate_record
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import duplicate_record
 from producer.dedup import SeenIds
 from producer.holdout import HoldOut
 from producer.inputs import Inputs

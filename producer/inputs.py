@@ -19,7 +19,7 @@ from typing import Any
 
 import zstandard
 
-from fleetgen.base.errors import InputError
+from fleetgen.errors import InputError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -1,6 +1,6 @@
 """The resume check: a resumed run must keep the settings it was started with, and read the
-same files. The manifest itself is fleetgen/base/manifest.py's; the settings that are pinned
-are fleetgen/base/runoptions.py's `PINNED`."""
+same files. The manifest itself is fleetgen/runstate/manifest.py's; the settings that are pinned
+are fleetgen/settings/runoptions.py's `PINNED`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base import manifest
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import DrainDir
-from fleetgen.base.runoptions import PINNED, flag_name
+from fleetgen.errors import ConfigError
+from fleetgen.records.outdir import OutputDir
+from fleetgen.runstate import manifest
+from fleetgen.settings.runoptions import PINNED, flag_name
 
 __all__ = [
     "NEW_RUN",
@@ -33,9 +33,9 @@ NEW_RUN = "use a new --run name"
 
 
 class CheckedManifest:
-    """The run's manifest as the producer uses it: fleetgen/base/manifest.py's verbs
+    """The run's manifest as the producer uses it: fleetgen/runstate/manifest.py's verbs
     (`record`), and a start or resume that checks the pinned settings first. `read()` is the
-    hash as stored, for `Producer.manifest()` (producer/run.py) and its tests."""
+    hash as stored, for `Producer.manifest()` (producer/loop.py) and its tests."""
 
     def __init__(self, client: redis.Redis, run: str, new_run: str = NEW_RUN,
                  recorded: Recorded | None = None) -> None:
@@ -126,7 +126,7 @@ def recorded_in(out: Path | None, run: str) -> Recorded | None:
     if out is None:
         return None
     try:
-        summary = DrainDir(out).read_summary() or {}
+        summary = OutputDir(out).read_summary() or {}
     except orjson.JSONDecodeError:  # damaged: the drainer rewrites it from the files
         return None
     settings = summary.get("settings")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fleetgen.base.contract import TaskPayload
+from fleetgen.queue.contract import TaskPayload
 from producer.affinity import Affinity
 from producer.enqueue import Enqueuer
 from producer.progress import Progress

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.outcomes import rejected_record
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import rejected_record
 from producer.budget import Limits, budget
 from producer.request import Request, RequestOptions
 from producer.rows import BadRow, Row

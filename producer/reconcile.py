@@ -1,14 +1,14 @@
 """Reconciliation: find rows that have no outcome and are neither queued nor held by a worker
 (lost to a Redis crash, or to a worker killed between taking a message and recording it). The
-run object (producer/run.py) looks at these and decides; nothing here waits or sends."""
+run object (producer/loop.py) looks at these and decides; nothing here waits or sends."""
 
 from __future__ import annotations
 
 import redis
 
-from fleetgen.base.bitmap import Bits
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.wire import slots_in_flight
+from fleetgen.queue.wire import slots_in_flight
+from fleetgen.runstate.bitmap import Bits
+from fleetgen.runstate.keys import RunKeys
 
 
 class Reconciler:

@@ -8,9 +8,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from fleetgen.base.contract import Sampling, TaskPayload
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outcomes import request_fields
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import Sampling, TaskPayload
+from fleetgen.records.outcomes import request_fields
 from producer.budget import Limits
 from producer.rows import Row
 from producer.settings import ProducerSettings

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.errors import InputError
+from fleetgen.errors import InputError
 from producer.conversation import conversation, kind
 from producer.inputs import InputFile, Inputs, Meter, iter_lines, resolve_input
 from producer.openai_batch import batch_id, batch_request, is_batch_line

@@ -11,13 +11,13 @@ from typing import Protocol
 
 import redis
 
-from fleetgen.base.redisconn import connect
-from fleetgen.base.runstate import run_complete
+from fleetgen.queue.redisconn import connect
+from fleetgen.runstate.lifecycle import run_complete
 from producer.build import build_producer
 from producer.inputs import Inputs, resolve_input
+from producer.loop import Plan
 from producer.manifest import CheckedManifest, recorded_in
 from producer.progress import Progress
-from producer.run import Plan
 from producer.settings import ProducerSettings
 
 
@@ -115,7 +115,7 @@ def produce(settings: ProducerSettings, *, wait: bool = False,
     # waiting.
     should_stop = hooks.stop_flag()
     try:
-        report = producer.run(on_batch=lambda p: hooks.read(p.read, projected_rows(
+        report = producer.send_pass(on_batch=lambda p: hooks.read(p.read, projected_rows(
             p.read, inputs.meter.bytes_read, resume.size_bytes)), should_stop=should_stop)
         if report.stopped is None and not should_stop():
             hooks.read(report.read, report.read)  # all read: the count is the total

@@ -1,6 +1,6 @@
 """Producer settings: one frozen dataclass, built from flags and FLEETGEN_* in one place.
 
-A field that is a run option takes its default from its entry in fleetgen/base/runoptions.py
+A field that is a run option takes its default from its entry in fleetgen/settings/runoptions.py
 (`_option`), where its flag, its help and its place in the manifest are declared too."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen import engine
-from fleetgen.base import runoptions
-from fleetgen.base.contract import Sampling
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import redact
-from fleetgen.base.runoptions import MAX_LOGPROBS
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import Sampling
+from fleetgen.queue.redisconn import redact
+from fleetgen.settings import runoptions
+from fleetgen.settings.runoptions import MAX_LOGPROBS
 from producer.earlystop import parse_rule
 
 __all__ = ["MAX_LOGPROBS", "MAX_SAMPLES", "MAX_STOPS", "ProducerSettings", "setting_default"]
@@ -148,7 +148,7 @@ class ProducerSettings:
                               f"MAX_STOP_COUNT), got {len(stops)}")
 
     def manifest_settings(self, files: list[str] | None = None) -> dict[str, Any]:
-        """What is stored in the run's manifest (fleetgen/base/runoptions.py STORED), a secret
+        """What is stored in the run's manifest (fleetgen/settings/runoptions.py STORED), a secret
         redacted. `files`: the input's files as the producer resolved them (names relative to
         INPUT), so a resume reads the same."""
         stored: dict[str, Any] = {}

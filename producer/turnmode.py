@@ -1,7 +1,7 @@
 """How a run treats a row's turns, chosen once per run: `--turns last` (one request per sample,
 answering the row's last user turn; settled by the workers' `done` bitmap) or `--turns all`
 (every turn of every conversation, settled by the drainer's files: producer/allturns.py).
-A turn mode numbers a row's requests and answers what the run object (producer/run.py) asks
+A turn mode numbers a row's requests and answers what the run object (producer/loop.py) asks
 at each tick: how many slots are settled, which are lost; it never waits."""
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, blocked_by, slot_of
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outcomes import split_result
-from fleetgen.base.outdir import DrainDir
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT, blocked_by, slot_of
+from fleetgen.records.outcomes import split_result
+from fleetgen.records.outdir import OutputDir
 
 Message = dict[str, Any]
 
@@ -78,7 +78,7 @@ class WrittenTurns:
 
     def __init__(self, out: Path, run: str) -> None:
         self.out = out
-        self.dir = DrainDir(out)
+        self.dir = OutputDir(out)
         self.run = run
         self.kinds = bytearray()  # by slot: 0 nothing, 1 result, 2 rejected
         self.written = 0

@@ -1,7 +1,7 @@
 """A generated table in a docs page: the lines between `<!-- NAME -->` and `<!-- /NAME -->`
 are replaced by what a table module renders, everything else is left as written. The one
 fill/check/command of tools/envvars_table.py and tools/options_table.py, and the two tables
-(each rendered by its own module, fleetgen/base/settingtable.py the renderer of both).
+(each rendered by its own module, fleetgen/settings/table.py the renderer of both).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a tool runs as `python tools/NAME.py`: this checkout's fleetgen
-from fleetgen.base import envvars, runoptions  # noqa: E402
+from fleetgen.settings import envvars, runoptions  # noqa: E402
 
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
@@ -68,6 +68,6 @@ class DocTable:
 
 
 ENVVARS = DocTable("envvars", envvars.doc_table, ROOT / "docs" / "reference.md",
-                   "fleetgen/base/envvars.py", "tools/envvars_table.py")
+                   "fleetgen/settings/envvars.py", "tools/envvars_table.py")
 OPTIONS = DocTable("options", runoptions.doc_table, ROOT / "docs" / "options.md",
-                   "fleetgen/base/runoptions.py", "tools/options_table.py")
+                   "fleetgen/settings/runoptions.py", "tools/options_table.py")

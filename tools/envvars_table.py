@@ -1,5 +1,5 @@
 """Fill docs/reference.md's table of environment variables (`<!-- envvars -->`) from
-fleetgen/base/envvars.py, as tools/doc_table.py fills a block; `--check` exits 1 if it is stale.
+fleetgen/settings/envvars.py, as tools/doc_table.py fills a block; `--check` exits 1 if it is stale.
 
     python tools/envvars_table.py [--check] [FILE]
 """

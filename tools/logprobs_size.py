@@ -15,10 +15,10 @@ import argparse
 
 import orjson
 
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.outcomes import result_record
 from fleetgen.engine import GenerateOptions
 from fleetgen.engine.sglang import SGLangClient
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import result_record
 from fleetgen.simulator import SimConfig, run_in_thread
 
 

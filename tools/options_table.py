@@ -1,5 +1,5 @@
 """Fill docs/options.md's table of run options (`<!-- options -->`) from
-fleetgen/base/runoptions.py, as tools/doc_table.py fills a block; `--check` exits 1 if it is
+fleetgen/settings/runoptions.py, as tools/doc_table.py fills a block; `--check` exits 1 if it is
 stale.
 
     python tools/options_table.py [--check] [FILE]

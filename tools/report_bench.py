@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY
 from fleetgen.drainer import Tally
+from fleetgen.queue.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
+from fleetgen.records.outdir import FILES, RUN_MARKER, SUMMARY
 
 CONTEXT = 8192
 WORKERS = [f"gpu{n}@node1" for n in range(8)]

@@ -70,7 +70,7 @@ class Counts:
 def instrument(counts: Counts) -> None:
     import redis.connection
 
-    from fleetgen.base import contract
+    from fleetgen.runstate import keys
 
     sys.addaudithook(counts.audit)
     for name in ("PythonRespSerializer", "HiredisRespSerializer"):
@@ -84,7 +84,7 @@ def instrument(counts: Counts) -> None:
             return _original(self, *args)
 
         cls.pack = pack
-    init = contract.RunKeys.__init__
+    init = keys.RunKeys.__init__
 
     def keys_init(self: Any, run: str) -> None:
         counts._add("RunKeys built")
@@ -92,7 +92,7 @@ def instrument(counts: Counts) -> None:
             counts._add("RunKeys built before the first row")
         init(self, run)
 
-    contract.RunKeys.__init__ = keys_init  # type: ignore[method-assign]
+    keys.RunKeys.__init__ = keys_init  # type: ignore[method-assign]
     # Before any module takes the name with `from producer.inputs import resolve_input`.
     import producer.inputs
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.contract import KIND_RESULT
-from fleetgen.base.outdir import DrainDir
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.records.outdir import OutputDir
 
 
 def without_ids(record: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--token-ids")
         fleetgen("export", str(out), "--format", "tokens")
         fleetgen("export", str(out), "--format", "tokens", "--out", str(out / "t.parquet"))
-        raw = DrainDir(out).file(KIND_RESULT).read_bytes()
+        raw = OutputDir(out).file(KIND_RESULT).read_bytes()
         records = [orjson.loads(line) for line in raw.splitlines()]
         output = sum(r["completion_tokens"] for r in records)
         added = sum(len(orjson.dumps(r)) - len(orjson.dumps(without_ids(r))) for r in records)

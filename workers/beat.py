@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from celery import bootsteps
 
-from fleetgen.base.heartbeat import LOST_AFTER_BEATS
+from fleetgen.queue.heartbeat import LOST_AFTER_BEATS
 
 log = logging.getLogger("fleetgen.worker")
 

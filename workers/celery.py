@@ -11,10 +11,10 @@ import redis
 from celery import Celery, signals
 from celery.exceptions import Reject
 
-from fleetgen.base import exitcodes
-from fleetgen.base.celeryconf import make_app
-from fleetgen.base.contract import TASK_NAME, TaskPayload
-from fleetgen.base.errors import ConfigError, EngineError, EngineGone
+from fleetgen import exitcodes
+from fleetgen.errors import ConfigError, EngineError, EngineGone
+from fleetgen.queue.celeryconf import make_app
+from fleetgen.queue.contract import TASK_NAME, TaskPayload
 from workers import runtime, startup
 from workers.beat import EventHeartOffLoop
 from workers.gate import HealthGate

@@ -10,9 +10,9 @@ from celery import bootsteps
 from celery.platforms import EX_OK
 from celery.worker import state as worker_state
 
-from fleetgen.base import closing, heartbeat
-from fleetgen.base.celeryconf import sweep_interval_s
-from fleetgen.base.contract import QUEUE, closing_key, worker_key, worker_queue
+from fleetgen.queue import closing, heartbeat
+from fleetgen.queue.celeryconf import sweep_interval_s
+from fleetgen.queue.contract import QUEUE, closing_key, worker_key, worker_queue
 from workers import pacing, runtime
 from workers.beat import Beat
 

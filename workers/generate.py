@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import uuid4
 
-from fleetgen.base import errors
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
-from fleetgen.base.errors import EngineGone
-from fleetgen.base.outcomes import Generation, failure_record, quality_counts, result_record
+from fleetgen import errors
 from fleetgen.engine import Engine, GenerateOptions
 from fleetgen.engine.decision import Action, Attempt, Decision, RetryPolicy, asks_server, decide
+from fleetgen.errors import EngineGone
+from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
+from fleetgen.records.outcomes import Generation, failure_record, quality_counts, result_record
 from workers.sink import RunPurged, Sink
 from workers.state import state
 
@@ -110,7 +110,7 @@ def _again(decision: Decision, row_id: str, pacing: Pacing) -> bool:
 
 
 def generate_options(payload: TaskPayload) -> GenerateOptions:
-    """What the payload asks of the engine beyond sampling (fleetgen/base/contract.py).
+    """What the payload asks of the engine beyond sampling (fleetgen/queue/contract.py).
 
     The grammar waits for `</think>` only when the rendered prompt leaves the think block open
     (`think_open`), as SGLang's own chat path decides it from the thinking mode

@@ -11,11 +11,11 @@ from typing import Any
 import redis
 
 from fleetgen import engine
-from fleetgen.base.errors import EngineError
-from fleetgen.base.outcomes import Generation
-from fleetgen.base.redisconn import connect
 from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.health import Watch
+from fleetgen.errors import EngineError
+from fleetgen.queue.redisconn import connect
+from fleetgen.records.outcomes import Generation
 from workers.pacing import Pace
 from workers.settings import WorkerSettings
 from workers.sink import StreamSink

@@ -1,6 +1,6 @@
 """Worker settings: one frozen dataclass built from FLEETGEN_* environment variables.
 
-Each field names its variable (fleetgen/base/envvars.py), which gives its default, its parsing
+Each field names its variable (fleetgen/settings/envvars.py), which gives its default, its parsing
 and whether it is a secret; `from_env` reads them all from that one mapping."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from fleetgen import engine
-from fleetgen.base import envvars as ev
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import redis_url
+from fleetgen.errors import ConfigError
+from fleetgen.queue.redisconn import redis_url
+from fleetgen.settings import envvars as ev
 
 T = TypeVar("T")
 ENV = "env"  # the field metadata that names a field's variable

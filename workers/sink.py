@@ -10,8 +10,9 @@ from typing import Any, Protocol
 import orjson
 import redis
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys, request_key
-from fleetgen.base.outcomes import stream_entry
+from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT, request_key
+from fleetgen.records.outcomes import stream_entry
+from fleetgen.runstate.keys import RunKeys
 
 log = logging.getLogger("fleetgen.worker")
 

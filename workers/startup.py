@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from fleetgen import engine
-from fleetgen.base import exitcodes
-from fleetgen.base.errors import ConfigError, EngineError, PermanentError
+from fleetgen import engine, exitcodes
 from fleetgen.engine import EngineProtocol, ServerLimits, sglang
 from fleetgen.engine.load import LoadReader, gauges_of
+from fleetgen.errors import ConfigError, EngineError, PermanentError
 from workers.pacing import START_LIMIT, LimitPlan
 from workers.settings import WorkerSettings
 

@@ -10,13 +10,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import envvars
-from fleetgen.base.errors import ConfigError
 from fleetgen.engine.speculation import (
     PER_REQUEST_ADVICE,
     answers_per_request,
     speculative_algorithm,
 )
+from fleetgen.errors import ConfigError
+from fleetgen.settings import envvars
 
 if TYPE_CHECKING:
     from fleetgen.monitor.report import Built

@@ -16,13 +16,14 @@ from typing import Any
 
 import redis
 
-from fleetgen.base import envvars, exitcodes
-from fleetgen.base.contract import worker_key
-from fleetgen.base.redisconn import read_hash, redact, redis_url
-from fleetgen.base.serverclock import server_time
+from fleetgen import exitcodes
 from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.engine import one_engine_url
 from fleetgen.engine.preflight import Check, readiness
+from fleetgen.queue.contract import worker_key
+from fleetgen.queue.redisconn import read_hash, redact, redis_url
+from fleetgen.queue.serverclock import server_time
+from fleetgen.settings import envvars
 
 
 def add_parser(sub: Any) -> None:

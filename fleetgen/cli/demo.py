@@ -19,15 +19,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import runoptions
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import FILES, RUN_MARKER, SUMMARY, DrainDir, usable_dir
 from fleetgen.cli import job
 from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
+from fleetgen.errors import ConfigError
 from fleetgen.local.enginecmd import EnginePolicy, parse_engine_cmd
 from fleetgen.local.engines import EngineSet
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.records.outdir import FILES, RUN_MARKER, SUMMARY, OutputDir, usable_dir
+from fleetgen.settings import runoptions
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def sample_prompts() -> Path:
     return Path(str(resources.files("fleetgen") / "data" / "sample_prompts.jsonl"))
 
 
-def _recorded_run(out: DrainDir) -> str | None:
+def _recorded_run(out: OutputDir) -> str | None:
     """The run whose output `out` holds (the drainer's marker, else the summary's), if any."""
     return out.owner() or str((out.read_summary() or {}).get("run", "")) or None
 
@@ -89,7 +89,7 @@ def _prepare_out(out: Path) -> str | None:
     """The run to resume in `out` (an unfinished demo whose Redis state is kept there), or
     None after clearing an earlier, finished demo's output for a new run. The demo touches
     only its own output, never another run's."""
-    outdir = DrainDir(out)
+    outdir = OutputDir(out)
     run = _recorded_run(outdir)
     if run is None and any((out / name).exists() for name in output_files()):
         raise ConfigError(f"{out} already holds output files; pick another --out")

@@ -28,9 +28,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen import engine
-from fleetgen.base import envvars, errors, exitcodes
-from fleetgen.base.runoptions import DEFAULT_TOKENIZER
+from fleetgen import engine, errors, exitcodes
 from fleetgen.cli.flags import engine_protocol_option, json_object, subcommand
 from fleetgen.engine import EngineProtocol, ServerLimits, kinds
 from fleetgen.engine.health import State, probe_url
@@ -51,6 +49,8 @@ from fleetgen.engine.template import (
     reasoning_line,
     template_check,
 )
+from fleetgen.settings import envvars
+from fleetgen.settings.runoptions import DEFAULT_TOKENIZER
 
 # The server contradicts the budget model: a run would get 400s, truncated prompts or no text.
 DISAGREES = 1

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
-from fleetgen.base.outdir import FILES, SUMMARY
-from fleetgen.base.redisconn import connect, redis_url
+from fleetgen import exitcodes
 from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
+from fleetgen.queue.contract import KIND_FAILURE, KIND_REJECTED, KIND_RESULT
+from fleetgen.queue.redisconn import connect, redis_url
+from fleetgen.records.outdir import FILES, SUMMARY
 
 
 def add_parser(sub: Any) -> None:

@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fleetgen.base import exitcodes, runoptions
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import DrainDir, atomic_file, usable_dir
+from fleetgen import exitcodes
 from fleetgen.cli import run as run_command
 from fleetgen.cli.flags import subcommand
 from fleetgen.cli.produce import add_producer_options, settings_from
 from fleetgen.cli.progress import Bar
+from fleetgen.errors import ConfigError
 from fleetgen.monitor.projection import BYTES_PER_ID, DIGEST_BYTES, Answer, Fleet, project
+from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT
+from fleetgen.records.outdir import OutputDir, atomic_file, usable_dir
+from fleetgen.settings import runoptions
 
 if TYPE_CHECKING:
     from producer.inputs import Inputs
@@ -177,7 +178,7 @@ def reuse_note(answered: int, run_out: Path) -> str:
 def sample_done(run_out: Path) -> bool:
     """Whether the sample's run finished with every request answered (its summary.json)."""
     try:
-        summary = DrainDir(run_out).read_summary() if run_out.is_dir() else None
+        summary = OutputDir(run_out).read_summary() if run_out.is_dir() else None
     except (OSError, ValueError):
         return False
     return bool(summary and summary.get("complete") and not summary.get("failed"))
@@ -288,7 +289,7 @@ def write_sample(args: argparse.Namespace, source: Path, chosen: dict[int, int],
 
 def read_answers(out: Path, stratum_of: dict[str, int]) -> tuple[list[Answer], int]:
     """The sample's answers from its result lines, and how many requests failed."""
-    outdir = DrainDir(out)
+    outdir = OutputDir(out)
     answers = []
     for raw in outdir.file(KIND_RESULT).read_bytes().splitlines():
         r = orjson.loads(raw)

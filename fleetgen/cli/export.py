@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetgen.base import exitcodes
-from fleetgen.base.outdir import SUMMARY
+from fleetgen import exitcodes
 from fleetgen.cli.flags import subcommand
 from fleetgen.cli.progress import Bar
+from fleetgen.records.outdir import SUMMARY
 
 
 def add_parser(sub: Any) -> None:
@@ -119,8 +119,8 @@ def prompt_ids(settings: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], lis
     chat_template_kwargs, the row's own over them) from the input row's fields that the record
     carries. The exporter may not import the producer (tests/layout/test_layers.py), so it is
     built here, one floor up, and handed over as a callable."""
-    from fleetgen.base.outcomes import split_result
-    from fleetgen.base.runoptions import DEFAULT_TOKENIZER
+    from fleetgen.records.outcomes import split_result
+    from fleetgen.settings.runoptions import DEFAULT_TOKENIZER
     from producer.prompts import render_row
     from producer.rows import BadRow, parse_row
     from producer.tokenizer import load_tokenizer

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 
 # The flag of every command that reaches the run's Redis (`run` and `estimate` say more).
 REDIS_HELP = "Redis URL (default: $FLEETGEN_REDIS_URL)"
@@ -86,7 +86,7 @@ def protocol_choices() -> tuple[str, ...]:
 def engine_protocol_option(p: argparse.ArgumentParser) -> None:
     """`--engine-protocol` as `run`, `doctor` and `estimate` take it (`produce` has it from the
     run options' table, its choices given by `option_kwargs`)."""
-    from fleetgen.base.envvars import ENGINE_PROTOCOL
+    from fleetgen.settings.envvars import ENGINE_PROTOCOL
 
     names = protocol_choices()
     p.add_argument("--engine-protocol", choices=names, metavar="NAME",
@@ -95,7 +95,7 @@ def engine_protocol_option(p: argparse.ArgumentParser) -> None:
                    "detected)")
 
 
-# Choices the run options' table cannot hold, since they come from a floor above the base.
+# Choices the run options' table cannot hold, since they come from a floor above the settings.
 CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {"engine_protocol": protocol_choices}
 
 

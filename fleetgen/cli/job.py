@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from fleetgen.base import diskfull, exitcodes
+from fleetgen import exitcodes
 from fleetgen.cli import steps
 from fleetgen.cli.signals import Stopped, shield_from_signals, sigterm_flag
 from fleetgen.cli.steps import WORKERS_READY_S, RunHandle, Step
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.records import diskfull
 
 if TYPE_CHECKING:
     from producer.inputs import Inputs
@@ -89,7 +90,7 @@ def execute(job: NodeJob) -> int:
             step.start(run)
     except redis.ResponseError as exc:
         # MISCONF: the run's Redis cannot write its data (a full disk, most often): one line
-        # naming where, as for the output files (fleetgen/base/diskfull.py).
+        # naming where, as for the output files (fleetgen/records/diskfull.py).
         full = diskfull.from_redis_error(exc, None if fleet.spec.redis_url else job.state_dir)
         if full is None:
             raise

@@ -12,11 +12,12 @@ from typing import Any
 
 import redis
 
-from fleetgen import __version__
-from fleetgen.base import diskfull, envvars, exitcodes
-from fleetgen.base.errors import USER_MISTAKES, DiskFull, EngineUnreachable
+from fleetgen import __version__, exitcodes
 from fleetgen.cli import signals
 from fleetgen.cli.flags import CommandParser
+from fleetgen.errors import USER_MISTAKES, DiskFull, EngineUnreachable
+from fleetgen.records import diskfull
+from fleetgen.settings import envvars
 
 Handler = Callable[[argparse.Namespace], int]
 _INTERRUPTS: list[BaseException] = []

@@ -15,9 +15,9 @@ from typing import Any
 
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.redisconn import redact, redis_url
+from fleetgen import exitcodes
 from fleetgen.cli.flags import redis_option, subcommand
+from fleetgen.queue.redisconn import redact, redis_url
 
 
 def add_parser(sub: Any) -> None:

@@ -21,17 +21,17 @@ from typing import Any
 
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.closing import closing
-from fleetgen.base.contract import closing_key
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import connect, redact, redis_url
+from fleetgen import exitcodes
 from fleetgen.cli.engineflags import add_engine_options, engine_plan
 from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.job import STOP_GRACE_S, WORKERS_READY_S
 from fleetgen.cli.signals import shield_from_signals, sigterm_flag
+from fleetgen.errors import ConfigError
 from fleetgen.local.engines import publish
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.queue.closing import closing
+from fleetgen.queue.contract import closing_key
+from fleetgen.queue.redisconn import connect, redact, redis_url
 
 DEFAULT_DIR = Path(".fleetgen-node")
 LOOK_S = 1.0  # how often the node looks for the run's end and writes its engines

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import orjson
 
-from fleetgen.base import exitcodes
-from fleetgen.base.errors import ConfigError, EngineUnreachable
+from fleetgen import exitcodes
+from fleetgen.errors import ConfigError, EngineUnreachable
 from producer.settings import ProducerSettings
 
 PREFLIGHT_TIMEOUT_S = 60.0

@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import envvars, exitcodes, runoptions
-from fleetgen.base.contract import Sampling
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import connect, redact, redis_url
+from fleetgen import exitcodes
 from fleetgen.cli.flags import json_object, option_kwargs, subcommand
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.signals import sigterm_flag
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import Sampling
+from fleetgen.queue.redisconn import connect, redact, redis_url
+from fleetgen.settings import envvars, runoptions
 
 if TYPE_CHECKING:
     from producer.runner import Resume
@@ -37,7 +38,7 @@ def add_parser(sub: Any) -> None:
 
 
 def add_producer_options(p: argparse.ArgumentParser, command: str = runoptions.PRODUCE) -> None:
-    """The run options' flags that `command` takes from the table (fleetgen/base/runoptions.py),
+    """The run options' flags that `command` takes from the table (fleetgen/settings/runoptions.py),
     in its order; `run` and `demo` declare a few of their own first (their --out, ...)."""
     own = {action.dest for action in p._actions}
     for option in runoptions.flags_of(command):

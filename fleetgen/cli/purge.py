@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleetgen.base import exitcodes, runstate
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import connect, redis_url
-from fleetgen.base.wire import remove_tasks
+from fleetgen import exitcodes
 from fleetgen.cli.flags import redis_option, subcommand
+from fleetgen.errors import ConfigError
+from fleetgen.queue.redisconn import connect, redis_url
+from fleetgen.queue.wire import remove_tasks
+from fleetgen.runstate import lifecycle
 
 
 def add_parser(sub: Any) -> None:
@@ -28,14 +29,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     client = connect(redis_url(args.redis))
-    if not runstate.exists(client, args.run):
+    if not lifecycle.exists(client, args.run):
         raise ConfigError(f"no run named {args.run!r} in this Redis")
-    if not runstate.run_complete(client, args.run) and not args.force:
+    if not lifecycle.run_complete(client, args.run) and not args.force:
         raise ConfigError(f"run {args.run!r} is not complete; purging it loses what a resume "
                           "needs (use --force if that is what you want)")
     # Keys first: a worker that takes one of the run's tasks from now on finds no manifest
     # and drops it (workers/sink.py); then the tasks still queued or held unacked.
-    removed = runstate.purge(client, args.run)
+    removed = lifecycle.purge(client, args.run)
     queued, unacked = remove_tasks(client, args.run)
     print(f"fleetgen purge: run {args.run!r}: {removed} key(s) deleted, {queued} queued and "
           f"{unacked} unacked task(s) removed")

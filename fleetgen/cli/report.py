@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleetgen.base import exitcodes
-from fleetgen.base.outdir import SUMMARY
+from fleetgen import exitcodes
 from fleetgen.cli.flags import subcommand
+from fleetgen.records.outdir import SUMMARY
 
 
 def add_parser(sub: Any) -> None:
@@ -82,9 +82,9 @@ def _bar() -> Any:
 
 def paired_line(a: Path, b: Path) -> str:
     """The A/B of two runs of one input, each on one drafter: B - A on the same prompts."""
-    from fleetgen.base.contract import KIND_RESULT
-    from fleetgen.base.paired import paired, steps_by_request
+    from fleetgen.cli.paired import paired, steps_by_request
     from fleetgen.exporter.source import DrainedRun
+    from fleetgen.queue.contract import KIND_RESULT
 
     sides = []
     for path in (a, b):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleetgen.base import exitcodes, runstate
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, slot_of
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import FILES
-from fleetgen.base.redisconn import connect, redis_url
+from fleetgen import exitcodes
 from fleetgen.cli.flags import redis_option, subcommand
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT, slot_of
+from fleetgen.queue.redisconn import connect, redis_url
+from fleetgen.records.outdir import FILES
+from fleetgen.runstate import lifecycle
 
 
 def add_parser(sub: Any) -> None:
@@ -30,15 +31,15 @@ def run(args: argparse.Namespace) -> int:
 
     url = redis_url(args.redis)
     client = connect(url)
-    if not runstate.exists(client, args.run):
+    if not lifecycle.exists(client, args.run):
         raise ConfigError(f"no run named {args.run!r} in this Redis")
-    payloads = runstate.failed_payloads(client, args.run)
+    payloads = lifecycle.failed_payloads(client, args.run)
     if not payloads:
         print(f"fleetgen retry: run {args.run!r} has no failed rows")
         return exitcodes.OK
     # Mark them as in retry before they can run: the drainer does not call the run complete
     # while the set is non-empty, and a worker removes each line when it records its outcome.
-    runstate.mark_retrying(client, args.run, [slot_of(p) for p in payloads])
+    lifecycle.mark_retrying(client, args.run, [slot_of(p) for p in payloads])
     Enqueuer(client, args.run).send(payloads)
     ids = ", ".join(p["id"] for p in payloads[:5])
     more = f" and {len(payloads) - 5} more" if len(payloads) > 5 else ""

@@ -20,16 +20,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base import envvars, runoptions
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import DrainDir, remove_if_empty, usable_dir
-from fleetgen.base.redisconn import redis_url
 from fleetgen.cli import job
 from fleetgen.cli.engineflags import EnginePlan, add_engine_options, engine_plan
 from fleetgen.cli.flags import engine_protocol_option, redis_option, subcommand
 from fleetgen.cli.preflight import preflight
 from fleetgen.cli.produce import add_producer_options, settings_from
+from fleetgen.errors import ConfigError
 from fleetgen.local.fleet import FleetSpec, LocalFleet
+from fleetgen.queue.redisconn import redis_url
+from fleetgen.records.outdir import OutputDir, remove_if_empty, usable_dir
+from fleetgen.settings import envvars, runoptions
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def listen_address(value: str | None) -> tuple[str, int] | None:
 def run_name(out: Path, given: str | None) -> tuple[str, bool]:
     """The run to resume in `out` (its marker, else its summary), or a new one; True when
     resumed. ConfigError when --run names another run than the one `out` holds."""
-    outdir = DrainDir(out)
+    outdir = OutputDir(out)
     recorded = outdir.owner() or str((outdir.read_summary() or {}).get("run", "")) or None
     if recorded is not None and given is not None and given != recorded:
         raise ConfigError(f"{out} holds the output of run {recorded!r}, not {given!r}; "

@@ -2,7 +2,7 @@
 started from: an engine that stops answering, that its prompts go back to the queue, when it
 answers again; the engines up in the progress line; and, in a log, a line every few seconds
 with an ETA that counts the answers still running. Read from the workers' heartbeats as
-`fleetgen status` reads them (fleetgen/monitor/status.py, fleetgen/base/heartbeat.py)."""
+`fleetgen status` reads them (fleetgen/monitor/status.py, fleetgen/queue/heartbeat.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import redis
 
-from fleetgen.base.serverclock import ServerClock
 from fleetgen.cli.progress import LINE_EVERY_S, duration
 from fleetgen.monitor import status
+from fleetgen.queue.serverclock import ServerClock
 
 # How often the run reads its workers' heartbeats: they beat every FLEETGEN_HEALTH_INTERVAL_S
 # (2 s by default), so reading faster shows nothing new.

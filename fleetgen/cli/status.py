@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import runs_index_key
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import connect, redis_url, text
+from fleetgen import exitcodes
 from fleetgen.cli.flags import redis_option, subcommand
 from fleetgen.cli.signals import sigterm_flag
+from fleetgen.errors import ConfigError
 from fleetgen.monitor import status
+from fleetgen.queue.redisconn import connect, redis_url, text
+from fleetgen.runstate.keys import runs_index_key
 
 
 def add_parser(sub: Any) -> None:

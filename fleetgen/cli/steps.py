@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from fleetgen.base.contract import KIND_FAILURE, closing_key
-from fleetgen.base.outdir import DrainDir
-from fleetgen.base.redisconn import connect
 from fleetgen.cli.beside import Beside
 from fleetgen.cli.progress import Bar
 from fleetgen.cli.runview import FleetView, LogLine
 from fleetgen.cli.signals import shield_from_signals
 from fleetgen.cli.summary import summary_table
 from fleetgen.local.engines import publish
+from fleetgen.queue.contract import KIND_FAILURE, closing_key
+from fleetgen.queue.redisconn import connect
+from fleetgen.records.outdir import OutputDir
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,7 +91,7 @@ class RunState:
     stopped run's workers held, back in the queue."""
 
     def start(self, run: RunHandle) -> None:
-        from fleetgen.base.wire import requeue_unacked
+        from fleetgen.queue.wire import requeue_unacked
         from producer.runner import check_resume
 
         job = run.job
@@ -193,7 +193,7 @@ class Produce:
 
     def start(self, run: RunHandle) -> None:
         from producer.build import build_producer
-        from producer.run import Plan
+        from producer.loop import Plan
 
         job = run.job
         assert run.resume is not None
@@ -210,7 +210,7 @@ class Produce:
             # It stays until every row has an outcome, as `fleetgen produce` does: it builds
             # each next turn of --turns all, re-enqueues what Redis lost, and sweeps the
             # workers' own queues (first turns go there only while it stays).
-            report = producer.run(should_stop=run.should_stop)
+            report = producer.send_pass(should_stop=run.should_stop)
             if report.stopped is None and not run.should_stop():
                 producer.wait_until_generated(should_stop=run.should_stop)
 
@@ -300,7 +300,7 @@ class Report:
             again = (f"send them again with: {job.retry_command}" if job.retry_command else
                      "each is kept there with its error")
             job.say(f"complete with {summary['failed']} failed row(s) (in "
-                    f"{DrainDir(job.out).file(KIND_FAILURE)}); {again}")
+                    f"{OutputDir(job.out).file(KIND_FAILURE)}); {again}")
 
     def stop(self, run: RunHandle) -> None:
         pass
@@ -308,10 +308,10 @@ class Report:
 
 class Close:
     """A complete run's own Valkey stops next: the workers that joined from other hosts exit
-    and the live pages read the end before it does (fleetgen/base/closing.py)."""
+    and the live pages read the end before it does (fleetgen/queue/closing.py)."""
 
     def start(self, run: RunHandle) -> None:
-        from fleetgen.base import closing
+        from fleetgen.queue import closing
 
         job = run.job
         if not run.summary["complete"] or job.fleet.spec.redis_url is not None:
@@ -343,7 +343,7 @@ def send_failures_again(job: NodeJob, drainer: Drainer) -> None:
     listed as in retry (so the run is not complete until each lands again), before the
     producer's pass, which sends every row not done. The drainer stays the one writer: a
     success replaces the failure line (fleetgen/drainer/store.py)."""
-    from fleetgen.base.runstate import mark_retrying
+    from fleetgen.runstate.lifecycle import mark_retrying
 
     lines = drainer.tally.lines_of(KIND_FAILURE)
     if lines:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import redis_url
 from fleetgen.cli.flags import redis_option, subcommand
+from fleetgen.errors import ConfigError
+from fleetgen.queue.redisconn import redis_url
 
 CONFIG_NAME = "fleetgen-valkey.conf"
 

@@ -9,13 +9,14 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.acceptance import pooled_summary
-from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT, RunKeys
-from fleetgen.base.manifest import Manifest, RunManifest
-from fleetgen.base.redisconn import read_hash
-from fleetgen.base.runoptions import SUMMARY_SETTINGS
-from fleetgen.base.runstate import run_complete, stopped_and_settled
+from fleetgen.drainer.acceptance import pooled_summary
 from fleetgen.drainer.store import Tally
+from fleetgen.queue.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.lifecycle import run_complete, stopped_and_settled
+from fleetgen.runstate.manifest import Manifest, RunManifest
+from fleetgen.settings.runoptions import SUMMARY_SETTINGS
 
 BITS_PER_COMMAND = 4096  # offsets per BITFIELD when done bits are written back
 # A run's clock counts the time it worked, not the time it was stopped: a drainer starting on
@@ -27,7 +28,7 @@ ACTIVE_AT = "active_at"
 
 
 def summary_settings(manifest: Manifest) -> dict[str, Any] | None:
-    """The run's settings copied into summary.json (fleetgen/base/runoptions.py
+    """The run's settings copied into summary.json (fleetgen/settings/runoptions.py
     SUMMARY_SETTINGS), so an export made from the files alone (long after `fleetgen purge`)
     knows how prompts were rendered; None without stored settings."""
     if manifest.settings is None:
@@ -165,7 +166,7 @@ class RunBook:
             "completion_tokens_per_s": (round(counts["completion_tokens"] / wall_s, 1)
                                         if wall_s else None),
             "settings": summary_settings(m),
-            # Only where some answer carried its speculative figures (fleetgen/base/acceptance.py).
+            # Only where some answer carried its speculative figures (drainer/acceptance.py).
             **({"spec": pooled_summary(self.tally.spec, self.tally.spec_by_worker,
                                        counts["done"], self.tally.spec_counters)}
                if self.tally.spec.requests or self.tally.spec_counters.latest else {}),

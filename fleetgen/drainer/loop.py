@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.manifest import Manifest
 from fleetgen.drainer.bookkeeping import RunBook
 from fleetgen.drainer.store import FileStore, Tally
 from fleetgen.drainer.stream import StreamConsumer, outcomes
+from fleetgen.runstate.manifest import Manifest
 
 log = logging.getLogger("fleetgen.drainer")
 

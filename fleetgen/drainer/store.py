@@ -1,5 +1,5 @@
 """The drainer's file store: what the output directory holds (the tally, rebuilt from the files
-on every start) and the writes that change it, each through fleetgen/base/outdir.py."""
+on every start) and the writes that change it, each through fleetgen/records/outdir.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.acceptance import CounterSessions, Pool
-from fleetgen.base.bitmap import Bits
-from fleetgen.base.contract import (
+from fleetgen.drainer.acceptance import CounterSessions, Pool
+from fleetgen.queue.contract import (
     KIND_FAILURE,
     KIND_HOLDOUT,
     KIND_REJECTED,
@@ -23,8 +22,9 @@ from fleetgen.base.contract import (
     slot_of,
     slots_of,
 )
-from fleetgen.base.outcomes import QUALITY_COUNTS, quality_counts
-from fleetgen.base.outdir import DrainDir
+from fleetgen.records.outcomes import QUALITY_COUNTS, quality_counts
+from fleetgen.records.outdir import OutputDir
+from fleetgen.runstate.bitmap import Bits
 
 log = logging.getLogger("fleetgen.drainer")
 
@@ -127,7 +127,7 @@ class FileStore:
 
     def __init__(self, run: str, path: Path) -> None:
         self.run = run
-        self.dir = DrainDir(path)
+        self.dir = OutputDir(path)
         self.tally = Tally()
         self._superseded = False
 

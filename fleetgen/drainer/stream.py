@@ -8,8 +8,9 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.contract import DRAINER_GROUP, RunKeys
-from fleetgen.base.outcomes import read_entry
+from fleetgen.queue.contract import DRAINER_GROUP
+from fleetgen.records.outcomes import read_entry
+from fleetgen.runstate.keys import RunKeys
 
 CONSUMER = "drainer"
 Entry = tuple[bytes, dict[bytes, bytes]]

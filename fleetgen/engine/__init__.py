@@ -1,14 +1,13 @@
-"""Floor 2, the engines: one interface (`EngineProtocol`), its implementations and the engine
+"""Floor 4, the engines: one interface (`EngineProtocol`), its implementations and the engine
 kinds behind them, all in the registry (fleetgen/engine/kinds.py); `resolve` picks a protocol
-by name or by asking the server. Imports only the base."""
+by name or by asking the server. Imports only the floors below it (the root, settings,
+queue, run state, records)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from fleetgen.base.envvars import ENGINE_PROTOCOL
-from fleetgen.base.errors import ConfigError, EngineError
 from fleetgen.engine.api import (
     PLAIN,
     Engine,
@@ -20,6 +19,8 @@ from fleetgen.engine.api import (
 from fleetgen.engine.detect import detect
 from fleetgen.engine.kinds import DEFAULT_PROTOCOL, protocol, protocol_names
 from fleetgen.engine.urls import check_url, engine_urls, one_engine_url
+from fleetgen.errors import ConfigError, EngineError
+from fleetgen.settings.envvars import ENGINE_PROTOCOL
 
 __all__ = ["DEFAULT_PROTOCOL", "PLAIN", "PROTOCOLS", "Engine", "EngineProtocol",
            "GenerateOptions", "LengthRule", "ServerLimits", "check_url", "engine_urls",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleetgen.base.errors import ContextLengthError
-from fleetgen.base.outcomes import Generation
+from fleetgen.errors import ContextLengthError
+from fleetgen.records.outcomes import Generation
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The part every engine client shares (as httpx's `BaseClient` holds what its clients share):
 the connections, their timeouts and pool limits, the readiness probe, and one POST whose
-transport errors, refusals and bad JSON all come out as fleetgen.base.errors."""
+transport errors, refusals and bad JSON all come out as fleetgen.errors."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import orjson
 
-from fleetgen.base import errors
-from fleetgen.base.outcomes import Generation
+from fleetgen import errors
 from fleetgen.engine.api import PLAIN, GenerateOptions, LengthRule
 from fleetgen.engine.decision import from_transport, not_json
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import ThreadPosts, auth_headers, response_json
+from fleetgen.records.outcomes import Generation
 
 # A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
 PROBE_TIMEOUT_S = 2.0
@@ -27,7 +27,7 @@ SPARE_CONNECTIONS = 4
 
 
 class EngineClient(abc.ABC):
-    """Talks to one server for a worker's lifetime. Raises only fleetgen.base.errors.EngineError.
+    """Talks to one server for a worker's lifetime. Raises only fleetgen.errors.EngineError.
 
     Generations go through a transport of their own per pool thread (`ThreadPosts`); probes
     and the rest through the shared `httpx.Client`. A subclass says only what is its engine's:

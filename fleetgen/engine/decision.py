@@ -5,7 +5,7 @@ decision (retry, correct, fail or hand back); the waiting is the task's.
 It sits at the engine boundary, beside the clients that raise these errors, because the clients
 translate every status and transport error through the same table (as httpx's `_exceptions.py`
 maps httpcore's once); the worker's task (workers/generate.py) acts on the decision. It imports
-only the base and httpx, so both the engine floor and the worker use it.
+only the floors below it and httpx, so both the engine floor and the worker use it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
-from fleetgen.base import errors
-from fleetgen.base.envvars import BACKOFF_BASE_S, BACKOFF_CAP_S, ENGINE_GONE_S, MAX_ATTEMPTS
+from fleetgen import errors
+from fleetgen.settings.envvars import BACKOFF_BASE_S, BACKOFF_CAP_S, ENGINE_GONE_S, MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from fleetgen.engine.api import LengthRule
@@ -85,7 +85,7 @@ def not_json(what: str, exc: ValueError) -> errors.EngineError:
 # -- the policy and the decision ---------------------------------------------------------------
 class _PolicySettings(Protocol):
     """The worker's settings the policy reads (workers/settings.py), without importing them:
-    the engine floor imports only the base."""
+    the engine floor imports only the floors below it."""
 
     @property
     def max_attempts(self) -> int: ...

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from fleetgen.base.errors import ConfigError, EngineUnreachable
 from fleetgen.engine.http import server_client
 from fleetgen.engine.kinds import EngineKind, kinds_to_detect
+from fleetgen.errors import ConfigError, EngineUnreachable
 
 
 @dataclass(frozen=True)

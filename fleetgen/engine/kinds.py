@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.base.envvars import ENGINE_KINDS, ENGINE_PROTOCOL
-from fleetgen.base.errors import ConfigError
 from fleetgen.engine.api import EngineProtocol, LengthRule, ServerLimits
 from fleetgen.engine.load import Gauges
+from fleetgen.errors import ConfigError
+from fleetgen.settings.envvars import ENGINE_KINDS, ENGINE_PROTOCOL
 
 if TYPE_CHECKING:  # only for the hooks' types: those modules use the registry at call time
     import httpx

@@ -12,10 +12,7 @@ from typing import Any
 
 import httpx
 
-from fleetgen.base import errors
-from fleetgen.base.logprobs import compact
-from fleetgen.base.outcomes import Generation
-from fleetgen.base.reasoning import THINK_END, THINK_START
+from fleetgen import errors
 from fleetgen.engine import kinds
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
@@ -35,6 +32,9 @@ from fleetgen.engine.speculation import (
     parse_vllm_spec,
     reports_per_request,
 )
+from fleetgen.records.logprobs import compact
+from fleetgen.records.outcomes import Generation
+from fleetgen.records.reasoning import THINK_END, THINK_START
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"

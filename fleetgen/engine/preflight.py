@@ -13,8 +13,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetgen.base import errors
-from fleetgen.base.outcomes import Generation
+from fleetgen import errors
 from fleetgen.engine.api import Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import probe_url
 from fleetgen.engine.speculation import (
@@ -22,6 +21,7 @@ from fleetgen.engine.speculation import (
     answers_per_request,
     read_vllm_counters,
 )
+from fleetgen.records.outcomes import Generation
 
 # Any id below every vocabulary's size: the probes' prompts are this id repeated.
 PROBE_TOKEN = 11

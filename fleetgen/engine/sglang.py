@@ -11,9 +11,7 @@ from typing import Any
 
 import httpx
 
-from fleetgen.base import errors
-from fleetgen.base.logprobs import compact
-from fleetgen.base.outcomes import Generation
+from fleetgen import errors
 from fleetgen.engine import kinds
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
@@ -26,6 +24,8 @@ from fleetgen.engine.http import (
     server_client,
 )
 from fleetgen.engine.preflight import combine
+from fleetgen.records.logprobs import compact
+from fleetgen.records.outcomes import Generation
 
 # schedule_batch.py FINISH_MATCHED_TOKEN / FINISH_MATCHED_STR / FINISHED_MATCHED_REGEX report
 # "stop", FINISH_LENGTH "length": the only finishes that are whole answers.
@@ -205,7 +205,7 @@ def _number(value: Any) -> float | None:
 
 
 def parse_logprobs(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The compact logprobs (fleetgen/base/logprobs.py) of a native answer, or None when not
+    """The compact logprobs (fleetgen/records/logprobs.py) of a native answer, or None when not
     asked. 0.5.23's shape (`TokenizerManager.add_logprob_to_meta_info`,
     `detokenize_logprob_tokens`): `output_token_logprobs` is a list of `[logprob, token_id,
     text-or-null]`, `output_top_logprobs` a list (one per output token) of such lists, or null

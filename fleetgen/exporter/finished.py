@@ -20,7 +20,7 @@ def unfinished(record: dict[str, Any]) -> str | None:
     """Why a result is not a finished answer, or None: it stopped inside its reasoning
     (`reasoning_unfinished`, whatever its finish_reason: no answer follows the reasoning), it
     was cut at its budget (`length`), or it holds no text (`empty`, as the drainer counts it
-    in summary.json: fleetgen/base/outcomes.py `quality_counts`)."""
+    in summary.json: fleetgen/records/outcomes.py `quality_counts`)."""
     if record.get("reasoning_unfinished") is True:
         return "reasoning_unfinished"
     if record.get("finish_reason") == "length":

@@ -27,9 +27,9 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from fleetgen.base.contract import KIND_REJECTED, KIND_RESULT
 from fleetgen.exporter import shape
 from fleetgen.exporter.source import KINDS, DrainedLine, DrainedRun
+from fleetgen.queue.contract import KIND_REJECTED, KIND_RESULT
 
 DEFAULT_MODEL = "fleetgen"
 REJECTED_STATUS = 400  # what the engine answers a request it cannot take
@@ -156,7 +156,7 @@ def _text_choice(record: dict[str, Any], position: int, reasoning: str) -> dict[
 
 
 def _token(token_id: Any) -> str:
-    # No token text is stored (fleetgen/base/logprobs.py): tokens are named by id, as vLLM
+    # No token text is stored (fleetgen/records/logprobs.py): tokens are named by id, as vLLM
     # names them with --return-tokens-as-token-ids.
     return f"token_id:{token_id}"
 

@@ -22,10 +22,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetgen.base.contract import KIND_RESULT
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import Selection
 from fleetgen.exporter.source import DrainedRun
+from fleetgen.queue.contract import KIND_RESULT
 
 log = logging.getLogger("fleetgen.exporter")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from fleetgen.base import outcomes
+from fleetgen.records import outcomes
 
 # The transport fields of an OpenAI Batch input line, carried through as row fields; `body`
 # holds the request itself.

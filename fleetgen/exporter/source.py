@@ -19,9 +19,9 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 import orjson
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
-from fleetgen.base.errors import InputError
-from fleetgen.base.outdir import FILES, RUN_MARKER, DrainDir, whole_lines_end
+from fleetgen.errors import InputError
+from fleetgen.queue.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
+from fleetgen.records.outdir import FILES, RUN_MARKER, OutputDir, whole_lines_end
 
 log = logging.getLogger("fleetgen.exporter")
 
@@ -113,7 +113,7 @@ def _positions(order: Any, chunk: int = 1 << 16) -> Iterator[int]:
 @dataclass
 class DrainedRun:
     """A drained run read back from its files for export and the report: the directory
-    `fleetgen drain` wrote (fleetgen/base/outdir.py `DrainDir`), checked and opened for reading,
+    `fleetgen drain` wrote (fleetgen/records/outdir.py `OutputDir`), checked and opened for reading,
     with the run it holds and its outcomes in input order. Each file is read up to its last
     whole line as it was when opened: a drainer still writing (or one killed mid-line) adds
     nothing half-written to an export."""
@@ -127,7 +127,7 @@ class DrainedRun:
 
     def __post_init__(self) -> None:
         _check_is_output(self.path)
-        directory = DrainDir(self.path)
+        directory = OutputDir(self.path)
         # holdout.jsonl too, for `records` (the report counts it); never in an index: a
         # held-out row is no answer to export.
         for kind in (*KINDS, KIND_HOLDOUT):
@@ -216,7 +216,7 @@ def _check_is_output(path: Path) -> None:
         raise InputError(f"no such directory: {path}; {hint}")
     if not path.is_dir():
         raise InputError(f"{path} is a file, not an output directory; {hint}")
-    directory = DrainDir(path)
+    directory = OutputDir(path)
     if not directory.marker.exists():
         raise InputError(f"{path} is not a drained output directory (no {RUN_MARKER} marker, "
                          f"which `fleetgen drain` writes first); {hint}")
@@ -238,7 +238,7 @@ def _parse(raw: bytes, name: str, number: int) -> dict[str, Any]:
     return record
 
 
-def _run_info(directory: DrainDir) -> RunInfo:
+def _run_info(directory: OutputDir) -> RunInfo:
     run = directory.owner() or ""
     summary: dict[str, Any] | None = None
     try:

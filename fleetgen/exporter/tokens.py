@@ -16,7 +16,7 @@ The prompt ids are not stored in results (they would double the file); they are 
 again from the row and the run's settings by a `PromptIds` the caller builds (the CLI, from
 the producer's own rendering: the exporter does not import the producer), and checked
 against the record's `prompt_tokens`, which the engine counted from the ids it was sent, and
-its `prompt_ids_digest` of those ids (fleetgen/base/outcomes.py `ids_digest`).
+its `prompt_ids_digest` of those ids (fleetgen/records/outcomes.py `ids_digest`).
 
 Parquet instead of JSONL when the output's name ends in `.parquet`: the same columns,
 `input_ids` list<int32>, `loss_mask` list<int8>.
@@ -30,14 +30,14 @@ from typing import Any, BinaryIO
 import orjson
 import pyarrow as pa
 
-from fleetgen.base.contract import KIND_RESULT
-from fleetgen.base.errors import ConfigError, InputError
-from fleetgen.base.outcomes import ids_digest
-from fleetgen.base.outdir import SUMMARY
+from fleetgen.errors import ConfigError, InputError
 from fleetgen.exporter import shape
 from fleetgen.exporter.finished import Selection, unfinished
 from fleetgen.exporter.parquet import write_row_groups
 from fleetgen.exporter.source import DrainedRun
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.records.outcomes import ids_digest
+from fleetgen.records.outdir import SUMMARY
 
 PARQUET_SUFFIX = ".parquet"
 SCHEMA = pa.schema([("id", pa.string()), ("sample", pa.int64()),

@@ -1,2 +1,2 @@
-"""Floor 4, the top: the local fleet that `fleetgen demo`, the tests and the benchmarks run
+"""Floor 6, the top: the local fleet that `fleetgen demo`, the tests and the benchmarks run
 (embedded Valkey, simulators, workers, Flower, child processes)."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 
 PORT = "{port}"
 GPU = "{gpu}"

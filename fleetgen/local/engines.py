@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetgen.base.contract import RunKeys
 from fleetgen.engine.health import Prober
 from fleetgen.engine.http import server_client
 from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, FailureWindow, backoff_s
 from fleetgen.local.ports import PortLease, lease_port
 from fleetgen.local.procs import dying_with_parent
+from fleetgen.runstate.keys import RunKeys
 
 LOG_TAIL_LINES = 5
 POLL_S = 0.25  # how often a starting engine's process and probe are looked at

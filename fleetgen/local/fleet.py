@@ -9,8 +9,7 @@ from typing import Protocol
 
 import redis
 
-from fleetgen.base import envvars
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 from fleetgen.local.engines import EngineSet
 from fleetgen.local.procs import (
     Child,
@@ -20,6 +19,7 @@ from fleetgen.local.procs import (
     wait_for,
 )
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.settings import envvars
 
 
 class StartedServers(Protocol):
@@ -206,7 +206,7 @@ class LocalFleet:
     def wait_workers_ready(self, timeout_s: float, client: redis.Redis | None = None) -> None:
         """A worker is ready once its health gate has published its heartbeat (read on the
         run's client, when the caller has one)."""
-        from fleetgen.base.contract import worker_key
+        from fleetgen.queue.contract import worker_key
 
         client = client or redis.Redis.from_url(self.redis_url)
 

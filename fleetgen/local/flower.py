@@ -6,10 +6,10 @@ import os
 import secrets
 import signal
 
-from fleetgen.base.envvars import REDIS_URL
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 from fleetgen.local.ports import PortInUse, listens_on, says_address_in_use
 from fleetgen.local.procs import Child, ProcessGroup, http_ok, python_argv, wait_for
+from fleetgen.settings.envvars import REDIS_URL
 
 ENV_BASIC_AUTH = "FLOWER_BASIC_AUTH"
 

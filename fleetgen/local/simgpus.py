@@ -7,9 +7,9 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from fleetgen.base import envvars
 from fleetgen.engine.health import probe_url
 from fleetgen.local.procs import Child, ProcessGroup, python_argv, wait_for
+from fleetgen.settings import envvars
 from fleetgen.simulator.config import SimConfig
 
 # The simulator's ready line (fleetgen/simulator/cli.py): "serving N server(s) on URL",

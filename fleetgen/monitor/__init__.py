@@ -1,1 +1,1 @@
-"""Floor 4, the top: what an operator watches (the status view, Prometheus metrics)."""
+"""Floor 6, the top: what an operator watches (the status view, Prometheus metrics)."""

@@ -26,11 +26,13 @@ from typing import Any
 
 import redis
 
-from fleetgen.base import closing, envvars
-from fleetgen.base.contract import STATE_COMPLETE, closing_key
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 from fleetgen.monitor import status
 from fleetgen.monitor.page import asset, embed_json, render
+from fleetgen.queue import closing
+from fleetgen.queue.contract import closing_key
+from fleetgen.runstate.manifest import STATE_COMPLETE
+from fleetgen.settings import envvars
 
 log = logging.getLogger("fleetgen.status")
 

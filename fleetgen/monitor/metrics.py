@@ -9,12 +9,12 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetgen.base import wire
-from fleetgen.base.contract import RunKeys, runs_index_key
-from fleetgen.base.heartbeat import Heartbeat
-from fleetgen.base.redisconn import read_hash, text
-from fleetgen.base.serverclock import server_time
 from fleetgen.monitor import status
+from fleetgen.queue import wire
+from fleetgen.queue.heartbeat import Heartbeat
+from fleetgen.queue.redisconn import read_hash, text
+from fleetgen.queue.serverclock import server_time
+from fleetgen.runstate.keys import RunKeys, runs_index_key
 
 log = logging.getLogger("fleetgen.monitor.metrics")
 

@@ -19,8 +19,10 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.acceptance import AcceptanceScan, weak_row
-from fleetgen.base.contract import (
+from fleetgen.drainer.acceptance import AcceptanceScan, weak_row
+from fleetgen.exporter.export import refuse_drainer_files
+from fleetgen.exporter.source import DrainedRun
+from fleetgen.queue.contract import (
     KIND_FAILURE,
     KIND_HOLDOUT,
     KIND_REJECTED,
@@ -28,10 +30,8 @@ from fleetgen.base.contract import (
     slot_of,
     slots_of,
 )
-from fleetgen.base.outcomes import quality_counts
-from fleetgen.base.outdir import atomic_file
-from fleetgen.exporter.export import refuse_drainer_files
-from fleetgen.exporter.source import DrainedRun
+from fleetgen.records.outcomes import quality_counts
+from fleetgen.records.outdir import atomic_file
 
 EXAMPLES = 3  # examples kept per failure or rejection kind
 EXAMPLE_CHARS = 300  # of a message or reason
@@ -69,7 +69,7 @@ class Scan:
     # A few answers to read without `head results.jsonl`: the first ones, and the first that
     # ran out of budget (what a truncated answer looks like is what one wants to see).
     samples: list[dict[str, Any]] = field(default_factory=list)
-    # Speculative acceptance (fleetgen/base/acceptance.py), of the results that carry `spec`.
+    # Speculative acceptance (fleetgen/drainer/acceptance.py), of the results that carry `spec`.
     acceptance: AcceptanceScan = field(default_factory=AcceptanceScan)
 
     def add_result(self, record: dict[str, Any]) -> None:

@@ -9,23 +9,23 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base import wire
-from fleetgen.base.celeryconf import sweep_interval_s
-from fleetgen.base.contract import (
+from fleetgen.queue import wire
+from fleetgen.queue.celeryconf import sweep_interval_s
+from fleetgen.queue.contract import worker_key
+from fleetgen.queue.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heartbeat
+from fleetgen.queue.redisconn import read_hash, text
+from fleetgen.queue.serverclock import server_time
+from fleetgen.queue.wire import unrenewed_leases
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.lifecycle import run_complete
+from fleetgen.runstate.manifest import (
     STATE_COMPLETE,
     STATE_PRODUCED,
     STATE_PRODUCING,
     STATE_STOPPED,
-    RunKeys,
-    worker_key,
+    RunManifest,
 )
-from fleetgen.base.envvars import VISIBILITY_TIMEOUT_S
-from fleetgen.base.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heartbeat
-from fleetgen.base.manifest import RunManifest
-from fleetgen.base.redisconn import read_hash, text
-from fleetgen.base.runstate import run_complete
-from fleetgen.base.serverclock import server_time
-from fleetgen.base.wire import unrenewed_leases
+from fleetgen.settings.envvars import VISIBILITY_TIMEOUT_S
 
 
 @dataclass
@@ -45,7 +45,7 @@ class WorkerStatus:
     engine_running: int | None = None  # the engine's own queue, where its /metrics say
     engine_waiting: int | None = None
     engine_slots: int | None = None  # the running requests it reports, where it does
-    # Its heartbeat lapsed (fleetgen/base/heartbeat.py): dead or frozen. `held` prompts are
+    # Its heartbeat lapsed (fleetgen/queue/heartbeat.py): dead or frozen. `held` prompts are
     # its until its leases lapse, back in the queue within `back_in_s`.
     lost: bool = False
     held: int | None = None

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_CANNOT_SERVE = 1  # e.g. the port is taken
-EXIT_BAD_CONFIG = 3  # a bad setting, as every fleetgen command (fleetgen/base/exitcodes.py)
+EXIT_BAD_CONFIG = 3  # a bad setting, as every fleetgen command (fleetgen/exitcodes.py)
 
-# Listed in fleetgen/base/envvars.py with every other variable (the simulator imports no
-# product code; tests/base/test_envvars.py checks the two agree).
+# Listed in fleetgen/settings/envvars.py with every other variable (the simulator imports no
+# product code; tests/settings/test_envvars.py checks the two agree).
 API_KEY_ENV = "FLEETGEN_SIM_API_KEY"
 
 # The command's prefill rate: a dense 27B model on one H100 (docs/simulator.md, "Prefill").

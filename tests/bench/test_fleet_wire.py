@@ -12,8 +12,10 @@ import redis
 from bench import fleet_scale
 from bench.central import InstantEngine
 from bench.fleet_wire import Wire, WireWorker, load_scripts
-from fleetgen.base.contract import QUEUE, STATE_PRODUCED, RunKeys
-from fleetgen.base.wire import SWEEP_DUE, task_message
+from fleetgen.queue.contract import QUEUE
+from fleetgen.queue.wire import SWEEP_DUE, task_message
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED
 
 # Connection set-up (redis-py's HELLO 3 and CLIENT SETINFO) and the test's own reads.
 NOT_A_PATH = {"hello", "client|setinfo", "info", "config|resetstat"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.base.contract import worker_queue
+from fleetgen.queue.contract import worker_queue
 from tests.support.content import assert_fleet_content
 from tests.support.fleet import FleetFactory, sim_stats
 from tests.support.held import worker_name

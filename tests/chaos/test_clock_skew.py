@@ -1,4 +1,4 @@
-"""Leases are on Valkey's clock (fleetgen/base/broker.py, fleetgen/base/serverclock.py): a
+"""Leases are on Valkey's clock (fleetgen/queue/broker.py, fleetgen/queue/serverclock.py): a
 fleet whose workers' clocks are 120 s ahead and 120 s behind (libfaketime, as NTP off on one
 node would leave them) generates every row once while its workers live, and a skewed worker
 SIGKILLed mid-run loses its prompts after its lease, as one with a true clock does.
@@ -18,8 +18,8 @@ from pathlib import Path
 import orjson
 import redis
 
-from fleetgen.base.wire import KOMBU_UNACKED, LEASES, held_key, task_payload
 from fleetgen.monitor.status import gather
+from fleetgen.queue.wire import KOMBU_UNACKED, LEASES, held_key, task_payload
 from tests.support import held
 from tests.support.binaries import require_file
 from tests.support.content import assert_fleet_content

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from fleetgen.base.contract import RunKeys, worker_key
-from fleetgen.base.redisconn import read_hash
+from fleetgen.queue.contract import worker_key
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
 from producer.tokenizer import load_tokenizer
 from tests.support import held
 from tests.support.content import assert_fleet_content

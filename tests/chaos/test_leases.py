@@ -1,4 +1,4 @@
-"""A worker's hold on a prompt is a lease its heartbeat renews (fleetgen/base/broker.py
+"""A worker's hold on a prompt is a lease its heartbeat renews (fleetgen/queue/broker.py
 `QoS.beat`), at the defaults a user gets (FLEETGEN_VISIBILITY_TIMEOUT_S 60 s, heartbeat every
 2 s): a generation that outlasts the lease is never redelivered while its worker lives, and a
 worker frozen past its lease loses its prompts to the others and, woken, writes none of them a
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.envvars import HEALTH_INTERVAL_S, VISIBILITY_TIMEOUT_S
-from fleetgen.base.redisconn import read_hash
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.settings.envvars import HEALTH_INTERVAL_S, VISIBILITY_TIMEOUT_S
 from tests.support import held
 from tests.support.content import assert_fleet_content
 from tests.support.fleet import FleetFactory, sim_stats

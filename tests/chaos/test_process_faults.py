@@ -12,13 +12,13 @@ from pathlib import Path
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fleetgen.base.celeryconf import sweep_interval_s
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.envvars import HEALTH_INTERVAL_S, VISIBILITY_TIMEOUT_S
-from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.monitor.metrics import FleetCollector
 from fleetgen.monitor.status import WorkerStatus, gather, render
+from fleetgen.queue.celeryconf import sweep_interval_s
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.settings.envvars import HEALTH_INTERVAL_S, VISIBILITY_TIMEOUT_S
 from producer.progress import Progress
 from tests.support import held
 from tests.support.cli import Logged, fleetgen_cli

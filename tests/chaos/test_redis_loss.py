@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.redisconn import read_hash
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
 from tests.support.cli import fleetgen_cli
 from tests.support.content import assert_fleet_content
 from tests.support.fleet import FleetFactory, copy_data, generated, restart_from, sims_of, written

@@ -12,14 +12,14 @@ import httpx
 import pytest
 import redis
 
-from fleetgen.base import errors
-from fleetgen.base.celeryconf import make_app
-from fleetgen.base.contract import QUEUE, TASK_NAME
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.redisconn import redact, redis_url
+from fleetgen import errors
 from fleetgen.engine.sglang import SGLangClient, read_limits
+from fleetgen.errors import ConfigError
 from fleetgen.local.ports import PortInUse, on_leased_port, says_address_in_use
 from fleetgen.local.valkey import probe_valkey
+from fleetgen.queue.celeryconf import make_app
+from fleetgen.queue.contract import QUEUE, TASK_NAME
+from fleetgen.queue.redisconn import redact, redis_url
 from producer.settings import ProducerSettings
 from tests.support.binaries import require_binary
 from tests.support.content import assert_fleet_content

@@ -12,8 +12,8 @@ import sys
 import pytest
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import RunKeys, runs_index_key
+from fleetgen import exitcodes
+from fleetgen.runstate.keys import RunKeys, runs_index_key
 
 
 def piped(args: str, reader: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.cli.doctor import COLUMNS, DISAGREES
 from fleetgen.cli.main import main
 from fleetgen.simulator import SimConfig, SimThread, run_in_thread

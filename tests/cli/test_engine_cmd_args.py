@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from tests.support.survivors import marked, new_mark
 
 SIM = f"{sys.executable} -m fleetgen.simulator --port {{port}}"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base import exitcodes
-from fleetgen.base.errors import ConfigError
+from fleetgen import exitcodes
 from fleetgen.engine import engine_urls, one_engine_url
+from fleetgen.errors import ConfigError
 from fleetgen.local.ports import lease_port
 from fleetgen.simulator import SimConfig, run_in_thread
 

@@ -19,9 +19,10 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import KIND_RESULT, RunKeys
 from fleetgen.cli import progress
 from fleetgen.cli.produce import Terminal
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.runstate.keys import RunKeys
 from tests.support.waiting import wait_until
 from workers.sink import StreamSink
 

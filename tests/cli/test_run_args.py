@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base import exitcodes
-from fleetgen.base.errors import ConfigError
+from fleetgen import exitcodes
 from fleetgen.engine import engine_urls
+from fleetgen.errors import ConfigError
 from fleetgen.local.ports import lease_port
 
 

@@ -9,9 +9,11 @@ import time
 import pytest
 import redis
 
-from fleetgen.base.contract import STATE_PRODUCING, RunKeys, worker_key
-from fleetgen.base.serverclock import server_time
 from fleetgen.cli.runview import LOOK_EVERY_S, FleetView
+from fleetgen.queue.contract import worker_key
+from fleetgen.queue.serverclock import server_time
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCING
 
 RUN = "view"
 A, B = "http://127.0.0.1:31000", "http://127.0.0.1:31001"

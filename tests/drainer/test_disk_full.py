@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.base.contract import DRAINER_GROUP, KIND_RESULT, RunKeys
-from fleetgen.base.errors import DiskFull
-from fleetgen.base.manifest import RunManifest
-from fleetgen.base.redisconn import connect
 from fleetgen.drainer import Drainer
+from fleetgen.errors import DiskFull
+from fleetgen.queue.contract import DRAINER_GROUP, KIND_RESULT
+from fleetgen.queue.redisconn import connect
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import RunManifest
 from tests.support.disk import file_size_limit, small_disk
 from tests.support.pipeline import assert_exactly_once, read_output
 from workers.sink import StreamSink

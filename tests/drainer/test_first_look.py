@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base.contract import STATE_PRODUCED, RunKeys
-from fleetgen.base.redisconn import connect
 from fleetgen.drainer import Drainer
+from fleetgen.queue.redisconn import connect
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED
 from tests.support.outdir import RUN, write_output_dir
 
 

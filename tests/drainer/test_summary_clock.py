@@ -9,10 +9,11 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.base.contract import KIND_RESULT, RunKeys
-from fleetgen.base.outcomes import stream_entry
 from fleetgen.drainer import Drainer
 from fleetgen.monitor.status import gather
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.records.outcomes import stream_entry
+from fleetgen.runstate.keys import RunKeys
 
 RUN = "clock"
 

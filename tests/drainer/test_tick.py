@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base.contract import STATE_PRODUCED, STATE_STOPPED, RunKeys
-from fleetgen.base.redisconn import connect
 from fleetgen.drainer import Drainer
+from fleetgen.queue.redisconn import connect
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED, STATE_STOPPED
 
 
 def _hgetall_calls(client: object) -> int:
@@ -37,9 +38,9 @@ def test_an_unfinished_tick_reads_the_manifest_once(redis_url: str, tmp_path: Pa
 def test_summary_counts_held_out_requests_and_rows() -> None:
     """`held out 63` for a 46-line holdout.jsonl: the tally counts the requests a line stands
     for and, beside them, the lines (rows); the terminal says both."""
-    from fleetgen.base.contract import KIND_HOLDOUT
     from fleetgen.cli.summary import held_out
     from fleetgen.drainer.store import Tally
+    from fleetgen.queue.contract import KIND_HOLDOUT
 
     tally = Tally()
     tally.add(KIND_HOLDOUT, {"id": "a", "line": 0, "slot": 0, "slots": 4})

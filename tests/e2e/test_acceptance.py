@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.sims import engine_flags, separate_sims

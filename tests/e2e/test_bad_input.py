@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.fleet import LocalFleet
 from tests.support.content import assert_fleet_content
 from tests.support.pipeline import assert_exactly_once, read_output, run_pipeline

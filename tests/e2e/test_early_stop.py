@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.redisconn import connect
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.queue.redisconn import connect
+from fleetgen.runstate.keys import RunKeys
 from producer.earlystop import judge, parse_rule
 from tests.support.cli import cli
 from tests.support.content import assert_fleet_content

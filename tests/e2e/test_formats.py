@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.fleet import LocalFleet
 from producer.rows import derive_id
 from tests.support.cli import fleetgen

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts

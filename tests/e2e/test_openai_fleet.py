@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.cli import main as cli
 from fleetgen.local.fleet import LocalFleet
 from tests.support.content import assert_fleet_content

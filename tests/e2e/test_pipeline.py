@@ -11,8 +11,8 @@ import httpx
 import orjson
 import redis
 
-from fleetgen.base.contract import RunKeys
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.runstate.keys import RunKeys
 from producer.tokenizer import load_tokenizer
 from tests.support.content import assert_fleet_content
 from tests.support.pipeline import (

@@ -14,8 +14,9 @@ import httpx
 import pytest
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
-from fleetgen.base.wire import KOMBU_UNACKED, slots_in_flight, task_message
+from fleetgen.queue.contract import QUEUE, TaskPayload
+from fleetgen.queue.wire import KOMBU_UNACKED, slots_in_flight, task_message
+from fleetgen.runstate.keys import RunKeys
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.support.waiting import wait_until

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.ports import lease_port
 from fleetgen.local.procs import celery_worker_argv
 from fleetgen.local.simgpus import SimGpus

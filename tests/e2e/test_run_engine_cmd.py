@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.engine.health import probe_url
 from fleetgen.local.ports import lease_port
 from tests.support.cli import fleetgen_cli

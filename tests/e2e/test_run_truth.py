@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.ports import lease_port
 from tests.support.cli import fleetgen_cli
 from tests.support.disk import small_disk

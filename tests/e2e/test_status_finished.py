@@ -14,8 +14,8 @@ import httpx
 import orjson
 import redis
 
-from fleetgen.base.contract import RunKeys
 from fleetgen.local.ports import lease_port
+from fleetgen.runstate.keys import RunKeys
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from tests.support.waiting import wait_until

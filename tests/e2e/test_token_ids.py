@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.local.simgpus import SimGpus
 from tests.support.content import assert_fleet_content, input_rows, tokenizer

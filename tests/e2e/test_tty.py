@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.base.contract import QUEUE
+from fleetgen.queue.contract import QUEUE
 
 
 def run_on_tty(argv: list[str], env: dict[str, str]) -> tuple[int, str]:

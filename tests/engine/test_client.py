@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetgen.base import errors
+from fleetgen import errors
 from fleetgen.engine import PROTOCOLS
 from tests.support.sim import StartSim
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fleetgen.base import errors
+from fleetgen import errors
 from fleetgen.engine import decision
 from fleetgen.engine.decision import Action, Attempt, Kind, RetryPolicy, decide
 from fleetgen.engine.openai import ContextRule

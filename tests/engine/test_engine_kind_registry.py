@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 import httpx
 import orjson
 
-from fleetgen.base import errors
-from fleetgen.base.outcomes import Generation
+from fleetgen import errors
 from fleetgen.engine import kinds
 from fleetgen.engine.api import PLAIN, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.client import EngineClient
 from fleetgen.engine.http import error_message, get_json, server_client
+from fleetgen.records.outcomes import Generation
 from tests.support.cli import fleetgen_cli
 from tests.support.httpd import serving
 from tests.support.pipeline import make_prompts

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 import httpx
 import pytest
 
-from fleetgen.base import errors
+from fleetgen import errors
 from fleetgen.engine.health import State, Watch
 from fleetgen.engine.openai import parse_completion
 from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
@@ -176,8 +176,8 @@ def test_every_sampling_option_the_producer_has_passes_sglangs_closed_schema(
     # api_types `decode_SamplingParams` refuses an unknown key with a 400: a misnamed option
     # would fail every production request. Every key of the contract's Sampling, with a value of
     # its type, must be accepted (a new option is covered by this test as soon as it exists).
-    from fleetgen.base.contract import Sampling
     from fleetgen.engine.sglang import SGLangClient
+    from fleetgen.queue.contract import Sampling
 
     values = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
               "repetition_penalty": 1.1, "seed": 7, "stop": ["\n\n"]}

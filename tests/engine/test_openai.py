@@ -10,12 +10,11 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from fleetgen import engine
-from fleetgen.base import errors
-from fleetgen.base.errors import ConfigError
+from fleetgen import engine, errors
 from fleetgen.engine import openai
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.detect import detect
+from fleetgen.errors import ConfigError
 from tests.support.httpd import serving
 from tests.support.sim import StartSim
 

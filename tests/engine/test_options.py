@@ -10,13 +10,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from fleetgen.base import errors
-from fleetgen.base.logprobs import compact
-from fleetgen.base.outcomes import Generation
+from fleetgen import errors
 from fleetgen.engine import GenerateOptions
 from fleetgen.engine.openai import PROTOCOL as OPENAI
 from fleetgen.engine.openai import completion_body, parse_completion
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
+from fleetgen.records.logprobs import compact
+from fleetgen.records.outcomes import Generation
 from fleetgen.simulator.answers import Style, compose, token_logprobs
 from fleetgen.simulator.model import request_key
 from tests.support.sim import StartSim

@@ -10,12 +10,12 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.outcomes import result_record, split_result
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.openai import OpenAIClient
 from fleetgen.engine.sglang import SGLangClient, parse_generation, parse_spec
 from fleetgen.engine.speculation import CounterDeltas, answers_per_request, parse_vllm_spec
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import result_record, split_result
 from tests.support.sim import ENDLESS, StartSim, stats
 
 

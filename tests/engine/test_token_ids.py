@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from fleetgen.base import errors
-from fleetgen.base.outcomes import Generation
-from fleetgen.base.reasoning import split_reasoning
+from fleetgen import errors
 from fleetgen.engine import GenerateOptions
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.openai import PROTOCOL as OPENAI
 from fleetgen.engine.openai import completion_body, parse_completion
 from fleetgen.engine.preflight import returns_token_ids
 from fleetgen.engine.sglang import PROTOCOL as SGLANG
+from fleetgen.records.outcomes import Generation
+from fleetgen.records.reasoning import split_reasoning
 from fleetgen.simulator.answers import compose
 from fleetgen.simulator.model import request_key
 from producer.build import check_token_ids as producer_check

@@ -13,7 +13,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.exporter import shape
 from producer.conversation import SHAREGPT_ROLES
 from tests.support.cli import Export
@@ -121,7 +121,7 @@ def test_an_answer_cut_off_inside_its_reasoning_keeps_the_block_open(
 def test_a_rows_fields_named_like_fleetgens_are_the_rows_not_the_answers(
         export: Export, tmp_path: Path) -> None:
     """A dataset row's own `reasoning`, `completion` and `turn` (kept under `shadowed` in the
-    result: tests/base/test_outcomes.py) are columns of the row, never the model's reasoning
+    result: tests/records/test_outcomes.py) are columns of the row, never the model's reasoning
     or a turn of `--turns all`; the results table keeps them as the result line has them."""
     out = tmp_path / "out"
     own = {"reasoning": "the dataset's", "completion": "a reference", "turn": 3}

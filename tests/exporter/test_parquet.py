@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.base.outcomes import RESULT_FIELDS
 from fleetgen.exporter import parquet
+from fleetgen.records.outcomes import RESULT_FIELDS
 from tests.support.cli import Export
 from tests.support.outdir import RUN, records, result, without_nulls
 

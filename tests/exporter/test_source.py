@@ -1,4 +1,4 @@
-"""Reading an output directory (by the names the drainer shares, fleetgen/base/outdir.py): input
+"""Reading an output directory (by the names the drainer shares, fleetgen/records/outdir.py): input
 order, and a snapshot that a drainer still writing (or rewriting failures.jsonl) does not
 disturb."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from fleetgen.base.contract import KINDS
 from fleetgen.exporter.source import DrainedRun
+from fleetgen.queue.contract import KINDS
 from tests.support.outdir import result
 
 

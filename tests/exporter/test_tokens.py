@@ -12,8 +12,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.base import exitcodes
-from fleetgen.base.outcomes import ids_digest
+from fleetgen import exitcodes
+from fleetgen.records.outcomes import ids_digest
 from tests.support.cli import Export
 from tests.support.content import tokenizer
 from tests.support.outdir import read_jsonl, result

@@ -1,10 +1,13 @@
 """The floors of the product and the rule between them, read from the source with `ast`.
 
-Bottom to top: the base, the engines, the roles (producer, workers, simulator, exporter,
+Bottom to top: the package root (its version, the error hierarchy, the exit codes), the settings
+(environment variables, run options), the queue's wire and its Redis, the run state and the
+output records (side by side), the engines, the roles (producer, workers, simulator, exporter,
 drainer), the top (the CLI, the local fleet, the monitor). A module may import its own floor and
-the floors below, never one above; two roles on the roles floor never import each other; the
-simulator imports no product code at all (it stands in for a server fleetgen did not write).
-Imports inside functions and under TYPE_CHECKING count like any other.
+the floors below, never one above; two rooms on the run state's floor or on the roles floor
+never import each other; the simulator imports no product code at all (it stands in for a
+server fleetgen did not write). Imports inside functions and under TYPE_CHECKING count like any
+other.
 """
 
 from __future__ import annotations
@@ -15,20 +18,26 @@ from pathlib import Path
 
 # (package prefix, floor). The longest matching prefix names a module's room.
 ROOMS: tuple[tuple[str, int], ...] = (
-    ("fleetgen", 0),  # the package root: __version__ only
-    ("fleetgen.base", 1),
-    ("fleetgen.engine", 2),
-    ("producer", 3),
-    ("workers", 3),
-    ("fleetgen.simulator", 3),
-    ("fleetgen.exporter", 3),
-    ("fleetgen.drainer", 3),
-    ("fleetgen.cli", 4),
-    ("fleetgen.local", 4),
-    ("fleetgen.monitor", 4),
-    ("fleetgen.__main__", 4),
+    ("fleetgen", 0),  # the package root: __version__, errors.py, exitcodes.py
+    ("fleetgen.settings", 1),
+    ("fleetgen.queue", 2),
+    ("fleetgen.runstate", 3),
+    ("fleetgen.records", 3),
+    ("fleetgen.engine", 4),
+    ("producer", 5),
+    ("workers", 5),
+    ("fleetgen.simulator", 5),
+    ("fleetgen.exporter", 5),
+    ("fleetgen.drainer", 5),
+    ("fleetgen.cli", 6),
+    ("fleetgen.local", 6),
+    ("fleetgen.monitor", 6),
+    ("fleetgen.__main__", 6),
 )
-ROLES_FLOOR = 3
+STATE_FLOOR = 3
+ROLES_FLOOR = 5
+# Floors whose rooms stand side by side: none imports another.
+APART = (STATE_FLOOR, ROLES_FLOOR)
 PRODUCT = ("fleetgen", "producer", "workers")
 ABOVE_EVERYTHING = ("bench", "tests")
 
@@ -111,6 +120,6 @@ def _why_not(module: str, imported: str) -> str | None:
         return "the simulator imports no product code"
     if there[1] > here[1]:
         return f"floor {there[1]} ({there[0]}) is above floor {here[1]} ({here[0]})"
-    if here[1] == there[1] == ROLES_FLOOR and here[0] != there[0]:
-        return f"roles {here[0]} and {there[0]} stand on the same floor"
+    if here[1] == there[1] and here[1] in APART and here[0] != there[0]:
+        return f"rooms {here[0]} and {there[0]} stand on the same floor"
     return None

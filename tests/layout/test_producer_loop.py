@@ -1,5 +1,5 @@
 """The producer's run is one loop that calls down (issue 43, docs/architecture.md): the run
-object (producer/run.py) and its runner take the caller's hooks, and no part below them is
+object (producer/loop.py) and its runner take the caller's hooks, and no part below them is
 handed a callback to call back up into the run (a `requeue`, a `reassert`, an `each_look`, a
 `while_full`); nobody sets an attribute of another object's part from outside (as
 `producer.affinity.route_first = wait` did)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The run object and the runner: they take the hooks of whoever runs them.
-LOOP = ("producer/run.py", "producer/runner.py")
+LOOP = ("producer/loop.py", "producer/runner.py")
 # Callables a part may take, each a pure question asked of data, not a way back up.
 ASKED = {
     "wanted": "which slots a pass keeps (producer/inputpass.py)",
@@ -49,7 +49,7 @@ def test_no_part_below_the_run_object_is_handed_a_callback() -> None:
 
 
 def test_a_callback_is_found() -> None:
-    assert callback_parameters(ROOT / "producer/run.py")  # its hooks: on_batch, on_tick
+    assert callback_parameters(ROOT / "producer/loop.py")  # its hooks: on_batch, on_tick
 
 
 def outside_settings(path: Path) -> list[str]:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fleetgen.base import exitcodes, outcomes
+from fleetgen import exitcodes
 from fleetgen.cli.main import build_parser
+from fleetgen.records import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"

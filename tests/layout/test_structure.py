@@ -74,7 +74,7 @@ def test_no_class_name_is_defined_twice() -> None:
 
 def test_one_module_is_named_options() -> None:
     assert [str(p.relative_to(ROOT)) for p in product_files(ROOT)
-            if "options" in p.name] == ["fleetgen/base/runoptions.py"]
+            if "options" in p.name] == ["fleetgen/settings/runoptions.py"]
 
 
 MADE_UP = '''

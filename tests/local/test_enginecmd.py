@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 from fleetgen.local.enginecmd import (
     EnginePolicy,
     FailureWindow,

@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen.base.redisconn import connect
 from fleetgen.cli.main import main
 from fleetgen.local.fleet import LocalFleet
 from fleetgen.monitor.live import Credentials, LivePage
 from fleetgen.monitor.report import build
+from fleetgen.queue.redisconn import connect
 from tests.support.browser import chromium, console_errors, require_chromium, statuses
 from tests.support.fleet import sim_fleet
 from tests.support.pipeline import make_prompts, run_pipeline

@@ -17,14 +17,14 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 from fleetgen.monitor.live import (
     Credentials,
     LivePage,
     credentials_from_env,
     parse_listen,
 )
+from fleetgen.runstate.keys import RunKeys
 
 RUN = "live-unit"
 AUTH = Credentials("ops", "s3cret-pass")

@@ -19,9 +19,10 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import RunKeys, worker_key
 from fleetgen.local.valkey import EmbeddedValkey
 from fleetgen.monitor.live import Credentials, LivePage
+from fleetgen.queue.contract import worker_key
+from fleetgen.runstate.keys import RunKeys
 from tests.support.browser import chromium, console_errors, require_chromium
 from tests.support.waiting import wait_until
 

@@ -9,16 +9,11 @@ import time
 import orjson
 import redis
 
-from fleetgen.base.contract import RunKeys, TaskPayload, worker_key
-from fleetgen.base.heartbeat import fields
-from fleetgen.base.wire import (
-    KOMBU_UNACKED,
-    KOMBU_UNACKED_INDEX,
-    LEASES,
-    held_key,
-    task_message,
-)
 from fleetgen.monitor.status import gather, render
+from fleetgen.queue.contract import TaskPayload, worker_key
+from fleetgen.queue.heartbeat import fields
+from fleetgen.queue.wire import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, held_key, task_message
+from fleetgen.runstate.keys import RunKeys
 
 
 def held(client: redis.Redis, tag: str, run: str, line: int, delivered_at: float) -> None:
@@ -42,7 +37,7 @@ def test_unrenewed_leases_are_what_lost_workers_hold(redis_url: str) -> None:
     held(client, "dead-a", run, 2, now - 20)
     held(client, "dead-b", run, 3, now - 25)  # taken after its worker's last beat, or before
     held(client, "other-run", "another", 1, now - 30)
-    # fleetgen's own transport: a tag under its holder's lease (fleetgen/base/broker.py), the
+    # fleetgen's own transport: a tag under its holder's lease (fleetgen/queue/broker.py), the
     # holder's last renewal 22 s ago; and a live holder's, renewed a second ago.
     for holder, tag, line, renewed in (("dead-holder", "dead-c", 4, now - 22),
                                        ("live-holder", "live-c", 5, now - 1)):

@@ -12,10 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.errors import PermanentError
-from fleetgen.base.outcomes import Generation, failure_record, result_record
 from fleetgen.cli.main import main
+from fleetgen.errors import PermanentError
 from fleetgen.monitor.report import (
     EXAMPLES,
     FIGURES,
@@ -26,6 +24,8 @@ from fleetgen.monitor.report import (
     read_dir,
     throughput,
 )
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import Generation, failure_record, result_record
 from tools.report_bench import write_synthetic
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import orjson
 import redis
 
-from fleetgen.base.contract import KIND_RESULT, STATE_COMPLETE, RunKeys
 from fleetgen.drainer import Drainer
 from fleetgen.monitor.status import gather
+from fleetgen.queue.contract import KIND_RESULT
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_COMPLETE
 from workers.sink import StreamSink
 
 RUN = "twice"

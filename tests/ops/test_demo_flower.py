@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetgen.base.errors import ConfigError
+from fleetgen.errors import ConfigError
 from fleetgen.local.flower import basic_auth
 from fleetgen.local.ports import lease_port
 from tests.support.ops import VENV_BIN, venv_env

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import redis
 
-from fleetgen.base.contract import QUEUE, worker_key
-from fleetgen.base.wire import LEASES
 from fleetgen.local.procs import Child, ProcessGroup
+from fleetgen.queue.contract import QUEUE, worker_key
+from fleetgen.queue.wire import LEASES
 from tests.support.netns import VALKEY, Hosts, hosts_on_a_bridge
 from tests.support.ops import VENV_BIN, venv_env
 from tests.support.pipeline import assert_exactly_once, make_prompts

@@ -21,8 +21,7 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import RunKeys, worker_key
+from fleetgen import exitcodes
 from fleetgen.cli import main as cli
 from fleetgen.local.ports import (
     PortInUse,
@@ -34,6 +33,8 @@ from fleetgen.local.ports import (
 )
 from fleetgen.local.simgpus import sim_ports_reported
 from fleetgen.local.valkey import probe_valkey
+from fleetgen.queue.contract import worker_key
+from fleetgen.runstate.keys import RunKeys
 from tests.support.content import assert_content, sim_config
 from tests.support.ops import REPO, VENV_BIN, sample, scrape, venv_env
 from tests.support.pipeline import assert_exactly_once, make_prompts

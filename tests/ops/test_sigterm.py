@@ -13,11 +13,12 @@ import psutil
 import pytest
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import DRAINER_GROUP, QUEUE, RunKeys
-from fleetgen.base.redisconn import read_hash
+from fleetgen import exitcodes
 from fleetgen.local.ports import lease_port
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.contract import DRAINER_GROUP, QUEUE
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.runstate.keys import RunKeys
 from tests.support.ops import VENV_BIN, venv_env
 from tests.support.pipeline import make_prompts
 from tests.support.waiting import wait_until

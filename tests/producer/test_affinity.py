@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from fleetgen.base.contract import QUEUE, TaskPayload, worker_key, worker_queue
+from fleetgen.queue.contract import QUEUE, TaskPayload, worker_key, worker_queue
 from producer.affinity import PREFIX_BLOCK, Affinity, prefix_key, rendezvous_order
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import redis
 
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.outdir import DrainDir
+from fleetgen.records.outdir import OutputDir
+from fleetgen.runstate.keys import RunKeys
 from producer.build import standalone_producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import QwenTokenizer
@@ -35,12 +35,12 @@ def test_the_wait_ends_only_once_the_drainer_has_written_every_recorded_outcome(
     settings = ProducerSettings(input=prompts, run="w", redis_url=redis_url,
                                 context_length=4096, turns="all", out=out)
     producer = standalone_producer(settings, tokenizer=built_tokenizer)
-    producer.run()
+    producer.send_pass()
     keys = RunKeys("w")
     # Turn 1 failed (its failure written: turn 2 held back, both slots settled), then a retry
     # answered it: the worker's outcome is in the stream, the drainer has not written it.
     out.mkdir(exist_ok=True)
-    DrainDir(out).file("failure").write_bytes(_failure(1))
+    OutputDir(out).file("failure").write_bytes(_failure(1))
     rclient.xadd(keys.stream, {"k": "result", "d": b"{}"})
     started = time.monotonic()
     producer.wait_until_generated(0.2, should_stop=lambda: time.monotonic() - started > 1.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from fleetgen.base.bitmap import Bits
+from fleetgen.runstate.bitmap import Bits
 
 
 def test_bits_missing_matches_a_plain_scan() -> None:

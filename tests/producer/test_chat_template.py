@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base.errors import ContentError
+from fleetgen.errors import ContentError
 from producer.qwen_build import QWEN_CHAT_TEMPLATE, QWEN_TEMPLATE_FILE
 from producer.rows import BadRow, Row, parse_row
 from producer.tokenizer import QwenTokenizer, load_tokenizer

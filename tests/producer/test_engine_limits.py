@@ -16,12 +16,13 @@ import httpx
 import pytest
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import RunKeys, Sampling
-from fleetgen.base.errors import ConfigError, EngineUnreachable
+from fleetgen import exitcodes
 from fleetgen.cli.main import main
 from fleetgen.engine import PROTOCOLS
 from fleetgen.engine.api import ServerLimits
+from fleetgen.errors import ConfigError, EngineUnreachable
+from fleetgen.queue.contract import Sampling
+from fleetgen.runstate.keys import RunKeys
 from producer.budget import budget
 from producer.build import grammar_cannot_wait, resolve_limits, standalone_producer
 from producer.settings import ProducerSettings
@@ -180,7 +181,7 @@ def test_a_prompt_at_the_servers_input_limit_is_rejected_before_sending(
                        + json.dumps({"id": "at_limit", "prompt": "x" * limit}) + "\n")
     s = ProducerSettings(input=prompts, run="at-limit", redis_url=redis_url, engine_url=(url,),
                          high_water=100, min_output_tokens=1)
-    report = standalone_producer(s, tokenizer=CharTokenizer()).run()
+    report = standalone_producer(s, tokenizer=CharTokenizer()).send_pass()
     assert (report.enqueued, report.rejected) == (1, 1)
 
 

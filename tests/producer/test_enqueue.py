@@ -7,8 +7,9 @@ import base64
 import orjson
 import redis
 
-from fleetgen.base.celeryconf import make_app
-from fleetgen.base.contract import QUEUE, TASK_NAME, RunKeys, TaskPayload
+from fleetgen.queue.celeryconf import make_app
+from fleetgen.queue.contract import QUEUE, TASK_NAME, TaskPayload
+from fleetgen.runstate.keys import RunKeys
 from producer.enqueue import Enqueuer, task_message
 
 PAYLOAD = TaskPayload(run="r", line=3, id="x", input_ids=[1, 2, 3], max_tokens=5, sampling={},

@@ -11,10 +11,11 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outcomes import read_entry
-from fleetgen.base.wire import task_payload
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import QUEUE
+from fleetgen.queue.wire import task_payload
+from fleetgen.records.outcomes import read_entry
+from fleetgen.runstate.keys import RunKeys
 from producer.build import standalone_producer
 from producer.manifest import check_same_settings, files_difference
 from producer.settings import ProducerSettings
@@ -50,7 +51,7 @@ def settings(prompts: Path | str, redis_url: str, run: str = "files") -> Produce
 
 
 def produce(prompts: Path | str, redis_url: str, run: str = "files") -> None:
-    standalone_producer(settings(prompts, redis_url, run), tokenizer=CharTokenizer()).run()
+    standalone_producer(settings(prompts, redis_url, run), tokenizer=CharTokenizer()).send_pass()
 
 
 def rejections(client: redis.Redis, run: str) -> dict[int, dict[str, object]]:
@@ -144,7 +145,7 @@ def test_the_recorded_size_is_the_inputs_before_the_pass_reads_it(redis_url: str
             with prompts.open("a") as f:
                 f.write('{"id": "late", "prompt": "appended while reading"}\n')
 
-    producer.run(on_batch=append_once)
+    producer.send_pass(on_batch=append_once)
     manifest = producer.run_manifest
     assert prompts.stat().st_size > before
     assert manifest.input_changed(prompts.stat().st_size) == before

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from fleetgen.base.errors import InputError
+from fleetgen.errors import InputError
 from producer.inputs import resolve_input
 from producer.rows import BadRow, Row, read_rows
 

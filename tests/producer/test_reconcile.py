@@ -9,12 +9,13 @@ from pathlib import Path
 import orjson
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys
-from fleetgen.base.wire import task_payload
+from fleetgen.queue.contract import QUEUE
+from fleetgen.queue.wire import task_payload
+from fleetgen.runstate.keys import RunKeys
 from producer.build import resolve_limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
-from producer.run import Plan, Producer
+from producer.loop import Plan, Producer
 from producer.settings import ProducerSettings
 from producer.tokenizer import load_tokenizer
 from tests.support.waiting import wait_until
@@ -38,7 +39,7 @@ def test_lost_rows_are_enqueued_again_and_only_they(rclient: redis.Redis, redis_
     producer = Producer(settings, load_tokenizer("qwen3.6"), rclient,
                         Enqueuer(rclient, "rc"), resolve_limits(settings),
                         Plan(resolve_input(prompts)))
-    producer.run()
+    producer.send_pass()
     assert queued_lines(rclient) == list(range(1, 41))
     # Rows 1-10 are "generated"; 11-15 vanish with a Redis crash; 16-40 stay queued.
     done = RunKeys("rc").done

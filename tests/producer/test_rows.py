@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.base.errors import InputError
+from fleetgen.errors import InputError
 from producer.rows import BadRow, Row, parse_line, read_rows
 from tests.support.pipeline import write_lines
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys
+from fleetgen.queue.contract import QUEUE
+from fleetgen.runstate.keys import RunKeys
 from producer.inputs import resolve_input
 from producer.runner import Resume, check_resume, produce
 from producer.settings import ProducerSettings
@@ -79,7 +80,7 @@ def test_a_resume_with_other_settings_is_refused_before_anything_starts(
 
     import pytest
 
-    from fleetgen.base.errors import ConfigError
+    from fleetgen.errors import ConfigError
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "r0", "prompt": "q"}\n')

@@ -13,7 +13,8 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys, slot_of
+from fleetgen.queue.contract import QUEUE, slot_of
+from fleetgen.runstate.keys import RunKeys
 from producer.build import standalone_producer
 from producer.request import Request, RequestOptions, opens_reasoning, sample_seed
 from producer.rows import Row
@@ -51,7 +52,7 @@ def test_n_samples_are_requests_with_slots_in_input_order(
         tmp_path: Path, redis_url: str, rclient: redis.Redis) -> None:
     s = settings(tmp_path, redis_url, "samples", n=3, sampling={"temperature": 0.7, "seed": 5})
     producer = standalone_producer(s, tokenizer=tokenizer())
-    producer.run()
+    producer.send_pass()
     payloads = queued(rclient)
     # 3 good rows x 3 samples; the bad line and the too-long row are 3 rejections each.
     assert [(p["id"], p["sample"], slot_of(p)) for p in payloads] == [
@@ -71,7 +72,7 @@ def test_n_samples_are_requests_with_slots_in_input_order(
     assert rclient.bitcount(keys.done) == 6  # the rejections are outcomes already
     # A resume sends nothing twice: every slot is queued or done.
     again = standalone_producer(s, tokenizer=tokenizer())
-    progress = again.run()
+    progress = again.send_pass()
     assert progress.enqueued == 0 and progress.rejected == 0 and progress.skipped == 15
     assert rclient.llen(QUEUE) == 9
 
@@ -79,7 +80,7 @@ def test_n_samples_are_requests_with_slots_in_input_order(
 def test_one_sample_keeps_the_line_as_its_slot(tmp_path: Path, redis_url: str,
                                                rclient: redis.Redis) -> None:
     producer = standalone_producer(settings(tmp_path, redis_url, "single"), tokenizer=tokenizer())
-    producer.run()
+    producer.send_pass()
     payloads = queued(rclient)
     assert [p["line"] for p in payloads] == [1, 2, 5]
     assert not any("sample" in p or "slot" in p for p in payloads)

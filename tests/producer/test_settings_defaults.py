@@ -1,4 +1,4 @@
-"""Each producer default is written once, in fleetgen/base/runoptions.py, which ProducerSettings
+"""Each producer default is written once, in fleetgen/settings/runoptions.py, which ProducerSettings
 and the flags of `fleetgen produce` and `fleetgen demo` take theirs from. Fails if a flag's
 default drifts from its field's."""
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.errors import ConfigError
-from fleetgen.base.outcomes import Generation, result_record
+from fleetgen.errors import ConfigError
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import Generation, result_record
 from producer.turns import WrittenTurns, answer_message, row_object, turn_messages, user_turns
 
 SYS = {"role": "system", "content": "Be brief."}

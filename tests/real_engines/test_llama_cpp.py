@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetgen.base.errors import ContentError
+from fleetgen.errors import ContentError
 from producer.rows import Row, read_rows
 from producer.tokenizer import _PROBES, QWEN_SPECIAL_IDS, QwenTokenizer, load_tokenizer
 from tests.support.llama import LlamaServer, llama_version

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.cli.doctor import DISAGREES
 from fleetgen.cli.main import main
 from producer.qwen_build import QWEN_TEMPLATE_FILE

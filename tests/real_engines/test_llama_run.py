@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from producer.qwen_build import QWEN_TEMPLATE_FILE
 from tests.support.cli import fleetgen_cli
 from tests.support.llama import LlamaServer

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from fleetgen.cli.main import main
 from fleetgen.engine.openai import PROTOCOL
 from tests.support.llama import LlamaServer

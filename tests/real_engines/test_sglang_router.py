@@ -14,8 +14,7 @@ import httpx
 import pytest
 import redis
 
-from fleetgen import engine
-from fleetgen.base import exitcodes
+from fleetgen import engine, exitcodes
 from fleetgen.cli import main as cli
 from fleetgen.engine.health import probe_url
 from fleetgen.local.ports import lease_port

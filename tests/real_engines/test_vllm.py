@@ -24,7 +24,7 @@ import httpx
 import orjson
 import pytest
 
-from fleetgen.base import errors, exitcodes
+from fleetgen import errors, exitcodes
 from fleetgen.engine.api import ServerLimits
 from fleetgen.engine.openai import PROTOCOL
 from fleetgen.engine.preflight import refuses_long_input

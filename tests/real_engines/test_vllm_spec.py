@@ -135,7 +135,7 @@ def test_greedy_and_sampled_rows_as_the_server_counts_them(vllm: str, tmp_path: 
 
 def by_mode(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The by-mode figures as the report computes them, from the results."""
-    from fleetgen.base.acceptance import AcceptanceScan
+    from fleetgen.drainer.acceptance import AcceptanceScan
 
     scan = AcceptanceScan(group_by="mode")
     for slot, record in enumerate(results):

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import pytest
 
-from fleetgen.base import envvars
+from fleetgen.settings import envvars
 
 # Set by .ci/run, which installs every system package the suite needs: there a missing one is
 # a broken CI image, and a skip would hide it behind a green run.

@@ -13,10 +13,11 @@ from typing import Any
 import orjson
 import redis
 
-from fleetgen.base.bitmap import Bits
-from fleetgen.base.contract import QUEUE, RunKeys, worker_key
-from fleetgen.base.redisconn import read_hash
-from fleetgen.base.wire import KOMBU_UNACKED, task_payload
+from fleetgen.queue.contract import QUEUE, worker_key
+from fleetgen.queue.redisconn import read_hash
+from fleetgen.queue.wire import KOMBU_UNACKED, task_payload
+from fleetgen.runstate.bitmap import Bits
+from fleetgen.runstate.keys import RunKeys
 
 
 def worker_name(gpu: int) -> str:

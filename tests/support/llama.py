@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fleetgen.base.envvars import CACHE_DIR, LLAMA_SERVER
 from fleetgen.local.ports import PortLease
+from fleetgen.settings.envvars import CACHE_DIR, LLAMA_SERVER
 from tests.support.engine_proc import EngineProcess
 
 # The model: llama architecture, as small as llama.cpp accepts and still fast on 2 cores.

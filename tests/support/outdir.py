@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.outcomes import carry_row
+from fleetgen.records.outcomes import carry_row
 
 RUN = "exp-fixture"
 FINISHED_AT = 1_790_000_000.75

@@ -13,11 +13,11 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.contract import request_key
-from fleetgen.base.redisconn import connect
 from fleetgen.cli.beside import Beside
 from fleetgen.drainer import Drainer
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.queue.contract import request_key
+from fleetgen.queue.redisconn import connect
 from producer.progress import Progress
 from producer.runner import produce as produce_run
 from producer.settings import ProducerSettings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetgen.base.contract import TaskPayload
+from fleetgen.queue.contract import TaskPayload
 
 
 def payloads(run: str, n: int, *, max_tokens: int = 4) -> list[TaskPayload]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from fleetgen.base.outcomes import ids_digest
 from fleetgen.local.fleet import LocalFleet
+from fleetgen.records.outcomes import ids_digest
 from tests.support.cli import fleetgen
 from tests.support.content import tokenizer
 from tests.support.pipeline import write_jsonl

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import httpx
 
-from fleetgen.base.envvars import CACHE_DIR
 from fleetgen.local.ports import PortLease
+from fleetgen.settings.envvars import CACHE_DIR
 from tests.support.engine_proc import EngineProcess
 from tests.support.waiting import wait_until
 
@@ -42,7 +42,7 @@ BLOCK_SIZE = 128
 # A server a developer started by hand (`python -m vllm.entrypoints.openai.api_server` as
 # VllmServer.argv starts it, on this model): the tests use it instead of starting one, which
 # takes over a minute, minutes on a busy machine; the tests that kill the server skip.
-URL_ENV = "FLEETGEN_TEST_VLLM_URL"  # fleetgen/base/envvars.py TEST_VLLM_URL
+URL_ENV = "FLEETGEN_TEST_VLLM_URL"  # fleetgen/settings/envvars.py TEST_VLLM_URL
 SPEC_URL_ENV = "FLEETGEN_TEST_VLLM_SPEC_URL"  # TEST_VLLM_SPEC_URL: a speculating one
 # A speculating server (tests/real_engines/test_vllm_spec.py): an n-gram drafter of 3 tokens
 # (runs on CPU; the tiny random model loops at temperature 0, so its drafts are accepted,

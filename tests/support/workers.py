@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetgen.base.contract import worker_key
+from fleetgen.queue.contract import worker_key
 
 
 def start_worker(redis_url: str, engine_url: str, name: str, log: Path, *,

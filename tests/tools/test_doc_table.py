@@ -1,6 +1,6 @@
 """tools/doc_table.py through both generated tables' own commands: each rewrites only its
 marked block, `--check` tells a stale block, a page without the block is an error. What each
-table holds: tests/base/test_envvars.py, tests/base/test_runoptions.py."""
+table holds: tests/settings/test_envvars.py, tests/settings/test_runoptions.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer

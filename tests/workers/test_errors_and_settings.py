@@ -8,11 +8,11 @@ import sys
 import httpx
 import pytest
 
-from fleetgen.base import errors
-from fleetgen.base.errors import ConfigError
+from fleetgen import errors
 from fleetgen.engine import decision
 from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.sglang import RULE, from_response
+from fleetgen.errors import ConfigError
 from workers.settings import WorkerSettings
 
 REQUESTED = ("Requested token count exceeds the model's maximum context length of 8192 tokens. "

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from fleetgen.base import errors
-from fleetgen.base.contract import TaskPayload
-from fleetgen.base.errors import EngineGone
-from fleetgen.base.outcomes import Generation
+from fleetgen import errors
 from fleetgen.engine.api import PLAIN, GenerateOptions
 from fleetgen.engine.decision import RetryPolicy
 from fleetgen.engine.openai import ContextRule
 from fleetgen.engine.sglang import SGLangClient, generate_body
+from fleetgen.errors import EngineGone
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.records.outcomes import Generation
 from tests.support.httpd import serving
 from workers.generate import (
     PROBE_EVERY_S,

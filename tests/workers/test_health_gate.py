@@ -15,8 +15,9 @@ import httpx
 import pytest
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload, worker_key
 from fleetgen.local.ports import lease_port
+from fleetgen.queue.contract import QUEUE, TaskPayload, worker_key
+from fleetgen.runstate.keys import RunKeys
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer

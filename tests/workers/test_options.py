@@ -13,9 +13,11 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base.contract import STATE_PRODUCED, RunKeys, TaskPayload
-from fleetgen.base.redisconn import connect, read_hash
 from fleetgen.drainer import Drainer
+from fleetgen.queue.contract import TaskPayload
+from fleetgen.queue.redisconn import connect, read_hash
+from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.manifest import STATE_PRODUCED
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import RunKeys
+from fleetgen import exitcodes
 from fleetgen.local.ports import lease_port
+from fleetgen.runstate.keys import RunKeys
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
 from producer.enqueue import Enqueuer

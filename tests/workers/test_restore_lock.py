@@ -13,7 +13,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from fleetgen.base.celeryconf import celery_config, mutex_expire_s
+from fleetgen.queue.celeryconf import celery_config, mutex_expire_s
 from tests.support.waiting import wait_until
 
 VISIBILITY_S = 15

@@ -11,9 +11,9 @@ import orjson
 import pytest
 import redis
 
-from fleetgen.base import exitcodes
-from fleetgen.base.contract import RunKeys
-from fleetgen.base.outcomes import read_entry
+from fleetgen import exitcodes
+from fleetgen.records.outcomes import read_entry
+from fleetgen.runstate.keys import RunKeys
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from producer.enqueue import Enqueuer

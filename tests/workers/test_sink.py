@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import redis
 
-from fleetgen.base.contract import KIND_FAILURE, KIND_RESULT, RunKeys
 from fleetgen.monitor.status import gather
+from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT
+from fleetgen.runstate.keys import RunKeys
 from workers.sink import StreamSink
 
 
@@ -51,7 +52,7 @@ def test_a_second_outcome_for_a_done_row_writes_nothing(redis_url: str) -> None:
     stats = {k.decode(): int(v) for k, v in client.hgetall(keys.stats).items()}
     assert stats == {"done": 1, "completion_tokens": 7, "gpu0@h|done": 1,
                      "gpu0@h|completion_tokens": 7}
-    client.setbit(keys.done, 1, 0)  # what `fleetgen retry` does (runstate.mark_retrying)
+    client.setbit(keys.done, 1, 0)  # what `fleetgen retry` does (lifecycle.mark_retrying)
     assert late.emit("late", KIND_RESULT, 1, record, {"done": 1})
     assert client.xlen(keys.stream) == 2
 

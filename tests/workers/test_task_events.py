@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.base.celeryconf import make_app
+from fleetgen.queue.celeryconf import make_app
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.support.waiting import wait_until

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetgen.base.contract import QUEUE, RunKeys, TaskPayload
-from fleetgen.base.wire import task_message
+from fleetgen.queue.contract import QUEUE, TaskPayload
+from fleetgen.queue.wire import task_message
+from fleetgen.runstate.keys import RunKeys
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import SimThread, run_in_thread
 from tests.support.waiting import wait_until
