@@ -31,7 +31,7 @@ from fleetgen.settings import runoptions
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
-    from fleetgen.cli.steps import RunHandle
+    from fleetgen.cli.nodejob import RunHandle
     from producer.settings import ProducerSettings
 
 # Beside the output files: the demo's Valkey (its AOF), kept until the run is complete, so the

@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import shutil
 import signal
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import redis
 
 from fleetgen import exitcodes
 from fleetgen.cli import steps
+from fleetgen.cli.nodejob import NodeJob, RunHandle, Step
 from fleetgen.cli.signals import Stopped, shield_from_signals, sigterm_flag
-from fleetgen.cli.steps import WORKERS_READY_S, RunHandle, Step
-from fleetgen.local.fleet import LocalFleet
+from fleetgen.cli.steps import WORKERS_READY_S
 from fleetgen.records import diskfull
 
-if TYPE_CHECKING:
-    from producer.inputs import Inputs
-    from producer.settings import ProducerSettings
-
-__all__ = ["STOP_GRACE_S", "WORKERS_READY_S", "NodeJob", "execute", "shield_from_signals"]
+__all__ = ["STOP_GRACE_S", "WORKERS_READY_S", "NodeJob", "execute", "job_steps",
+           "shield_from_signals"]
 
 # After Ctrl-C or SIGTERM the command must be gone within 2 s: past this grace the handler
 # interrupts whatever still blocks (starting the fleet, a Redis call riding out an outage);
@@ -36,38 +30,11 @@ __all__ = ["STOP_GRACE_S", "WORKERS_READY_S", "NodeJob", "execute", "shield_from
 STOP_GRACE_S = 1.5
 
 
-@dataclass
-class NodeJob:
-    """What the command asked for, resolved once by it: nothing here is made again below."""
-
-    command: str  # "run" or "demo": the name its messages carry
-    fleet: LocalFleet  # not started yet
-    settings: ProducerSettings  # no Redis URL: the run-state step connects, once
-    inputs: Inputs  # the input, resolved once by the command
-    out: Path
-    state_dir: Path  # the embedded Valkey's data, kept until the run is complete
-    resumed: bool
-    # Steps of the command's own: once Redis is up (Flower, the line for other hosts'
-    # workers), and once the report is written (the acceptance lines, the demo's linger).
-    after_redis: list[Step] = field(default_factory=list)
-    after_report: list[Step] = field(default_factory=list)
-    check_engines: bool = False  # `fleetgen run`: each started engine passes the pre-flight
-    # `fleetgen run --retry-failures`: the rows in failures.jsonl are sent again; and the
-    # command that does it, for the last line of a run that ends with failures.
-    retry_failures: bool = False
-    retry_command: str | None = None
-    group_by: str | None = None  # the report's extra breakdown of acceptance (a row field)
-    # What resumes it, where that is not this command with this --out (the estimate's sample
-    # run: its --out is the estimate's scratch directory, which the user never typed).
-    resume_hint: str | None = None
-
-    def say(self, text: str) -> None:
-        print(f"fleetgen {self.command}: {text}", flush=True)
-
-    def steps(self) -> list[Step]:
-        return [steps.Valkey(), steps.RunState(), *self.after_redis, steps.Engines(),
-                steps.Workers(), steps.Drain(), steps.Produce(), steps.Progress(),
-                steps.Report(), *self.after_report, steps.Close()]
+def job_steps(job: NodeJob) -> list[Step]:
+    """The job, in order: read this list to know what a run does."""
+    return [steps.Valkey(), steps.RunState(), *job.after_redis, steps.Engines(),
+            steps.Workers(), steps.Drain(), steps.Produce(), steps.UntilWritten(),
+            steps.ReportPage(), *job.after_report, steps.Close()]
 
 
 def execute(job: NodeJob) -> int:
@@ -83,7 +50,7 @@ def execute(job: NodeJob) -> int:
             f"{fleet.spec.gpus} {engines} and {len(fleet.worker_names())} workers ...")
     started: list[Step] = []
     try:
-        for step in job.steps():
+        for step in job_steps(job):
             if run.should_stop():
                 break
             started.append(step)  # before its start: a step that fails half-way is stopped

@@ -33,7 +33,7 @@ from fleetgen.settings import envvars, runoptions
 from producer.settings import setting_default
 
 if TYPE_CHECKING:
-    from fleetgen.cli.steps import RunHandle, Step
+    from fleetgen.cli.nodejob import RunHandle, Step
     from producer.inputs import Inputs
 
 # Beside the output files: the run's Valkey (its AOF) and its URL, kept until the run is

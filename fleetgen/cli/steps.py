@@ -8,10 +8,8 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
-
-import redis
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from fleetgen.cli.beside import Beside
 from fleetgen.cli.progress import Bar
@@ -24,53 +22,14 @@ from fleetgen.queue.redisconn import connect
 from fleetgen.records.outdir import OutputDir
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from fleetgen.cli.job import NodeJob
+    from fleetgen.cli.nodejob import NodeJob, RunHandle
     from fleetgen.drainer import Drainer
-    from fleetgen.monitor.report import Built
-    from producer.runner import Resume
 
 # How often the engines this node started are written for `fleetgen status`.
 ENGINES_EVERY_S = 2.0
 # How long the workers may take to come online: a real server's worker without -c waits for
 # its engine (the pre-flight saw it ready) and reads its pool size from it.
 WORKERS_READY_S = {"demo": 60.0, "run": 180.0}
-
-
-@dataclass
-class RunHandle:
-    """The run in this process: each resource made once, by the step that owns it, and read by
-    the steps after it."""
-
-    job: NodeJob
-    should_stop: Callable[[], bool]
-    client: redis.Redis | None = None  # the run's Redis, one connection pool for all threads
-    resume: Resume | None = None
-    drainer: Drainer | None = None
-    producer: Beside | None = None
-    summary: dict[str, Any] = field(default_factory=lambda: {"complete": False})
-    built: Built | None = None  # the report, once written
-
-    @property
-    def redis(self) -> redis.Redis:
-        assert self.client is not None, "the run-state step connects first"
-        return self.client
-
-    @property
-    def hurry(self) -> bool:
-        """Stopped by a signal: everything goes within 2 s, not with a 15 s grace."""
-        return self.should_stop()
-
-    @property
-    def grace_s(self) -> float:
-        return 0.5 if self.hurry else 15.0
-
-
-class Step(Protocol):
-    def start(self, run: RunHandle) -> None: ...
-
-    def stop(self, run: RunHandle) -> None: ...
 
 
 class Valkey:
@@ -220,7 +179,7 @@ class Produce:
         pass  # a daemon thread: it ends with the run or dies with the process
 
 
-class Progress:
+class UntilWritten:
     """The drainer's loop until every row is written: the bar, the engines' fall and return
     and the limits they run at, said where the run was started; then the summary."""
 
@@ -281,7 +240,7 @@ class Look:
                          engines=self.view.engines_up, note=note)
 
 
-class Report:
+class ReportPage:
     """The run as pictures, from the output files alone (as `fleetgen report`), and how it
     ended: stopped early by a rule, or complete with failed rows and how to send them again."""
 

@@ -126,3 +126,45 @@ class EngineProtocol(Protocol):
     def pool_size(self, limits: ServerLimits) -> int | None:
         """Worker threads for this server, or None when it does not say."""
         ...
+
+
+# The shapes an engine kind's hooks take and give (fleetgen/engine/kinds.py), here so the
+# registry imports none of the modules that register kinds.
+@dataclass(frozen=True)
+class Gauges:
+    """One engine kind's two queue gauges."""
+
+    running: str
+    waiting: str
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of `check`'s and `doctor`'s report: what was checked, whether it passed, what
+    the server answered."""
+
+    name: str
+    ok: bool
+    detail: str
+    # Passes, but the run will miss something the user can turn on: printed as advice.
+    note: bool = False
+
+    def line(self) -> str:
+        mark = "FAIL" if not self.ok else ("note" if self.note else "ok  ")
+        return f"{mark} {self.name}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class ServerRendering:
+    prompt_tokens: int
+    tokens: list[int] | None  # None: the server gave only a count
+    via: str  # the endpoints that were asked
+
+
+@dataclass(frozen=True)
+class Difference:
+    position: int  # 0-based index of the first token that differs
+    server: list[int]  # SHOWN_TOKENS from there on, each side
+    fleetgen: list[int]
+    server_text: str  # decoded by fleetgen's tokenizer
+    fleetgen_text: str

@@ -20,17 +20,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetgen.engine.api import EngineProtocol, LengthRule, ServerLimits
-from fleetgen.engine.load import Gauges
+from fleetgen.engine.api import EngineProtocol, Gauges, LengthRule, ServerLimits
 from fleetgen.errors import ConfigError
 from fleetgen.settings.envvars import ENGINE_KINDS, ENGINE_PROTOCOL
 
 if TYPE_CHECKING:  # only for the hooks' types: those modules use the registry at call time
     import httpx
 
-    from fleetgen.engine.api import Engine
-    from fleetgen.engine.preflight import Check
-    from fleetgen.engine.template import Difference, ServerRendering
+    from fleetgen.engine.api import Check, Difference, Engine, ServerRendering
 
 # The protocol when no server is read and none is named (--context-length alone).
 DEFAULT_PROTOCOL = "sglang"
@@ -130,11 +127,13 @@ class Registry:
             if self._loaded:
                 return
             self._loaded = True  # before the imports: a plug-in may look kinds up as it loads
-            from fleetgen.engine import builtin
-
-            builtin.register(self)
-            for spec in _specs(ENGINE_KINDS.value()):
+            # The built-in kinds are the first plug-in, loaded as any other is: by name, so
+            # that this module, which their modules import, imports none of them.
+            for spec in [BUILTIN, *_specs(ENGINE_KINDS.value())]:
                 _load_plugin(self, spec)
+
+
+BUILTIN = "fleetgen.engine.builtin:register"
 
 
 def _specs(value: str | None) -> list[str]:

@@ -21,19 +21,12 @@ from dataclasses import dataclass
 
 import httpx
 
+from fleetgen.engine.api import Gauges
 from fleetgen.engine.http import server_client
 
 METRICS_PATH = "/metrics"
 # `name{labels} value [timestamp]` or `name value`; labels never hold a `}` in these engines.
 _SAMPLE = re.compile(r"^(?P<name>[^\s{#]+)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.M)
-
-
-@dataclass(frozen=True)
-class Gauges:
-    """One engine kind's two queue gauges."""
-
-    running: str
-    waiting: str
 
 
 @dataclass(frozen=True)

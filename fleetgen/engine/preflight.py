@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from fleetgen import errors
-from fleetgen.engine.api import Engine, GenerateOptions, LengthRule, ServerLimits
+from fleetgen.engine.api import Check, Engine, GenerateOptions, LengthRule, ServerLimits
 from fleetgen.engine.health import probe_url
 from fleetgen.engine.speculation import (
     PER_REQUEST_ADVICE,
@@ -37,20 +36,7 @@ FINISHED = frozenset({"stop", "length"})
 LLAMA_VERBOSE_BUILD = "b9754"
 
 
-@dataclass(frozen=True)
-class Check:
-    """One line of `check`'s and `doctor`'s report: what was checked, whether it passed, what
-    the server answered."""
 
-    name: str
-    ok: bool
-    detail: str
-    # Passes, but the run will miss something the user can turn on: printed as advice.
-    note: bool = False
-
-    def line(self) -> str:
-        mark = "FAIL" if not self.ok else ("note" if self.note else "ok  ")
-        return f"{mark} {self.name}: {self.detail}"
 
 
 def readiness(url: str, timeout_s: float, api_key: str | None = None) -> Check:

@@ -31,7 +31,7 @@ import httpx
 
 from fleetgen import errors
 from fleetgen.engine import kinds
-from fleetgen.engine.api import ServerLimits
+from fleetgen.engine.api import Difference, ServerLimits, ServerRendering
 from fleetgen.engine.decision import from_status, from_transport, not_json
 from fleetgen.engine.http import error_message, server_client
 from fleetgen.engine.preflight import Check
@@ -76,22 +76,6 @@ class ChatRenderer(Protocol):
     def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-
-@dataclass(frozen=True)
-class ServerRendering:
-    prompt_tokens: int
-    tokens: list[int] | None  # None: the server gave only a count
-    via: str  # the endpoints that were asked
-
-
-@dataclass(frozen=True)
-class Difference:
-    position: int  # 0-based index of the first token that differs
-    server: list[int]  # SHOWN_TOKENS from there on, each side
-    fleetgen: list[int]
-    server_text: str  # decoded by fleetgen's tokenizer
-    fleetgen_text: str
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,10 @@ LLAMA_SERVER = _unset("FLEETGEN_LLAMA_SERVER", "path", "tests", "a llama.cpp `ll
 TEST_VLLM_URL = _unset("FLEETGEN_TEST_VLLM_URL", "URL", "tests", "a vLLM server you started for "
                        "`tests/real_engines/test_vllm.py` (its kill test skips)",
                        "the tier's own server")
+TEST_MODULES_DIR = _unset(
+    "FLEETGEN_TEST_MODULES_DIR", "directory", "tests",
+    "where each process of `tests/e2e/test_run_imports.py` writes the modules it held at exit "
+    "(its sitecustomize hook)", "no list written")
 TEST_VLLM_SPEC_URL = _unset(
     "FLEETGEN_TEST_VLLM_SPEC_URL", "URL", "tests", "a speculating vLLM server you started for "
     "`tests/real_engines/test_vllm_spec.py` (the flags in `tests/support/vllm.py` SPEC_ARGS)",
@@ -188,6 +192,7 @@ TABLE: tuple[EnvVar[Any], ...] = (
     MAX_ATTEMPTS, BACKOFF_BASE_S, BACKOFF_CAP_S, HEALTH_INTERVAL_S, ENGINE_GONE_S, ENGINE_WAIT_S,
     VISIBILITY_TIMEOUT_S, WAIT_AOF, HANDBACK_S, TASK_LOG, ENGINE_SHARE, MAX_IN_FLIGHT, CACHE_DIR,
     SIM_API_KEY, STATUS_AUTH, IMAGE, CI, LLAMA_SERVER, TEST_VLLM_URL, TEST_VLLM_SPEC_URL,
+    TEST_MODULES_DIR,
     BENCH_FIGURES, BENCH_RUN, SLURM_LISTEN_PORT, SLURM_HEAD_ADDR,
 )
 

@@ -29,7 +29,7 @@ ROOM = 48 * 1024
 def emit_results(client: redis.Redis, run: str) -> None:
     """ROWS results in the run's stream, as workers write them."""
     record = RunManifest(client, run)
-    record.start({}, ROWS)
+    record.start({})
     record.close(ROWS)
     sink = StreamSink(client, worker="gpu0")
     for line in range(1, ROWS + 1):

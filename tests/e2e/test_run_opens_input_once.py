@@ -11,12 +11,12 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.producer.test_input_read_once import opens_of
 from tests.support.binaries import require_binary
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import assert_exactly_once, make_prompts
 from tests.support.simproc import sim_process
 from tests.support.sims import engine_flags
+from tests.support.strace import opens_of
 from tests.support.waiting import wait_until
 
 

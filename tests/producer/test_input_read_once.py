@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.binaries import require_binary
+from tests.support.strace import opens_of
 
 ROWS = 30
-
-
-def opens_of(trace: str, path: Path) -> int:
-    """Successful open/openat calls of `path` in an strace -f log."""
-    name = re.escape(str(path))
-    return len(re.findall(rf'open(?:at)?\([^"]*"{name}",[^)]*\)\s*=\s*\d+', trace))
 
 
 def write_prompts(tmp_path: Path, kind: str) -> Path:

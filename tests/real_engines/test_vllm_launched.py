@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from fleetgen.base import exitcodes
+from fleetgen import exitcodes
 from tests.support.binaries import require_binary
 from tests.support.cli import fleetgen_cli
 from tests.support.fleet import written
