@@ -16,6 +16,7 @@ from producer.budget import Limits
 from producer.enqueue import Enqueuer
 from producer.inputs import resolve_input
 from producer.loop import Plan, Producer
+from producer.manifest import recorded_in
 from producer.request import PROBE_CHAT, RequestOptions, opens_reasoning, unwaitable_schema
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer, load_tokenizer
@@ -157,5 +158,6 @@ def standalone_producer(settings: ProducerSettings, *, tokenizer: PromptTokenize
     its Redis connected here, once (InputError for a missing input, before connecting)."""
     inputs = resolve_input(settings.input)
     assert settings.redis_url is not None, "a standalone producer connects: give its URL"
-    return build_producer(settings, client=connect(settings.redis_url),
-                          plan=Plan(inputs, waits=waits), tokenizer=tokenizer, limits=limits)
+    plan = Plan(inputs, waits=waits, recorded=recorded_in(settings.out, settings.run))
+    return build_producer(settings, client=connect(settings.redis_url), plan=plan,
+                          tokenizer=tokenizer, limits=limits)

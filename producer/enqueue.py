@@ -20,7 +20,7 @@ from fleetgen.queue.contract import (
 )
 from fleetgen.queue.wire import queued, task_message
 from fleetgen.records.outcomes import stream_entry
-from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.keys import run_keys
 
 log = logging.getLogger("fleetgen.producer")
 
@@ -34,7 +34,7 @@ class Enqueuer:
 
     def __init__(self, client: redis.Redis, run: str, high_water: int | None = None) -> None:
         self.redis = client
-        self.keys = RunKeys(run)
+        self.keys = run_keys(run)
         self.fixed_high_water = high_water
         self._high_water_cache: tuple[float, int] = (0.0, MIN_HIGH_WATER)
 

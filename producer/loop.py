@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.keys import run_keys
 from producer.affinity import Affinity
 from producer.allturns import AllTurns
 from producer.budget import Limits
@@ -26,7 +26,7 @@ from producer.enqueue import Enqueuer
 from producer.holdout import HoldOut
 from producer.inputpass import InputPass, PassParts
 from producer.inputs import Inputs
-from producer.manifest import CheckedManifest, recorded_in
+from producer.manifest import CheckedManifest, Recorded
 from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import Prompts
@@ -52,6 +52,9 @@ class Plan:
 
     inputs: Inputs
     waits: bool = False
+    # The output directory's record of the run, as its caller read it (the resume check):
+    # None when there is none (no --out, a new one, another run's).
+    recorded: Recorded | None = None
 
 
 class Producer:
@@ -64,10 +67,10 @@ class Producer:
         # Resolved once: every pass of this run reads the same files, in the same order.
         self.inputs = plan.inputs
         self.run_manifest = CheckedManifest(client, settings.run, settings.new_run,
-                                        recorded_in(settings.out, settings.run))
+                                            plan.recorded)
         self.affinity = Affinity(client, enabled=settings.affinity,
                                  wait_s=settings.affinity_wait_s, route_first=plan.waits)
-        keys = RunKeys(settings.run)  # the run's Redis keys, named once for its parts
+        keys = run_keys(settings.run)  # the run's Redis keys, named once for its parts
         self.reconciler = Reconciler(client, keys)
         self.prompts = Prompts(tokenizer, limits, RequestOptions(settings, tokenizer, limits))
         self.outbox = Outbox(enqueuer, self.affinity)

@@ -85,29 +85,24 @@ class CheckedManifest:
     def reassert(self, settings: dict[str, Any], total: int) -> bool:
         return self.record.reassert(settings, total)
 
-    def check_files(self, files: list[str]) -> None:
-        """ConfigError if the run was started on other input files (a run without a manifest,
-        or from before files were pinned, passes)."""
-        old = self.record.read().pinned
-        if "files" in old:
-            check_same_settings(self.run, {"files": old["files"]}, {"files": files},
-                                self.new_run)
-
-    def check_settings(self, settings: dict[str, Any]) -> None:
-        """ConfigError if the run was started with other pinned settings: the check a resume
-        makes when it opens the run, made before anything is started for it. A setting read
-        from the servers (the context length the limits give) is left to then."""
+    def check_resume(self, files: list[str], settings: dict[str, Any],
+                     input_bytes: int) -> int | None:
+        """The checks a resume makes before anything is started for it, on one read of the
+        manifest: ConfigError if the run was started on other input files (a run without a
+        manifest, or from before files were pinned, passes) or with other pinned settings (a
+        setting read from the servers, the context length the limits give, is left to the
+        opening). Returns the input's size when the run was produced if it is not
+        `input_bytes` now (None also for a run produced before sizes were recorded)."""
         stored = self.record.read()
+        if "files" in stored.pinned:
+            check_same_settings(self.run, {"files": stored.pinned["files"]},
+                                {"files": files}, self.new_run)
         old = stored.pinned if stored.exists else \
             (self.recorded.settings if self.recorded else {})
         known = {k: v for k, v in settings.items() if k != "context_length"}
         check_same_settings(self.run, {k: v for k, v in old.items() if k in known}, known,
                             self.new_run)
-
-    def input_changed(self, input_bytes: int) -> int | None:
-        """The input's size when the run was produced, if it is not `input_bytes` now (None
-        also for a run produced before sizes were recorded)."""
-        then = self.record.read().input_bytes
+        then = stored.input_bytes
         return then if then is not None and then != input_bytes else None
 
 

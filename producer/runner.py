@@ -16,7 +16,7 @@ from fleetgen.runstate.lifecycle import run_complete
 from producer.build import build_producer
 from producer.inputs import Inputs, resolve_input
 from producer.loop import Plan
-from producer.manifest import CheckedManifest, recorded_in
+from producer.manifest import CheckedManifest, Recorded, recorded_in
 from producer.progress import Progress
 from producer.settings import ProducerSettings
 
@@ -28,6 +28,9 @@ class Resume:
     complete: bool  # every row of the run already has an outcome
     size_bytes: int  # the input's size now
     grown_from: int | None = None  # complete, but the input changed since: its size then
+    # What the output directory's summary.json says of the run, read once here: the producer
+    # opens the run against it (its pinned settings, its clock).
+    recorded: Recorded | None = None
 
     @property
     def nothing_to_do(self) -> bool:
@@ -45,11 +48,9 @@ def check_resume(settings: ProducerSettings, inputs: Inputs, client: redis.Redis
     # Before "already complete": a finished run given a new file or other settings must say
     # so, also once its Redis state is gone (then its files' summary holds them).
     manifest = CheckedManifest(client, settings.run, settings.new_run, recorded)
-    manifest.check_files(inputs.names)
-    manifest.check_settings(pinned)
-    changed = manifest.input_changed(size)
+    changed = manifest.check_resume(inputs.names, pinned, size)
     complete = run_complete(client, settings.run)
-    return Resume(complete, size, changed if complete else None)
+    return Resume(complete, size, changed if complete else None, recorded)
 
 
 class Hooks(Protocol):
@@ -110,7 +111,8 @@ def produce(settings: ProducerSettings, *, wait: bool = False,
         return Progress()
     # Rows appended to a finished run's file are rows to generate, not "nothing to do": the
     # pass below skips every row already done and sends the rest.
-    producer = build_producer(settings, client=client, plan=Plan(inputs, waits=wait))
+    producer = build_producer(settings, client=client,
+                              plan=Plan(inputs, waits=wait, recorded=resume.recorded))
     # SIGTERM (the CLI's flag): stop between batches, or between two looks at the run while
     # waiting.
     should_stop = hooks.stop_flag()

@@ -12,7 +12,7 @@ import redis
 
 from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT, request_key
 from fleetgen.records.outcomes import stream_entry
-from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.keys import run_keys
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -74,7 +74,7 @@ class StreamSink:
 
     def is_done(self, run: str, slot: int) -> bool:
         """Raises RunPurged for a run without a manifest: one round trip for both reads."""
-        keys = RunKeys(run)
+        keys = run_keys(run)
         pipe = self._redis.pipeline(transaction=False)
         pipe.getbit(keys.done, slot)
         pipe.exists(keys.manifest)
@@ -87,7 +87,7 @@ class StreamSink:
              stats: dict[str, int], payload: dict[str, Any] | None = None) -> bool:
         """False if the row already has an outcome (nothing written); RunPurged if the run
         is gone."""
-        keys = RunKeys(run)
+        keys = run_keys(run)
         entry = stream_entry(kind, record)
         commands: list[Command] = [
             ("XADD", keys.stream, "*", *(w for kv in entry.items() for w in kv)),

@@ -161,7 +161,8 @@ class Produce:
         settings = job.settings
         if job.fleet.engines is not None:  # the limits of the engines that started
             settings = replace(settings, engine_url=tuple(job.fleet.serving_urls()))
-        producer = build_producer(settings, client=run.redis, plan=Plan(job.inputs, waits=True))
+        plan = Plan(job.inputs, waits=True, recorded=run.resume.recorded)
+        producer = build_producer(settings, client=run.redis, plan=plan)
         if not producer.open():
             return  # stopped by --stop-if before: the drainer finds it settled
 

@@ -13,7 +13,7 @@ from fleetgen.drainer.acceptance import pooled_summary
 from fleetgen.drainer.store import Tally
 from fleetgen.queue.contract import KIND_FAILURE, KIND_HOLDOUT, KIND_REJECTED, KIND_RESULT
 from fleetgen.queue.redisconn import read_hash
-from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.keys import run_keys
 from fleetgen.runstate.lifecycle import run_complete, stopped_and_settled
 from fleetgen.runstate.manifest import Manifest, RunManifest
 from fleetgen.settings.runoptions import SUMMARY_SETTINGS
@@ -43,7 +43,7 @@ class RunBook:
     def __init__(self, client: redis.Redis, run: str, tally: Tally) -> None:
         self.redis = client
         self.run = run
-        self.keys = RunKeys(run)
+        self.keys = run_keys(run)
         self.tally = tally
         self.record = RunManifest(client, run)
 

@@ -23,7 +23,7 @@ from fleetgen.engine.http import server_client
 from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, FailureWindow, backoff_s
 from fleetgen.local.ports import PortLease, lease_port
 from fleetgen.local.procs import dying_with_parent
-from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.keys import run_keys
 
 LOG_TAIL_LINES = 5
 POLL_S = 0.25  # how often a starting engine's process and probe are looked at
@@ -324,5 +324,5 @@ def publish(client: Any, run: str, views: Sequence[EngineView], host: str | None
     """This node's engines as `fleetgen status` shows them (RunKeys.engines), one field each."""
     where = host or socket.gethostname()
     if views:
-        client.hset(RunKeys(run).engines, mapping={
+        client.hset(run_keys(run).engines, mapping={
             f"{where}/{v.name}": json.dumps(v.to_json()) for v in views})

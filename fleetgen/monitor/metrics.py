@@ -14,7 +14,7 @@ from fleetgen.queue import wire
 from fleetgen.queue.heartbeat import Heartbeat
 from fleetgen.queue.redisconn import read_hash, text
 from fleetgen.queue.serverclock import server_time
-from fleetgen.runstate.keys import RunKeys, runs_index_key
+from fleetgen.runstate.keys import run_keys, runs_index_key
 
 log = logging.getLogger("fleetgen.monitor.metrics")
 
@@ -53,7 +53,7 @@ class FleetCollector(Collector):
         metrics: list[Metric] = [queue, *_worker_metrics(status.live_workers(self.redis),
                                                           server_time(self.redis))]
         runs = [s for s in (status.gather(self.redis, r) for r in self._runs()) if s]
-        written = {r.run: read_hash(self.redis, RunKeys(r.run).written) for r in runs}
+        written = {r.run: read_hash(self.redis, run_keys(r.run).written) for r in runs}
         metrics += _run_metrics(runs, written)
         return metrics
 

@@ -16,7 +16,7 @@ from fleetgen.queue.heartbeat import DEFAULT_INTERVAL_S, LOST_AFTER_BEATS, Heart
 from fleetgen.queue.redisconn import read_hash, text
 from fleetgen.queue.serverclock import server_time
 from fleetgen.queue.wire import unrenewed_leases
-from fleetgen.runstate.keys import RunKeys
+from fleetgen.runstate.keys import run_keys
 from fleetgen.runstate.lifecycle import run_complete
 from fleetgen.runstate.manifest import (
     STATE_COMPLETE,
@@ -128,7 +128,7 @@ class RunStatus:
 
 
 def gather(client: redis.Redis, run: str, now: float | None = None) -> RunStatus | None:
-    keys = RunKeys(run)
+    keys = run_keys(run)
     manifest = RunManifest(client, run).read()
     if not manifest.exists:
         return None

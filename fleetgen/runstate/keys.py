@@ -3,6 +3,8 @@ contract's prefix (fleetgen/queue/contract.py)."""
 
 from __future__ import annotations
 
+import functools
+
 from fleetgen.queue.contract import PREFIX
 
 
@@ -44,6 +46,13 @@ class RunKeys:
             self.stream, self.manifest, self.sent, self.done,
             self.stats, self.written, self.failed, self.retrying, self.engines,
         ]
+
+
+@functools.lru_cache(maxsize=256)
+def run_keys(run: str) -> RunKeys:
+    """The run's keys, named once per process: every part of a process that works on the run
+    (producer, drainer, sink, status) shares the one object."""
+    return RunKeys(run)
 
 
 def runs_index_key() -> str:

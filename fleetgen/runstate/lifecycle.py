@@ -11,7 +11,7 @@ import redis
 
 from fleetgen.queue.contract import TaskPayload
 from fleetgen.queue.redisconn import read_hash
-from fleetgen.runstate.keys import RunKeys, runs_index_key
+from fleetgen.runstate.keys import run_keys, runs_index_key
 from fleetgen.runstate.manifest import Manifest, RunManifest
 
 
@@ -21,7 +21,7 @@ def run_complete(client: redis.Redis, run: str, written: int | None = None,
     row is written, no row is back in retry, and the stream holds nothing unwritten.
     `written` is the drainer's own count when it asks; others read the count it publishes.
     `manifest`: the run's manifest if the caller has just read it (one read per tick)."""
-    keys = RunKeys(run)
+    keys = run_keys(run)
     manifest = RunManifest(client, run).read() if manifest is None else manifest
     if not manifest.produced or manifest.total is None:
         return False
@@ -44,7 +44,7 @@ def stopped_and_settled(client: redis.Redis, run: str, written: int,
                         manifest: Manifest | None = None) -> str | None:
     """The reason, if `--stop-if` stopped the run and every request sent before the stop has
     been written (so a drainer can end with what there is); else None."""
-    keys = RunKeys(run)
+    keys = run_keys(run)
     manifest = RunManifest(client, run).read() if manifest is None else manifest
     if manifest.stopped is None:
         return None
@@ -64,13 +64,13 @@ def exists(client: redis.Redis, run: str) -> bool:
 
 def failed_payloads(client: redis.Redis, run: str) -> list[TaskPayload]:
     """The task payloads of the run's failed rows, kept by the workers for `fleetgen retry`."""
-    return [cast(TaskPayload, orjson.loads(v)) for v in client.hvals(RunKeys(run).failed)]
+    return [cast(TaskPayload, orjson.loads(v)) for v in client.hvals(run_keys(run).failed)]
 
 
 def mark_retrying(client: redis.Redis, run: str, lines: Iterable[int]) -> None:
     """Send rows back to work: clear their done bits and list them as in retry, so the run is
     not complete until each lands again (a worker removes its line when it records it)."""
-    keys = RunKeys(run)
+    keys = run_keys(run)
     pipe = client.pipeline(transaction=True)
     for line in lines:
         pipe.sadd(keys.retrying, line)
@@ -81,7 +81,7 @@ def mark_retrying(client: redis.Redis, run: str, lines: Iterable[int]) -> None:
 
 def purge(client: redis.Redis, run: str) -> int:
     """Delete every key of the run and its entry in the runs index; returns keys deleted."""
-    keys = RunKeys(run)
+    keys = run_keys(run)
     pipe = client.pipeline(transaction=True)
     pipe.delete(*keys.all())
     pipe.srem(runs_index_key(), run)

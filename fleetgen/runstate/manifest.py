@@ -19,7 +19,7 @@ import orjson
 import redis
 
 from fleetgen.queue.redisconn import read_hash
-from fleetgen.runstate.keys import RunKeys, runs_index_key
+from fleetgen.runstate.keys import run_keys, runs_index_key
 
 # The hash's fields, as stored.
 SETTINGS: Final = "settings"  # JSON: fleetgen/settings/runoptions.py STORED, and `files`
@@ -125,7 +125,7 @@ class RunManifest:
     def __init__(self, client: redis.Redis, run: str) -> None:
         self.redis = client
         self.run = run
-        self.key = RunKeys(run).manifest
+        self.key = run_keys(run).manifest
 
     def read(self) -> Manifest:
         return Manifest.parse(self.raw())
