@@ -91,5 +91,5 @@ def _exit_code(run: RunHandle) -> int:
         raise Stopped if "run" in summary else KeyboardInterrupt
     # Failed rows are rows the user asked for and does not have: not a success (the last
     # line said how many, and how to send them again).
-    return exitcodes.OK if summary["complete"] and not summary.get("failed") \
-        else exitcodes.INCOMPLETE
+    succeeded = summary["complete"] and not summary.get("failed")
+    return exitcodes.OK if succeeded else exitcodes.INCOMPLETE
