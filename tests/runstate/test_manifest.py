@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STORED_FIELDS = {"settings", "state", "started_at", "read", "expected", "total", "produced_at",
                  "input_bytes", "stop_reason", "stopped_at", "paused_s", FINISHED_AT}
 # The manifest's key, read or written.
-KEY_USE = re.compile(r"(?:\bkeys|RunKeys\([^)]*\))\.manifest\b")
+KEY_USE = re.compile(r"(?:\bkeys|(?:RunKeys|run_keys)\([^)]*\))\.manifest\b")
 # Besides the owner: the worker's outcome script checks that the run still exists (a purged
 # run's outcome is dropped), which reads no field.
 KEY_USERS = {"fleetgen/runstate/manifest.py", "workers/sink.py"}
