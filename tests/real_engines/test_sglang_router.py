@@ -43,17 +43,20 @@ def sims() -> Iterator[list[SimThread]]:
 
 @pytest.fixture(scope="module")
 def router(sims: list[SimThread], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    lease = lease_port()
+    lease, metrics = lease_port(), lease_port()
     log = tmp_path_factory.mktemp("router") / "router.log"
+    # Its Prometheus server binds 0.0.0.0:29000 unless told: a leased port, or the router
+    # panics whenever anything else on the machine holds 29000 (1 run in 4 beside llama.cpp's).
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-         "--port", str(lease.port), "--policy", "cache_aware", "--worker-urls",
+         "--port", str(lease.port), "--prometheus-host", "127.0.0.1",
+         "--prometheus-port", str(metrics.port), "--policy", "cache_aware", "--worker-urls",
          *(sim.url for sim in sims)], stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{lease.port}"
     try:
         def up() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"router exited: {log.read_text()[-2000:]}")
+                raise AssertionError(f"router exited: {log.read_text()[:2000]}")
             return probe_url(url).ready
         wait_until(up, 60, "the router's /readiness")
         yield url
@@ -61,6 +64,7 @@ def router(sims: list[SimThread], tmp_path_factory: pytest.TempPathFactory) -> I
         proc.terminate()
         proc.wait(timeout=30)
         lease.close()
+        metrics.close()
 
 
 def test_the_router_is_read_through_the_servers_it_lists(router: str) -> None:

@@ -24,9 +24,12 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 
 def test_k_plus_one_requests_one_waits(start_sim: StartSim, pool: ThreadPoolExecutor) -> None:
     sim = start_sim(max_running_requests=2, tpot_ms=TPOT_MS, output_tokens_mean=ENDLESS)
-    service_s = 15 * TPOT_MS / 1000
+    # 50 tokens: a 1 s service time, so the queued state lasts long enough for the poll to see
+    # it on a loaded machine (CI, with 15 tokens, missed a 0.3 s window).
+    tokens = 50
+    service_s = tokens * TPOT_MS / 1000
     with httpx.Client(base_url=sim.url, timeout=10) as client:
-        futures = [pool.submit(generate, client, [i, 1], 15) for i in range(3)]
+        futures = [pool.submit(generate, client, [i, 1], tokens) for i in range(3)]
         seen = wait_until(lambda: (s := stats(client))["num_queue_reqs"] == 1 and s,
                           what="one request queued")
         assert seen["num_running_reqs"] == 2

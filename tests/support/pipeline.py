@@ -77,10 +77,9 @@ def produce(fleet: LocalFleet, prompts: Path, run: str, *, wait: bool = False,
             reconcile_interval_s: float = 30.0, **options: Any) -> Progress:
     """The product's own producer path, in this process: `fleetgen produce --no-wait`, or
     with `wait` the default `fleetgen produce`, which stays and re-enqueues lost rows."""
-    settings = ProducerSettings(input=prompts, run=run, redis_url=fleet.redis_url,
-                                context_length=options.pop(
-                                    "context_length", sims_of(fleet).context_length),
-                                **options)
+    if "context_length" not in options:  # a fleet of real engines always names its own
+        options["context_length"] = sims_of(fleet).context_length
+    settings = ProducerSettings(input=prompts, run=run, redis_url=fleet.redis_url, **options)
     report: Progress = produce_run(settings, wait=wait,
                                    reconcile_interval_s=reconcile_interval_s)
     return report
