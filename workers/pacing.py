@@ -13,6 +13,19 @@ share of the excess (its in-flight over all the server holds), so W workers on o
 (`--workers-per-engine`, or W hosts behind one router) together hold the server's slots plus
 the queue without knowing W; growth stops as soon as any of them sees a queue. The host's
 cores play no part.
+
+Why also from the token rate: a server can admit more than it runs well. vLLM on CPU takes its
+128 sequences at once and queues nothing, yet generates fewer tokens a second at 128 than at 64
+(bench real: the plain client 1.174x slower). So above the start, while the server has never
+queued, the limit grows by a quarter at a time and keeps a step only if the server's own
+counter of generated tokens (vllm:generation_tokens_total, ...) rose with it by MIN_GAIN; a
+step that did not pay goes back to the last one that did and holds there for REPROBE_S, then
+tries again (the prompts' mix changes over a run). Each rate is measured over a window of
+RATE_STEPS of the server's steps (RATE_STEPS x running tokens, at least RATE_WINDOW_S) that
+opens once the limit is in use and SETTLE_STEPS steps have passed, so that the new requests'
+prefill is behind it. On a GPU below its KV cache, a quarter more in flight gives nearly a
+quarter more tokens a second, and the limit climbs (64 to 512 in ~9 steps of a few seconds);
+there the queue ends the climb. Where a kind counts no tokens, growth is as before.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,11 +51,81 @@ START_LIMIT = 64
 # The queue held in the server once it is full: its running requests over this, at least 2.
 QUEUE_SHARE = 16
 MIN_QUEUE = 2
+# Growth judged by the token rate (the module's doc): each step a quarter more in flight, kept
+# when the rate rose by a quarter of what a step could give at most (25 % / 4).
+PROBE_GROWTH = 1.25
+MIN_GAIN = 0.06
+SETTLE_STEPS = 2
+RATE_STEPS = 8
+RATE_WINDOW_S = 2.0
+REPROBE_S = 60.0
 
 
 def held_queue(running: int) -> int:
     """The requests to keep waiting in a full server."""
     return max(MIN_QUEUE, running // QUEUE_SHARE)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A measurement of the server's token rate at one limit, from `since` on."""
+
+    limit: int
+    since: float
+    generated: float
+    settled: bool  # the SETTLE_STEPS are behind it: `since` is where the rate counts from
+
+
+class RateGate:
+    """Decides growth where the server has never queued, from its generated-tokens counter:
+    measure the rate at the limit in force, step up by PROBE_GROWTH, measure again, keep the
+    step if the rate rose by MIN_GAIN, else go back and hold for REPROBE_S."""
+
+    def __init__(self) -> None:
+        self._window: _Window | None = None
+        self._kept: tuple[int, float] | None = None  # the last limit that paid, its tokens/s
+        self._held_since: float | None = None
+        self.note = ""  # the last decision, in words (the heartbeat carries it)
+
+    def forget(self) -> None:
+        """The limit was not in use (or was cut): a window open now would measure the supply
+        of prompts, not the server."""
+        self._window = None
+
+    def next_limit(self, limit: int, load: Load, now: float) -> int:
+        assert load.generated is not None
+        if self._held_since is not None:
+            if now - self._held_since < REPROBE_S:
+                return limit
+            self._held_since, self._kept = None, None  # measure afresh, then try a step
+        window = self._window
+        if window is None or window.limit != limit:
+            self._window = _Window(limit, now, load.generated, settled=False)
+            return limit
+        steps = max(1, load.running)
+        tokens = load.generated - window.generated
+        if not window.settled:
+            if tokens >= SETTLE_STEPS * steps:
+                self._window = _Window(limit, now, load.generated, settled=True)
+            return limit
+        if now - window.since < RATE_WINDOW_S or tokens < RATE_STEPS * steps:
+            return limit
+        return self._judge(limit, tokens / (now - window.since), now)
+
+    def _judge(self, limit: int, rate: float, now: float) -> int:
+        self._window = None
+        kept = self._kept
+        if kept is None or rate >= kept[1] * (1 + MIN_GAIN):
+            if kept is not None:
+                self.note = (f"{kept[0]} -> {limit} in flight raised its tokens/s "
+                             f"{kept[1]:.0f} -> {rate:.0f}")
+            self._kept = (limit, rate)
+            return max(limit + 1, round(limit * PROBE_GROWTH))
+        self._held_since = now
+        self.note = (f"held at {kept[0]}: {limit} in flight gave {rate:.0f} tokens/s against "
+                     f"{kept[1]:.0f}, less than {MIN_GAIN:.0%} more")
+        log.info("in-flight limit %d -> %d: %s", limit, kept[0], self.note)
+        return kept[0]
 
 
 class Pacer:
@@ -54,9 +138,11 @@ class Pacer:
         # The most the server ran while requests waited: its slots, as far as seen (0: it has
         # not queued yet). Below them plus the queue the limit doubles; above, it creeps.
         self.slots_seen = 0
+        self.rate = RateGate()
 
-    def observe(self, load: Load, in_flight: int) -> int:
+    def observe(self, load: Load, in_flight: int, now: float | None = None) -> int:
         queue = held_queue(load.running)
+        in_use = in_flight >= self.limit - max(1, self.limit // 8)
         if load.waiting > queue:
             self.slots_seen = max(self.slots_seen, load.running)
             # This worker's share of the excess, cut from what it holds now: the same reading
@@ -64,15 +150,23 @@ class Pacer:
             share = min(1.0, in_flight / max(1, load.running + load.waiting))
             cut = math.ceil((load.waiting - queue) * share)
             self.limit = max(1, min(self.limit, in_flight - cut))
-        elif load.waiting == 0 and in_flight >= self.limit - max(1, self.limit // 8):
-            self.limit = min(self.ceiling, self._grown(queue))
+            self.rate.forget()
+        elif load.waiting == 0 and in_use:
+            now = time.monotonic() if now is None else now
+            self.limit = min(self.ceiling, self._grown(queue, load, now))
+        elif not in_use:
+            self.rate.forget()
         return self.limit
 
-    def _grown(self, queue: int) -> int:
+    def _grown(self, queue: int, load: Load, now: float) -> int:
         known = self.slots_seen + queue
         if self.limit < known:  # back up to what the server is known to take, at once
             return min(known, 2 * self.limit)
-        return self.limit + (queue if self.slots_seen else self.limit)
+        if self.slots_seen:
+            return self.limit + queue
+        if load.generated is None:  # a kind that counts no tokens: the queue alone says
+            return 2 * self.limit
+        return self.rate.next_limit(self.limit, load, now)
 
 
 @dataclass(frozen=True)
@@ -84,6 +178,7 @@ class Pace:
     paced: bool  # found from the server's queue, and changing with it
     load: Load | None = None  # the server's last reading, where it can be read
     slots: int | None = None  # the running requests the server reports, where it does
+    note: str = ""  # the pacer's last decision from the token rate, in words
 
 
 def beat_fields(pace: Pace | None, pool: int) -> dict[str, int | str]:
@@ -93,13 +188,13 @@ def beat_fields(pace: Pace | None, pool: int) -> dict[str, int | str]:
     if pace is None:  # -c given before the engine answered: Celery's pool is the limit
         return {"concurrency": pool, "limit_from": f"-c {pool}, as given", "paced": 0,
                 "limit_max": pool, "engine_running": -1, "engine_waiting": -1,
-                "engine_slots": -1}
+                "engine_slots": -1, "limit_note": ""}
     load = pace.load
     return {"concurrency": pace.limit, "limit_from": pace.source, "paced": int(pace.paced),
             "limit_max": pool,
             "engine_running": -1 if load is None else load.running,
             "engine_waiting": -1 if load is None else load.waiting,
-            "engine_slots": pace.slots or -1}
+            "engine_slots": pace.slots or -1, "limit_note": pace.note}
 
 
 @dataclass(frozen=True)
@@ -138,7 +233,9 @@ class InFlightLimit:
             if limit != self.current.limit:
                 log.debug("in-flight limit %d -> %d (%d running, %d waiting)",
                           self.current.limit, limit, load.running, load.waiting)
-        self.current = Pace(limit, self.plan.source, self.plan.paced, load, self.plan.slots)
+        note = self._pacer.rate.note if self._pacer is not None else ""
+        self.current = Pace(limit, self.plan.source, self.plan.paced, load, self.plan.slots,
+                            note)
         return self.current
 
     def start(self) -> None:

@@ -139,11 +139,13 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
         return LimitPlan(pool=size, limit=size, source=why, slots=limits.max_running_requests)
     if reader is not None:
         ceiling = settings.max_in_flight
+        gauges = reader.gauges
+        signals = gauges.waiting if gauges.generated is None else \
+            f"{gauges.waiting}, and its token rate: {gauges.generated}"
         why = (f"the SGLang router in front of {limits.servers_behind} server(s): found from "
-               f"their queues ({reader.gauges.waiting}), shared with whichever workers use them"
+               f"their queues ({signals}), shared with whichever workers use them"
                if limits.servers_behind else
-               f"{limits.engine} reports no slot count: found from its queue "
-               f"({reader.gauges.waiting})")
+               f"{limits.engine} reports no slot count: found from its queue ({signals})")
         return LimitPlan(pool=ceiling, limit=min(START_LIMIT, ceiling), source=why, paced=True,
                          slots=limits.max_running_requests)
     if limits.servers_behind:

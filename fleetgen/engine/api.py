@@ -132,10 +132,12 @@ class EngineProtocol(Protocol):
 # registry imports none of the modules that register kinds.
 @dataclass(frozen=True)
 class Gauges:
-    """One engine kind's two queue gauges."""
+    """One engine kind's two queue gauges, and its counter of generated tokens (the pacer's
+    measure of whether more in flight raised the server's output; None: it has none)."""
 
     running: str
     waiting: str
+    generated: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,14 @@ if TYPE_CHECKING:
     from fleetgen.engine.kinds import Registry
     from fleetgen.engine.preflight import Check
 
-# The queue gauges on /metrics, from the engines' sources (fleetgen/engine/load.py).
-SGLANG_GAUGES = Gauges("sglang:num_running_reqs", "sglang:num_queue_reqs")
-VLLM_GAUGES = Gauges("vllm:num_requests_running", "vllm:num_requests_waiting")
-LLAMA_CPP_GAUGES = Gauges("llamacpp:requests_processing", "llamacpp:requests_deferred")
+# The queue gauges and the generated-tokens counter on /metrics, from the engines' sources
+# (fleetgen/engine/load.py).
+SGLANG_GAUGES = Gauges("sglang:num_running_reqs", "sglang:num_queue_reqs",
+                       "sglang:generation_tokens_total")
+VLLM_GAUGES = Gauges("vllm:num_requests_running", "vllm:num_requests_waiting",
+                     "vllm:generation_tokens_total")
+LLAMA_CPP_GAUGES = Gauges("llamacpp:requests_processing", "llamacpp:requests_deferred",
+                          "llamacpp:tokens_predicted_total")
 
 
 def _verbose(client: Engine, needs: tuple[str, ...]) -> list[Check]:

@@ -31,13 +31,17 @@ _SAMPLE = re.compile(r"^(?P<name>[^\s{#]+)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.M
 
 @dataclass(frozen=True)
 class Load:
-    """A server's queue at one reading: requests running, and waiting for a slot."""
+    """A server's queue at one reading: requests running, and waiting for a slot; and the
+    tokens it has generated since it started, where its kind counts them (None: it does not)."""
 
     running: int
     waiting: int
+    generated: float | None = None
 
     def __add__(self, other: Load) -> Load:
-        return Load(self.running + other.running, self.waiting + other.waiting)
+        generated = None if self.generated is None or other.generated is None \
+            else self.generated + other.generated
+        return Load(self.running + other.running, self.waiting + other.waiting, generated)
 
 
 def gauges_of(engine: str) -> Gauges | None:
@@ -49,18 +53,21 @@ def gauges_of(engine: str) -> Gauges | None:
 
 
 def parse_load(text: str, gauges: Gauges) -> Load | None:
-    """The load in a Prometheus text page, or None unless both gauges are in it."""
+    """The load in a Prometheus text page, or None unless both gauges are in it (the counter
+    of generated tokens is None where it is not)."""
+    names = (gauges.running, gauges.waiting, gauges.generated)
     sums: dict[str, float] = {}
     for match in _SAMPLE.finditer(text):
         name = match.group("name")
-        if name in (gauges.running, gauges.waiting):
+        if name in names:
             try:
                 sums[name] = sums.get(name, 0.0) + float(match.group("value"))
             except ValueError:
                 continue
     if gauges.running not in sums or gauges.waiting not in sums:
         return None
-    return Load(round(sums[gauges.running]), round(sums[gauges.waiting]))
+    generated = sums.get(gauges.generated) if gauges.generated else None
+    return Load(round(sums[gauges.running]), round(sums[gauges.waiting]), generated)
 
 
 class LoadReader:
@@ -74,7 +81,7 @@ class LoadReader:
                          for url in urls]
 
     def read(self) -> Load | None:
-        total = Load(0, 0)
+        total = Load(0, 0, 0.0)
         for client in self._clients:
             try:
                 response = client.get(METRICS_PATH)

@@ -40,6 +40,7 @@ class WorkerStatus:
     in_flight: int | None = None  # from the heartbeat, so up to one health interval old
     concurrency: int | None = None  # the in-flight limit in force (workers/pacing.py)
     limit_from: str | None = None  # where that limit comes from, one line
+    limit_note: str | None = None  # the pacer's last decision from the engine's token rate
     limit_max: int | None = None  # its ceiling (the pool): a paced limit grows up to it
     paced: bool | None = None
     engine_running: int | None = None  # the engine's own queue, where its /metrics say
@@ -262,6 +263,7 @@ def _apply_heartbeat(w: WorkerStatus, beat: dict[str, str], now: float) -> None:
     w.in_flight, w.concurrency = number("inflight"), number("concurrency")
     w.limit_from, w.limit_max, w.paced = beat.get("limit_from"), number("limit_max"), \
         flag("paced")
+    w.limit_note = beat.get("limit_note") or None
     w.engine_running, w.engine_waiting = number("engine_running"), number("engine_waiting")
     w.engine_slots = number("engine_slots")
     lease = Heartbeat.of(beat)
@@ -361,6 +363,8 @@ def limit_line(w: WorkerStatus) -> str:
     """The limit in force, where it comes from, the engine's queue, and whether the limit is
     what holds this engine back."""
     line = f"limit {w.concurrency}: {w.limit_from}"
+    if w.limit_note:
+        line += f"; {w.limit_note}"
     if w.engine_running is not None and w.engine_waiting is not None:
         line += f"; engine: {w.engine_running} running, {w.engine_waiting} waiting"
     if holds_back(w):

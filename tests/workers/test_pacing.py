@@ -4,12 +4,15 @@ workers that pace against real servers: tests/workers/test_pool_size.py)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 
 from fleetgen.engine import PROTOCOLS, ServerLimits
 from fleetgen.engine.load import Gauges, Load, parse_load
 from fleetgen.monitor.status import WorkerStatus, holds_back
-from workers.pacing import START_LIMIT, Pace, Pacer, beat_fields, held_queue
+from workers.pacing import PROBE_GROWTH, START_LIMIT, Pace, Pacer, beat_fields, held_queue
 from workers.settings import WorkerSettings
 from workers.startup import FALLBACK_LIMIT, StartupRefused, plan_limit
 
@@ -150,3 +153,66 @@ def test_the_plan_takes_the_reported_slots_then_the_queue_then_a_fallback() -> N
     router = ServerLimits(context_length=4096, max_running_requests=8, servers_behind=2)
     with pytest.raises(StartupRefused, match="--enable-metrics"):
         plan_limit(PROTOCOLS["sglang"], router, settings_of(), None)
+
+
+def run_against(pacer: Pacer, rate: Callable[[int], float], *, slots: int = 128,
+                seconds: float = 300.0, tick_s: float = 0.5,
+                noise: Callable[[], float] = lambda: 1.0) -> list[int]:
+    """A server that admits up to `slots` at once and generates `rate(running)` tokens a
+    second; the worker holds its whole limit (an endless supply of prompts). The limits read
+    tick by tick."""
+    generated, now, limits = 0.0, 0.0, []
+    while now < seconds:
+        held = pacer.limit
+        running, waiting = min(held, slots), max(0, held - slots)
+        generated += rate(running) * noise() * tick_s
+        now += tick_s
+        limits.append(pacer.observe(Load(running, waiting, generated), held, now))
+    return limits
+
+
+def cpu_like(running: int) -> float:
+    """vLLM on these CPU cores: 80 tokens/s from 48 in flight, less beyond 64 (the plain
+    client took 1.174x as long at 128 as at 64)."""
+    if running <= 48:
+        return 80.0 * running / 48
+    return 80.0 if running <= 64 else 80.0 * (1 - 0.17 * (running - 64) / 64)
+
+
+def test_a_server_that_admits_more_than_it_runs_well_is_held_where_its_rate_peaks() -> None:
+    """vLLM on CPU queues nothing at 128, so the queue alone doubled the limit to 128 and the
+    run took 1.099x the best plain client (bench real); the token rate holds it at 64."""
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    limits = run_against(pacer, cpu_like, seconds=300)
+    assert max(limits) == round(START_LIMIT * PROBE_GROWTH)  # one step up at a time, undone
+    assert limits[-1] == START_LIMIT
+    assert sum(limits) / len(limits) < START_LIMIT * 1.1  # the probes are short
+    assert pacer.rate.note.startswith(f"held at {START_LIMIT}: 80 in flight gave")
+
+
+def test_a_server_whose_rate_grows_with_the_batch_is_climbed_to_its_plateau() -> None:
+    """A GPU below its KV cache: each sequence adds its own tokens a second up to 400 running."""
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    limits = run_against(pacer, lambda running: 30.0 * min(running, 400), slots=1024,
+                         seconds=120)
+    first_300 = next(i for i, limit in enumerate(limits) if limit >= 300) * 0.5
+    assert first_300 < 60, first_300  # a few seconds a step
+    assert 320 <= limits[-1] <= 400 * PROBE_GROWTH, limits[-1]
+    assert max(limits) <= 400 * PROBE_GROWTH ** 2
+
+
+def test_a_flat_rate_with_noise_does_not_walk_the_limit_up() -> None:
+    draws = random.Random(48)
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    limits = run_against(pacer, lambda running: 80.0, seconds=600,
+                         noise=lambda: draws.uniform(0.98, 1.02))
+    assert max(limits) <= round(START_LIMIT * PROBE_GROWTH), max(limits)
+
+
+def test_a_queue_still_ends_the_climb_where_the_slots_are_full() -> None:
+    """Rate rising to the last slot: the climb stops at the slots plus a small queue (156 on
+    150 slots: 6 waiting), however the rate rose on the way."""
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    limits = run_against(pacer, lambda running: 30.0 * running, slots=150, seconds=120)
+    assert 150 < limits[-1] <= 150 + held_queue(150)
+    assert max(limits) == limits[-1]
