@@ -21,7 +21,7 @@ from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import PromptBatch, Prompts, rejected
 from producer.request import Request
-from producer.reuse import Reuse
+from producer.reuse import EarlierAnswers
 from producer.rows import BadRow, Row, read_rows
 from producer.turnmode import TurnMode
 
@@ -36,7 +36,7 @@ class PassParts:
     outbox: Outbox
     turns: TurnMode
     manifest: CheckedManifest
-    reuse: Reuse | None = None
+    reuse: EarlierAnswers | None = None
 
 
 class InputPass:

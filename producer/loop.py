@@ -32,7 +32,7 @@ from producer.progress import Progress
 from producer.prompts import Prompts
 from producer.reconcile import Reconciler, Suspects
 from producer.request import RequestOptions
-from producer.reuse import Reuse
+from producer.reuse import EarlierAnswers
 from producer.rows import check_readable
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer
@@ -58,7 +58,7 @@ class Plan:
     recorded: Recorded | None = None
     # Answers made before the run that it writes instead of sending their rows (`fleetgen
     # run` after `fleetgen estimate`: producer/reuse.py); None: every row is sent.
-    reuse: Reuse | None = None
+    reuse: EarlierAnswers | None = None
 
 
 class Producer:

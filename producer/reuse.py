@@ -10,9 +10,8 @@ outcome (producer/enqueue.py `reuse`): the drainer stays the one writer of the f
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,7 @@ class Source:
 
 
 @dataclass
-class Reuse:
+class EarlierAnswers:
     """The earlier answers this run may write: `split` takes a batch's payloads apart into
     those still to send and the result lines that answer the others."""
 
@@ -142,11 +141,39 @@ class Reuse:
 
 @dataclass
 class Found:
-    """What a look for earlier answers found: the reuse (None: nothing to reuse), and the
+    """What a look for earlier answers found: the answers (None: nothing to reuse), and the
     lines that say what is reused from where, or why not."""
 
-    reuse: Reuse | None
+    reuse: EarlierAnswers | None
     notes: list[str]
+
+
+@dataclass
+class Candidates:
+    """The samples whose settings match this run's (`candidates`), before their servers are
+    compared with the run's (`served_by`): the servers are asked only if there are some."""
+
+    samples: list[tuple[Path, dict[str, Any]]]  # each sample and its reuse.json
+    notes: list[str]
+
+    def served_by(self, servers: dict[str, Any] | None) -> Found:
+        """The answers of the samples whose servers ran the model this run's run
+        (`identity`), read."""
+        sources, notes = [], list(self.notes)
+        for sample, provenance in self.samples:
+            where = sample / RUN
+            then = provenance.get("servers")
+            if then != servers:
+                notes.append(f"the estimate's answers in {where} are not reused: they came "
+                             f"from {_model(then)}, this run's servers run {_model(servers)}")
+                continue
+            source = Source.read(where, dict(provenance.get("prompts") or {}))
+            if source.answers:
+                sources.append(source)
+                notes.append(f"{len(source.answers):,} answers of the estimate in {where} are "
+                             "reused for the rows this run sends with the same prompt, within "
+                             "their budget (not sent again)")
+        return Found(EarlierAnswers(sources) if sources else None, notes)
 
 
 def samples_in(directories: Iterable[Path]) -> list[Path]:
@@ -162,46 +189,34 @@ def samples_in(directories: Iterable[Path]) -> list[Path]:
     return sorted(found, key=lambda p: (p / RUN).stat().st_mtime, reverse=True)
 
 
-def find(samples: list[Path], settings: Mapping[str, Any],
-         servers: Callable[[], dict[str, Any]]) -> Found:
-    """The samples whose answers this run (its manifest `settings`) may reuse; `servers`
-    gives the run's servers' identity, read only when some sample's settings match."""
-    sources, notes = [], []
-    now = functools.cache(servers)  # one read of the servers, and only if needed
+def candidates(samples: list[Path], settings: Mapping[str, Any]) -> Candidates:
+    """The samples made with this run's (its manifest `settings`) settings of MUST_MATCH."""
+    kept, notes = [], []
     for sample in samples:
-        where = sample / RUN
-        why, prompts = _refusal(sample, settings, now)
-        if why is not None:
-            notes.append(f"the estimate's answers in {where} are not reused: {why}")
-            continue
-        source = Source.read(where, prompts)
-        if source.answers:
-            sources.append(source)
-            notes.append(f"{len(source.answers):,} answers of the estimate in {where} are "
-                         "reused for the rows this run sends with the same prompt, within "
-                         "their budget (not sent again)")
-    return Found(Reuse(sources) if sources else None, notes)
+        why, provenance = _refusal(sample, settings)
+        if why is None:
+            kept.append((sample, provenance))
+        else:
+            notes.append(f"the estimate's answers in {sample / RUN} are not reused: {why}")
+    return Candidates(kept, notes)
 
 
-def _refusal(sample: Path, settings: Mapping[str, Any],
-             servers: Callable[[], dict[str, Any]]) -> tuple[str | None, dict[str, str]]:
-    """Why a sample's answers cannot stand for this run's (None: they may, row by row), and
-    its prompts' digests."""
+def _refusal(sample: Path, settings: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Why a sample's answers cannot stand for this run's (None: they may, if its servers ran
+    the same model, row by row), and its reuse.json."""
+    summary, provenance = None, None
     try:
-        summary = OutputDir(sample / RUN).read_summary() or {}
+        summary = OutputDir(sample / RUN).read_summary()
         provenance = orjson.loads((sample / PROVENANCE).read_bytes())
     except FileNotFoundError:
-        return ("it does not say how they were made (no summary.json or reuse.json: an "
-                "estimate from an older fleetgen, or one stopped before its start)"), {}
+        pass  # said below, as a missing summary is
     except orjson.JSONDecodeError:
         return "its summary.json or reuse.json is damaged", {}
+    if summary is None or not isinstance(provenance, dict):
+        return ("it does not say how they were made (no summary.json or reuse.json: an "
+                "estimate from an older fleetgen, or one stopped before its start)"), {}
     differs = settings_difference(summary.get("settings") or {}, settings)
-    if differs is not None:
-        return differs, {}
-    then, now = provenance.get("servers"), servers()
-    if then != now:
-        return (f"they came from {_model(then)}, this run's servers run {_model(now)}"), {}
-    return None, dict(provenance.get("prompts") or {})
+    return differs, provenance
 
 
 def settings_difference(then: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
@@ -221,6 +236,6 @@ def _model(servers: Any) -> str:
     return f"{models} ({engines}, {servers.get('protocol')} protocol)"
 
 
-__all__ = ["MUST_MATCH", "PROVENANCE", "RUN", "SCRATCH", "Found", "Reuse", "Source", "find",
-           "identity", "samples_in", "settings_difference", "why_not",
-           "write_provenance"]
+__all__ = ["MUST_MATCH", "PROVENANCE", "RUN", "SCRATCH", "Candidates", "EarlierAnswers",
+           "Found", "Source", "candidates", "identity", "samples_in", "settings_difference",
+           "why_not", "write_provenance"]

@@ -33,8 +33,8 @@ STOP_GRACE_S = 1.5
 def job_steps(job: NodeJob) -> list[Step]:
     """The job, in order: read this list to know what a run does."""
     return [steps.Valkey(), steps.RunState(), *job.after_redis, steps.Engines(),
-            steps.Workers(), steps.Drain(), steps.Reuse(), steps.Produce(), steps.UntilWritten(),
-            steps.ReportPage(), *job.after_report, steps.Close()]
+            steps.Workers(), steps.Drain(), steps.EstimateAnswers(), steps.Produce(),
+            steps.UntilWritten(), steps.ReportPage(), *job.after_report, steps.Close()]
 
 
 def execute(job: NodeJob) -> int:

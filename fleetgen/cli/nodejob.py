@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from fleetgen.drainer import Drainer
     from fleetgen.monitor.report import Built
     from producer.inputs import Inputs
-    from producer.reuse import Reuse
+    from producer.reuse import EarlierAnswers
     from producer.runner import Resume
     from producer.settings import ProducerSettings
 
@@ -68,7 +68,7 @@ class RunHandle:
     producer: Beside | None = None
     summary: dict[str, Any] = field(default_factory=lambda: {"complete": False})
     built: Built | None = None  # the report, once written
-    reuse: Reuse | None = None  # the earlier answers the producer writes, if any stand
+    reuse: EarlierAnswers | None = None  # the earlier answers the producer writes, if any stand
 
     @property
     def redis(self) -> redis.Redis:

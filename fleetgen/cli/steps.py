@@ -146,13 +146,13 @@ class Drain:
             run.drainer.close()
 
 
-class Reuse:
+class EstimateAnswers:
     """The answers of an estimate's sample that the run writes as its own, not sending their
     rows (producer/reuse.py): found before the producer starts, each sample said reused or
     why not; at the end, how many the files hold and why the others were not."""
 
     def start(self, run: RunHandle) -> None:
-        from producer.reuse import find, samples_in
+        from producer.reuse import candidates, samples_in
 
         job = run.job
         assert run.resume is not None
@@ -160,7 +160,9 @@ class Reuse:
         if not samples or run.resume.nothing_to_do:
             return
         settings = serving_settings(job)
-        found = find(samples, settings.manifest_settings(), lambda: servers_identity(settings))
+        matching = candidates(samples, settings.manifest_settings())
+        # The servers are asked what they run only where a sample's settings match.
+        found = matching.served_by(servers_identity(settings) if matching.samples else None)
         for note in found.notes:
             job.say(note)
         run.reuse = found.reuse

@@ -14,10 +14,9 @@ from typing import Any
 import orjson
 
 from fleetgen.local.simgpus import SimGpus
-from tests.e2e.test_estimate import requests_answered
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import make_prompts
-from tests.support.sims import engine_flags, sims_fixture
+from tests.support.sims import engine_flags, requests_answered, sims_fixture
 
 SIMS = SimGpus(gpus=2, context_length=4096, max_running_requests=16, ttft_ms=1.0,
                tpot_ms=0.05, output_tokens_mean=120)

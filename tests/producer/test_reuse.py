@@ -22,9 +22,9 @@ from producer.reuse import (
     PROVENANCE,
     RUN,
     SCRATCH,
-    Reuse,
+    EarlierAnswers,
     Source,
-    find,
+    candidates,
     samples_in,
     settings_difference,
     why_not,
@@ -67,7 +67,7 @@ def test_a_reused_answer_is_this_runs_request() -> None:
     from, the estimate's."""
     source = Source(Path("est/run"), {("a", 1): answer(40, sample=1, slot=3)},
                     {"a": ids_digest(IDS)})
-    reuse = Reuse([source])
+    reuse = EarlierAnswers([source])
     send, reused = reuse.split([payload(100, sample=1, slot=15), payload(100, sample=2,
                                                                          slot=16)])
     assert [p["slot"] for p in send] == [16]  # sample 2 has no earlier answer
@@ -105,28 +105,25 @@ def test_a_sample_of_other_servers_or_settings_is_not_reused_and_says_why(
     settings = {"tokenizer": "qwen3.6", "sampling": {}, "n": 1}
     servers = {"protocol": "sglang", "engines": ["sglang"], "models": ["m1"]}
     run = write_sample(tmp_path, settings, servers, [answer(5)], {"a": ids_digest(IDS)})
-    looked = []
 
-    def read_servers() -> dict[str, Any]:
-        looked.append(1)
-        return servers
+    def found(settings: dict[str, Any], servers: dict[str, Any] | None,
+              *dirs: Path) -> Any:
+        return candidates(samples_in(dirs or [tmp_path]), settings).served_by(servers)
 
-    found = find(samples_in([tmp_path, tmp_path]), settings, read_servers)
-    assert found.reuse is not None and found.reuse.answers == 1 and len(found.notes) == 1
-    other = find(samples_in([tmp_path]), settings, lambda: {**servers, "models": ["m2"]})
+    same = found(settings, servers, tmp_path, tmp_path)  # one sample, found once
+    assert same.reuse is not None and same.reuse.answers == 1 and len(same.notes) == 1
+    other = found(settings, {**servers, "models": ["m2"]})
     assert other.reuse is None
     assert other.notes == [f"the estimate's answers in {run} are not reused: they came from "
                            "m1 (sglang, sglang protocol), this run's servers run m2 (sglang, "
                            "sglang protocol)"]
-    looked.clear()
-    hot = find(samples_in([tmp_path]), {**settings, "sampling": {"temperature": 1.0}},
-               read_servers)
-    assert hot.reuse is None and "sampling options {}" in hot.notes[0]
-    assert not looked  # the servers are not asked when the settings already differ
+    # Other settings: said, and the servers need not be asked (no candidate is left).
+    hot = candidates(samples_in([tmp_path]), {**settings, "sampling": {"temperature": 1.0}})
+    assert not hot.samples and "sampling options {}" in hot.notes[0]
     (run.parent / PROVENANCE).unlink()
-    old = find(samples_in([tmp_path]), settings, read_servers)
-    assert old.reuse is None and "does not say how they were made" in old.notes[0]
-    assert find(samples_in([tmp_path / "nothing"]), settings, read_servers).notes == []
+    old = candidates(samples_in([tmp_path]), settings)
+    assert not old.samples and "does not say how they were made" in old.notes[0]
+    assert found(settings, servers, tmp_path / "nothing").notes == []
 
 
 def test_reused_rows_are_written_once_never_queued_even_when_redis_loses_their_bits(
@@ -144,7 +141,7 @@ def test_reused_rows_are_written_once_never_queued_even_when_redis_loses_their_b
                                  "prompt_tokens": 4, "max_tokens": 4000, "line": i + 1}
                for i in range(4)}
     earlier[("r3", None)].update(finish_reason="length", max_tokens=5)  # cut short: not valid
-    reuse = Reuse([Source(tmp_path / "est", earlier, digests)])
+    reuse = EarlierAnswers([Source(tmp_path / "est", earlier, digests)])
     out = tmp_path / "out"
     keys = RunKeys("reuse")
 
