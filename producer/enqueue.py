@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,6 +13,7 @@ import redis
 from fleetgen.queue.contract import (
     KIND_HOLDOUT,
     KIND_REJECTED,
+    KIND_RESULT,
     QUEUE,
     TaskPayload,
     slot_of,
@@ -19,7 +21,7 @@ from fleetgen.queue.contract import (
     worker_key,
 )
 from fleetgen.queue.wire import queued, task_message
-from fleetgen.records.outcomes import stream_entry
+from fleetgen.records.outcomes import quality_counts, stream_entry
 from fleetgen.runstate.keys import run_keys
 
 log = logging.getLogger("fleetgen.producer")
@@ -92,6 +94,28 @@ class Enqueuer:
         if count:
             pipe.hincrby(self.keys.stats, "holdout", count)
             pipe.execute()
+
+    def reuse(self, records: list[dict[str, Any]]) -> None:
+        """Earlier answers, this run's results: XADD each and mark its request done and sent,
+        atomically, counted as a worker counts its answers (plus `reused`): a resume skips
+        them; Redis losing the bits reuses the answer again, and the drainer keeps the first."""
+        if not records:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        counts: Counter[str] = Counter(reused=len(records), done=len(records))
+        for record in records:
+            pipe.xadd(self.keys.stream, stream_entry(KIND_RESULT, record))
+            counts.update(truncated=int(record.get("finish_reason") == "length"),
+                          prompt_tokens=int(record.get("prompt_tokens") or 0),
+                          completion_tokens=int(record.get("completion_tokens") or 0),
+                          **quality_counts(record))
+        slots = [slot_of(record) for record in records]
+        set_bits(pipe, self.keys.done, slots)
+        set_bits(pipe, self.keys.sent, slots)
+        for name, value in counts.items():
+            if value:
+                pipe.hincrby(self.keys.stats, name, value)
+        pipe.execute()
 
     # -- backpressure ---------------------------------------------------------------------
     def queue_depth(self) -> int:

@@ -21,6 +21,7 @@ from producer.outbox import Outbox
 from producer.progress import Progress
 from producer.prompts import PromptBatch, Prompts, rejected
 from producer.request import Request
+from producer.reuse import EarlierAnswers
 from producer.rows import BadRow, Row, read_rows
 from producer.turnmode import TurnMode
 
@@ -28,12 +29,14 @@ from producer.turnmode import TurnMode
 @dataclass(frozen=True)
 class PassParts:
     """Where a pass's rows go: rendered and budgeted (`prompts`), numbered into requests
-    (`turns`), sent (`outbox`), counted as read (`manifest`)."""
+    (`turns`), answered by earlier answers where they stand for them (`reuse`), the rest sent
+    (`outbox`), counted as read (`manifest`)."""
 
     prompts: Prompts
     outbox: Outbox
     turns: TurnMode
     manifest: CheckedManifest
+    reuse: EarlierAnswers | None = None
 
 
 class InputPass:
@@ -46,6 +49,7 @@ class InputPass:
         self.outbox = parts.outbox
         self.turns = parts.turns
         self.manifest = parts.manifest
+        self.reuse = parts.reuse
         self.seen_ids = seen_ids  # ~8 bytes a row (bench/memory.py)
         self.holdout = holdout or HoldOut(0.0)
         self.next_slot = 1
@@ -63,9 +67,14 @@ class InputPass:
 
     def send(self, chunk: list[Row | BadRow], wanted: Callable[[int], bool],
              progress: Progress) -> None:
-        """One batch: its wanted first turns enqueued, the rest rejected or held out."""
+        """One batch: its wanted first turns enqueued, the rest rejected, held out or
+        answered by an earlier answer (after the budget: whether one stands for a request
+        depends on the request as it would be sent)."""
         payloads, rejections, held = self._prepare(chunk, wanted, progress)
         self.outbox.hold_out(held)
+        if self.reuse is not None:
+            payloads, reused = self.reuse.split(payloads)
+            self.outbox.reuse(reused)
         self.outbox.send_first(payloads, rejections)
         self.manifest.record_read(self.slots_read)
 

@@ -32,6 +32,7 @@ from producer.progress import Progress
 from producer.prompts import Prompts
 from producer.reconcile import Reconciler, Suspects
 from producer.request import RequestOptions
+from producer.reuse import EarlierAnswers
 from producer.rows import check_readable
 from producer.settings import ProducerSettings
 from producer.tokenizer import PromptTokenizer
@@ -55,6 +56,9 @@ class Plan:
     # The output directory's record of the run, as its caller read it (the resume check):
     # None when there is none (no --out, a new one, another run's).
     recorded: Recorded | None = None
+    # Answers made before the run that it writes instead of sending their rows (`fleetgen
+    # run` after `fleetgen estimate`: producer/reuse.py); None: every row is sent.
+    reuse: EarlierAnswers | None = None
 
 
 class Producer:
@@ -77,7 +81,7 @@ class Producer:
         rules = [] if settings.ignore_stop else [parse_rule(r) for r in settings.stop_if]
         self.early = EarlyStop(client, keys, rules, settings.stop_after)
         self.turns = self._turn_mode()
-        parts = PassParts(self.prompts, self.outbox, self.turns, self.run_manifest)
+        parts = PassParts(self.prompts, self.outbox, self.turns, self.run_manifest, plan.reuse)
         self.input_pass = InputPass(self.inputs, settings.batch_size, settings.n, parts,
                                     SeenIds(), HoldOut(settings.holdout))
         self._settings: dict[str, Any] = {}

@@ -38,6 +38,12 @@ class Outbox:
         self.enqueuer.hold_out(records)
         self.progress.held_out += sum(int(r.get("slots", 1)) for r in records)
 
+    def reuse(self, records: list[dict[str, Any]]) -> None:
+        """Earlier answers written as this run's (producer/reuse.py): to the stream, as
+        results, never to a queue."""
+        self.enqueuer.reuse(records)
+        self.progress.reused += len(records)
+
     def send_next(self, payloads: list[TaskPayload], rejections: list[dict[str, Any]],
                   answered_by: Mapping[int, str | None]) -> int:
         """Next turns, each to the worker that answered the turn before where it has room

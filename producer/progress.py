@@ -13,6 +13,7 @@ class Progress:
     enqueued: int = 0
     rejected: int = 0
     held_out: int = 0  # requests of rows held out (--holdout): never sent
+    reused: int = 0  # requests answered by an earlier answer (producer/reuse.py): never sent
     skipped: int = 0  # already done or in flight from an earlier invocation
     requeued: int = 0  # lost rows enqueued again while waiting (see wait_until_generated)
     stopped: str | None = None  # why --stop-if stopped the run, if it did

@@ -35,8 +35,10 @@ from fleetgen.cli.progress import Bar
 from fleetgen.errors import ConfigError
 from fleetgen.monitor.projection import BYTES_PER_ID, DIGEST_BYTES, Answer, Fleet, project
 from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT
+from fleetgen.records.outcomes import ids_digest
 from fleetgen.records.outdir import OutputDir, atomic_file, usable_dir
 from fleetgen.settings import runoptions
+from producer import reuse
 
 if TYPE_CHECKING:
     from producer.inputs import Inputs
@@ -47,7 +49,8 @@ STRATA = 10  # prompt-length strata (fewer for a small sample: at least MIN_PER_
 MIN_PER_STRATUM = 20
 # `run`'s options the estimate refuses (check_args): hidden from its --help.
 REFUSED = ("max_output_tokens", "holdout", "turns")
-SCRATCH = ".fleetgen-estimate"  # under --out: the sample and its run, one per sample drawn
+# Under --out: the sample and its run, one per sample drawn (`fleetgen run` finds them there).
+SCRATCH = reuse.SCRATCH
 ESTIMATE = "estimate.json"
 
 
@@ -74,8 +77,9 @@ def add_parser(sub: Any) -> None:
         if action.dest in REFUSED:
             action.help = argparse.SUPPRESS
     # What `run` reads that the estimate's sample does not use.
+    # The sample's run reuses no earlier answers: its timings are what the projection reads.
     p.set_defaults(run=None, listen=None, measure_acceptance=False,
-                   group_by=None, retry_failures=False)
+                   group_by=None, retry_failures=False, reuse_estimate="none")
 
 
 @dataclass
@@ -88,10 +92,13 @@ class Survey:
     prompt_tokens: array[int] = field(default_factory=lambda: array("l"))
     requests: array[int] = field(default_factory=lambda: array("l"))
     rejected: Counter[str] = field(default_factory=Counter)
+    # Each accepted row's prompt ids, as their digest: what `fleetgen run` checks before it
+    # reuses the row's answer (producer/reuse.py).
+    digests: list[str] = field(default_factory=list)
 
 
 def estimate(args: argparse.Namespace) -> int:
-    from producer.build import resolve_limits
+    from producer.build import read_servers, resolve_limits
     from producer.inputs import resolve_input
     from producer.tokenizer import load_tokenizer
 
@@ -114,12 +121,15 @@ def estimate(args: argparse.Namespace) -> int:
                           f"({sum(survey.rejected.values())} rejected); nothing to estimate")
     chosen, sizes = draw(survey, args.sample, args.sample_seed)
     own_caps: list[int] = []
-    sample_path, stratum_of = write_sample(args, settings.input, chosen, own_caps)
-    run_out = sample_path.parent / "run"
+    line_of: dict[str, int] = {}
+    sample_path, stratum_of = write_sample(args, settings.input, chosen, own_caps, line_of)
+    run_out = sample_path.parent / reuse.RUN
+    protocol, servers = read_servers(settings)
+    keep_provenance(run_out, reuse.identity(protocol.name, servers), survey, line_of)
     generate_sample(args, urls, sample_path, run_out, sample_words(len(chosen),
                                                                    len(survey.lines)))
     answers, failed = read_answers(run_out, stratum_of)
-    fleet = Fleet(len(urls), args.gpus_per_engine, fleet_slots(settings))
+    fleet = Fleet(len(urls), args.gpus_per_engine, fleet_slots(servers))
     result = project(answers, sizes, caps_for(args.cap, limits.context_length), fleet, failed)
     result = {"input": input_part(survey, args), "sample": {
         "requests": len(chosen), "answered": len(answers), "failed": failed,
@@ -131,7 +141,7 @@ def estimate(args: argparse.Namespace) -> int:
     if own_caps:
         say(own_caps_note(own_caps, len(chosen)))
     say(f"written to {args.out / ESTIMATE}")
-    say(reuse_note(len(answers), run_out))
+    say(reuse_note(len(answers), args.out))
     return exitcodes.OK
 
 
@@ -168,11 +178,27 @@ def own_caps_note(caps: list[int], rows: int) -> str:
             "cap's cut share counts them, whatever --max-output-tokens")
 
 
-def reuse_note(answered: int, run_out: Path) -> str:
-    """Why `fleetgen run` will generate the sampled rows again: said, not left to be found."""
-    return (f"`fleetgen run` does not reuse the sample's {answered:,} answers ({run_out}): it "
-            "generates every row again, as its drainer is the one writer of its output and "
-            "the sample ran uncapped; a run with other settings could not use them anyway")
+def reuse_note(answered: int, out: Path) -> str:
+    """What `fleetgen run` does with the sample's answers: said, not left to be found."""
+    where = "" if out.resolve() == Path.cwd() else f" (from another directory: " \
+        f"--reuse-estimate {out})"
+    return (f"`fleetgen run` on this input writes the sample's {answered:,} answers as its "
+            "own, without sending their rows, where its settings leave them valid (the same "
+            "template, sampling and --n, servers of the same model, an answer within its "
+            f"--max-output-tokens){where}; it says what it reused, or why not")
+
+
+def keep_provenance(run_out: Path, servers: dict[str, Any], survey: Survey,
+                    line_of: dict[str, int]) -> None:
+    """Beside the sample, once, before its run: the servers that generate its answers and its
+    rows' prompt digests, which `fleetgen run` checks before it reuses them. Not written for a
+    sample run already there without it (an older fleetgen's): its servers are unknown."""
+    path = run_out.parent / reuse.PROVENANCE
+    if path.exists() or run_out.exists():
+        return
+    digest_of = dict(zip(survey.lines, survey.digests, strict=True))
+    prompts = {row_id: digest_of[line] for row_id, line in line_of.items()}
+    reuse.write_provenance(run_out.parent, servers, prompts)
 
 
 def sample_done(run_out: Path) -> bool:
@@ -239,6 +265,7 @@ def _tally(survey: Survey, batch: Any, samples: dict[int, int]) -> None:
         survey.lines.append(payload["line"])
         survey.prompt_tokens.append(len(payload["input_ids"]))
         survey.requests.append(samples[payload["line"]])
+        survey.digests.append(ids_digest(payload["input_ids"]))
     for record in batch.rejections:
         survey.rejected[str(record["reason"]).split(":", 1)[0]] += 1
 
@@ -261,11 +288,13 @@ def draw(survey: Survey, n: int, seed: int) -> tuple[dict[int, int], list[int]]:
 
 
 def write_sample(args: argparse.Namespace, source: Path, chosen: dict[int, int],
-                 own_caps: list[int] | None = None) -> tuple[Path, dict[str, int]]:
+                 own_caps: list[int] | None = None, line_of: dict[str, int] | None = None
+                 ) -> tuple[Path, dict[str, int]]:
     """The sampled rows as they were (their ids written out), in a directory named by their
     bytes and the settings: the same sample is the same run, resumed; another is a new one.
     Returns the sample's path and each sampled id's stratum (what its answer is filed by);
-    `own_caps` gets the sampled rows' own max_tokens (a Batch body's, a `sampling` one's)."""
+    `own_caps` gets the sampled rows' own max_tokens (a Batch body's, a `sampling` one's),
+    `line_of` each sampled id's line in the input."""
     from producer.rows import Row, read_rows
 
     stratum_of: dict[str, int] = {}
@@ -274,6 +303,8 @@ def write_sample(args: argparse.Namespace, source: Path, chosen: dict[int, int],
         if item.line in chosen and isinstance(item, Row):
             body += orjson.dumps({"id": item.id, **item.fields}) + b"\n"
             stratum_of[item.id] = chosen[item.line]
+            if line_of is not None:
+                line_of[item.id] = item.line
             if own_caps is not None and item.max_tokens is not None:
                 own_caps.append(item.max_tokens)
     pinned = {o.attr: getattr(args, o.attr, None) for o in runoptions.TABLE
@@ -307,11 +338,9 @@ def read_answers(out: Path, stratum_of: dict[str, int]) -> tuple[list[Answer], i
     return answers, failed
 
 
-def fleet_slots(settings: Any) -> int | None:
+def fleet_slots(servers: dict[str, Any]) -> int | None:
     """The requests all the servers run at once, as they report it; None if one does not."""
-    from producer.build import read_servers
-
-    slots = [limits.max_running_requests for limits in read_servers(settings)[1].values()]
+    slots = [limits.max_running_requests for limits in servers.values()]
     return None if any(s is None for s in slots) else sum(s for s in slots if s is not None)
 
 

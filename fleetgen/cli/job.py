@@ -3,7 +3,7 @@ demo` (simulated ones), as a list of steps started in order and stopped in rever
 (fleetgen/cli/steps.py; docs/architecture.md draws them):
 
     Valkey → run state → [Flower | the line for other hosts] → engines → workers → drainer →
-    producer → progress → report → [acceptance | linger] → close
+    the estimate's answers → producer → progress → report → [acceptance | linger] → close
 
 Stopped by Ctrl-C or SIGTERM within 2 s, and resumed by the same command."""
 
@@ -33,8 +33,8 @@ STOP_GRACE_S = 1.5
 def job_steps(job: NodeJob) -> list[Step]:
     """The job, in order: read this list to know what a run does."""
     return [steps.Valkey(), steps.RunState(), *job.after_redis, steps.Engines(),
-            steps.Workers(), steps.Drain(), steps.Produce(), steps.UntilWritten(),
-            steps.ReportPage(), *job.after_report, steps.Close()]
+            steps.Workers(), steps.Drain(), steps.EstimateAnswers(), steps.Produce(),
+            steps.UntilWritten(), steps.ReportPage(), *job.after_report, steps.Close()]
 
 
 def execute(job: NodeJob) -> int:

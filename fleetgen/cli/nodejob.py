@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fleetgen.drainer import Drainer
     from fleetgen.monitor.report import Built
     from producer.inputs import Inputs
+    from producer.reuse import EarlierAnswers
     from producer.runner import Resume
     from producer.settings import ProducerSettings
 
@@ -46,6 +47,9 @@ class NodeJob:
     # What resumes it, where that is not this command with this --out (the estimate's sample
     # run: its --out is the estimate's scratch directory, which the user never typed).
     resume_hint: str | None = None
+    # `fleetgen run`: the directories (estimates' --out) whose samples' answers the run writes
+    # as its own where they stand for its requests (producer/reuse.py); empty: none.
+    reuse_from: tuple[Path, ...] = ()
 
     def say(self, text: str) -> None:
         print(f"fleetgen {self.command}: {text}", flush=True)
@@ -64,6 +68,7 @@ class RunHandle:
     producer: Beside | None = None
     summary: dict[str, Any] = field(default_factory=lambda: {"complete": False})
     built: Built | None = None  # the report, once written
+    reuse: EarlierAnswers | None = None  # the earlier answers the producer writes, if any stand
 
     @property
     def redis(self) -> redis.Redis:

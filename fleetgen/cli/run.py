@@ -66,6 +66,12 @@ def add_parser(sub: Any) -> None:
                    "and weak.jsonl (the lowest rows) beside it (docs/acceptance.md)")
     p.add_argument("--group-by", metavar="FIELD",
                    help="also break the acceptance down by this row field (e.g. source)")
+    p.add_argument("--reuse-estimate", metavar="DIR|none",
+                   help="where `fleetgen estimate` wrote (its --out): its sample's answers are "
+                   "this run's results, not sent again, where they stand for this run's "
+                   "requests (the same prompt, sampling and model, within each row's budget; "
+                   "docs/plan.md); none: send every row (default: the working directory "
+                   "and --out)")
     add_producer_options(p, runoptions.RUN)
 
 
@@ -103,6 +109,20 @@ def run_name(out: Path, given: str | None) -> tuple[str, bool]:
     return recorded or given or f"run-{time.strftime('%Y%m%d-%H%M%S')}", recorded is not None
 
 
+def reuse_from(given: str | None, out: Path) -> tuple[Path, ...]:
+    """The directories whose estimate samples the run may reuse (--reuse-estimate)."""
+    from producer.reuse import SCRATCH
+
+    if given == "none":
+        return ()
+    if given is None:
+        return (Path.cwd(), out)
+    if not (Path(given) / SCRATCH).is_dir():
+        raise ConfigError(f"--reuse-estimate {given}: no `fleetgen estimate` sample there (no "
+                          f"{Path(given) / SCRATCH}); give the estimate's --out, or none")
+    return (Path(given),)
+
+
 def run(args: argparse.Namespace) -> int:
     from fleetgen.engine import engine_urls
     from producer.inputs import resolve_input
@@ -118,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--measure-acceptance checks running servers before the run: "
                           "start them and give --engine-url")
     listen = listen_address(args.listen)
+    reuse_from(args.reuse_estimate, args.out)  # a wrong DIR is one line before anything starts
     if args.workers_per_engine < 1:
         raise ConfigError(f"--workers-per-engine must be at least 1, got "
                           f"{args.workers_per_engine}")
@@ -172,7 +193,8 @@ def _run_in(args: argparse.Namespace, inputs: Inputs,
             after_redis=[_JoinLine(listen, name, args.engine_cmd)] if listen else [],
             after_report=after_report, check_engines=engine_set is not None,
             retry_failures=args.retry_failures, retry_command=retry_command(args.argv),
-            group_by=args.group_by, resume_hint=vars(args).get("resume_hint")))
+            group_by=args.group_by, resume_hint=vars(args).get("resume_hint"),
+            reuse_from=reuse_from(args.reuse_estimate, args.out)))
 
 
 def retry_command(argv: list[str]) -> str:

@@ -24,6 +24,7 @@ from fleetgen.records.outdir import OutputDir
 if TYPE_CHECKING:
     from fleetgen.cli.nodejob import NodeJob, RunHandle
     from fleetgen.drainer import Drainer
+    from producer.settings import ProducerSettings
 
 # How often the engines this node started are written for `fleetgen status`.
 ENGINES_EVERY_S = 2.0
@@ -145,6 +146,58 @@ class Drain:
             run.drainer.close()
 
 
+class EstimateAnswers:
+    """The answers of an estimate's sample that the run writes as its own, not sending their
+    rows (producer/reuse.py): found before the producer starts, each sample said reused or
+    why not; at the end, how many the files hold and why the others were not."""
+
+    def start(self, run: RunHandle) -> None:
+        from producer.reuse import candidates, samples_in
+
+        job = run.job
+        assert run.resume is not None
+        samples = samples_in(job.reuse_from)
+        if not samples or run.resume.nothing_to_do:
+            return
+        settings = serving_settings(job)
+        matching = candidates(samples, settings.manifest_settings())
+        # The servers are asked what they run only where a sample's settings match.
+        found = matching.served_by(servers_identity(settings) if matching.samples else None)
+        for note in found.notes:
+            job.say(note)
+        run.reuse = found.reuse
+
+    def stop(self, run: RunHandle) -> None:
+        reuse, reused = run.reuse, run.summary.get("reused")
+        if reuse is None:
+            return
+        if reused is not None:
+            where = ", ".join(str(s.where) for s in reuse.sources)
+            run.job.say(f"{reused:,} of the {run.summary.get('done', 0):,} answers are the "
+                        f"estimate's ({where}), written without sending their rows again")
+        if reuse.declined:
+            run.job.say(f"{sum(reuse.declined.values()):,} of the estimate's answers were not "
+                        f"reused, their rows sent: {reuse.declined_words()}")
+
+
+def serving_settings(job: NodeJob) -> ProducerSettings:
+    """The run's settings with the servers it runs on: the engines this node started, once
+    they are up (their limits are the run's), else the --engine-url ones."""
+    if job.fleet.engines is None:
+        return job.settings
+    return replace(job.settings, engine_url=tuple(job.fleet.serving_urls()))
+
+
+def servers_identity(settings: ProducerSettings) -> dict[str, Any]:
+    """What model the run's servers run, as producer/reuse.py compares it with an
+    estimate's."""
+    from producer.build import read_servers
+    from producer.reuse import identity
+
+    protocol, servers = read_servers(settings)
+    return identity(protocol.name, servers)
+
+
 class Produce:
     """The producer, opened here (the run is open before the drainer looks at it: a resumed
     run with --ignore-stop is not stopped any more), its pass and its wait in a thread; a run
@@ -158,11 +211,8 @@ class Produce:
         assert run.resume is not None
         if run.resume.nothing_to_do:
             return
-        settings = job.settings
-        if job.fleet.engines is not None:  # the limits of the engines that started
-            settings = replace(settings, engine_url=tuple(job.fleet.serving_urls()))
-        plan = Plan(job.inputs, waits=True, recorded=run.resume.recorded)
-        producer = build_producer(settings, client=run.redis, plan=plan)
+        plan = Plan(job.inputs, waits=True, recorded=run.resume.recorded, reuse=run.reuse)
+        producer = build_producer(serving_settings(job), client=run.redis, plan=plan)
         if not producer.open():
             return  # stopped by --stop-if before: the drainer finds it settled
 

@@ -19,6 +19,7 @@ def summary_table(s: dict[str, Any], out: Path) -> str:
     if s.get("input_rows") is not None:
         rows.append(("input lines", s["input_rows"]))
     rows += [("done", s["done"]),
+            *([("of which reused (not sent)", s["reused"])] if s.get("reused") else []),
             ("failed", s["failed"]), ("rejected", s["rejected"]),
             *([("held out (holdout.jsonl)", held_out(s))] if s.get("holdout") else []),
             ("truncated (finish=length)", s["truncated"]),

@@ -71,6 +71,7 @@ class RunBook:
             "holdout_rows": len(self.tally.holdout_firsts),  # its lines: input rows
             **({"blocked": self.tally.held_back} if self.tally.turns else {}),
             "truncated": self.tally.truncated,
+            "reused": self.tally.reused,  # of `done`: the estimate's answers, never sent
             "prompt_tokens": self.tally.prompt_tokens,
             "completion_tokens": self.tally.completion_tokens,
             **self.tally.quality,

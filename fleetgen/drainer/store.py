@@ -40,6 +40,7 @@ class Tally:
     bits: Bits = field(default_factory=Bits)  # the lines held, as Redis's bitmap
     by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     truncated: int = 0
+    reused: int = 0  # results that are earlier answers (`reused`: producer/reuse.py), not sent
     prompt_tokens: int = 0
     completion_tokens: int = 0
     # empty, reasoning_unfinished, json_invalid: read from each result record.
@@ -82,6 +83,7 @@ class Tally:
             self.blocked[line] = blocked_by(record)
         if kind == KIND_RESULT:
             self.truncated += record.get("finish_reason") == "length"
+            self.reused += bool(record.get("reused"))
             self.prompt_tokens += int(record.get("prompt_tokens", 0))
             self.completion_tokens += int(record.get("completion_tokens", 0))
             for name, n in quality_counts(record).items():

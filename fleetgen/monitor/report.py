@@ -149,7 +149,9 @@ class Scan:
 
     def _at(self, record: dict[str, Any], tokens: int) -> None:
         at = record.get("finished_at")
-        if isinstance(at, int | float):
+        # An answer reused from the estimate came back during the estimate, not this run:
+        # the run's throughput over time is of what it generated.
+        if isinstance(at, int | float) and not record.get("reused"):
             second = int(at)
             self.rows_at[second] += 1
             self.tokens_at[second] += tokens

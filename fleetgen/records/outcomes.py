@@ -37,8 +37,8 @@ RESULT_FIELDS: Final = frozenset({
     "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
     "max_tokens", "latency_s", "attempts", "worker", "line", "reasoning", "reasoning_tokens",
     "reasoning_unfinished", "logprobs", "json_valid", "json_error", "output_ids",
-    "prompt_ids_digest", "finished_at", "slots", "spec", "spec_counters", *_REQUEST_FIELDS,
-    SHADOWED})
+    "prompt_ids_digest", "finished_at", "slots", "spec", "spec_counters", "reused",
+    *_REQUEST_FIELDS, SHADOWED})
 
 
 class ResultParts(NamedTuple):
@@ -168,6 +168,24 @@ def result_record(payload: TaskPayload, gen: Generation, *, max_tokens: int, att
         # The prompt's ids are rendered again at export, not stored: their digest (39 bytes a
         # line) lets the export prove it rebuilt exactly the ids that were sent.
         record["prompt_ids_digest"] = ids_digest(payload["input_ids"])
+    return _request_of(payload, record)
+
+
+def reused_record(payload: TaskPayload, earlier: Mapping[str, Any], source: str
+                  ) -> dict[str, Any]:
+    """The result line of a request answered before this run (`fleetgen estimate`'s sample,
+    producer/reuse.py): the earlier answer and how it was made, under this request's own
+    identity (its line, slot, sample, file) and budget, and `reused`: where it came from. The
+    row's fields are this run's (the same as the earlier's: producer/reuse.py checks)."""
+    record = carry_row(payload["row"])
+    answer = split_result(earlier).fleetgen
+    for name in _REQUEST_FIELDS:  # the earlier run's numbering, not this one's
+        answer.pop(name, None)
+    record.update(answer)
+    # max_tokens is this request's: the answer is what it would have been given (an answer
+    # that ran into the earlier budget is reused only where that budget is this one).
+    record.update(id=payload["id"], line=payload["line"], max_tokens=payload["max_tokens"],
+                  reused=source)
     return _request_of(payload, record)
 
 

@@ -103,13 +103,18 @@ def test_a_complete_sample_run_is_read_not_run_again(tmp_path: Path) -> None:
     assert not sample_done(run)
 
 
-def test_the_estimate_says_its_answers_are_not_reused() -> None:
-    """`fleetgen run` with the same settings generated all 302 again and said nothing."""
+def test_the_estimate_says_the_run_reuses_its_answers_and_from_where(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleetgen run` with the same settings generated all 302 again and said nothing; it
+    reuses them now, finding them in the working directory, or where --reuse-estimate says."""
     from fleetgen.cli.estimate import reuse_note
 
-    note = reuse_note(302, Path("x/run"))
-    assert note.startswith("`fleetgen run` does not reuse the sample's 302 answers (x/run)")
-    assert "generates every row again" in note
+    monkeypatch.chdir(tmp_path)
+    here = reuse_note(302, Path("."))
+    assert here.startswith("`fleetgen run` on this input writes the sample's 302 answers as "
+                           "its own") and "--reuse-estimate" not in here
+    assert reuse_note(302, Path("est")).endswith(
+        "(from another directory: --reuse-estimate est); it says what it reused, or why not")
 
 
 def test_rows_own_caps_are_named_in_the_estimate(tmp_path: Path) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
 from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
 from tests.support.pipeline import make_prompts
-from tests.support.sims import engine_flags, sims_fixture
+from tests.support.sims import engine_flags, requests_answered, sims_fixture
 
 # Fast servers (2 ms to the first token, 20 µs a token, 32 slots each): the 2,000 rows' ~5 M
 # tokens cost the simulator's CPU, not its clock.
@@ -35,16 +34,6 @@ def fleetgen(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
-
-
-def requests_answered(urls: list[str]) -> float:
-    """Generation requests the servers have answered, from their /metrics."""
-    total = 0.0
-    for url in urls:
-        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("fleetgen_sim_requests_total{"):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fleetgen.local.simgpus import SimGpus
@@ -38,3 +39,13 @@ def sims_fixture(sims: SimGpus) -> Callable[..., Iterator[list[str]]]:
 def engine_flags(urls: Iterable[str]) -> list[str]:
     """`--engine-url U` for each server, as `fleetgen run` and `estimate` take them."""
     return [a for u in urls for a in ("--engine-url", u)]
+
+
+def requests_answered(urls: list[str]) -> float:
+    """Generation requests the servers have answered, from their /metrics."""
+    total = 0.0
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("fleetgen_sim_requests_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
