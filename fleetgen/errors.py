@@ -69,6 +69,13 @@ class EngineUnreachable(RetryableError):
     kind = "unreachable"
 
 
+class EngineTimeout(RetryableError):
+    """No answer within the client's timeout (connecting, sending or reading): transient to
+    the prompt, and to the engine's supervisor a sign that the engine may have stopped
+    answering while its health check passes (fleetgen/local/silence.py). Same record kind as
+    any retryable error: a failure record does not change."""
+
+
 class AbortedError(RetryableError):
     """The server ended the request itself (SGLang answers an abort with HTTP 200 and
     `finish_reason.type == "abort"`): whatever text came back is partial, never a result.

@@ -15,6 +15,7 @@ from fleetgen.queue.celeryconf import sweep_interval_s
 from fleetgen.queue.contract import QUEUE, closing_key, worker_key, worker_queue
 from workers import pacing, runtime
 from workers.beat import Beat
+from workers.state import state
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -112,7 +113,7 @@ class HealthGate(bootsteps.StartStopStep):
         fields: dict[Any, Any] = {
             "engine": rt.engine.base_url, "healthy": int(watch.up()),
             "engine_state": watch.last.state.value, "consuming": int(self._consuming),
-            "inflight": runtime.in_flight_count(),
+            "inflight": runtime.in_flight_count(), "silent_s": silent_s(),
             **pacing.beat_fields(runtime.pace(), runtime.concurrency()),
             **heartbeat.lease_fields(interval_s=s.health_interval_s,
                                      lease_s=s.visibility_timeout_s, sweep_s=sweep_s,
@@ -128,3 +129,9 @@ class HealthGate(bootsteps.StartStopStep):
         log.warning("fleetgen worker %s: run %s is complete and its Redis is closing; "
                     "exiting", rt.worker, run)
         worker_state.should_stop = EX_OK  # Celery's warm shutdown, at its loop's next turn
+
+
+def silent_s() -> float:
+    """How long the engine has answered nothing while this worker's requests time out, 0 while
+    it holds no prompt: an idle worker hears nothing, and says nothing against its engine."""
+    return round(state.silence.silent_s(), 1) if runtime.in_flight_count() else 0.0

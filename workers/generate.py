@@ -72,9 +72,7 @@ def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retr
     while True:
         attempt = attempt.called()
         try:
-            gen = engine.generate(payload["input_ids"], attempt.max_tokens,
-                                  dict(payload["sampling"]), rid=request_id(run, slot),
-                                  options=options)
+            gen = _call(engine, payload, attempt, options, request_id(run, slot))
             check_token_ids(gen, options)
         except errors.EngineError as exc:
             decision = _decide(exc, attempt, policy, engine, pacing, rng)
@@ -83,6 +81,20 @@ def _generate_one(payload: TaskPayload, engine: Engine, sink: Sink, policy: Retr
                 continue
             return _emit_failure(payload, exc, attempt, sink, worker)
         return _emit_result(payload, gen, attempt, sink, worker)
+
+
+def _call(engine: Engine, payload: TaskPayload, attempt: Attempt, options: GenerateOptions,
+          rid: str) -> Generation:
+    """One engine call; whether it was answered or timed out goes to the process's silence,
+    which the heartbeat carries to the engine's supervisor (workers/silence.py)."""
+    try:
+        gen = engine.generate(payload["input_ids"], attempt.max_tokens,
+                              dict(payload["sampling"]), rid=rid, options=options)
+    except errors.EngineError as exc:
+        state.silence.heard(exc)
+        raise
+    state.silence.heard(None)
+    return gen
 
 
 def _decide(exc: errors.EngineError, attempt: Attempt, policy: RetryPolicy, engine: Engine,

@@ -49,6 +49,11 @@ def add_engine_options(p: argparse.ArgumentParser, required: bool = False) -> No
     p.add_argument("--engine-unhealthy-s", type=float, default=POLICY.unhealthy_after_s,
                    metavar="S", help="an engine whose readiness probe fails this long is "
                    f"killed and started again ({POLICY.unhealthy_after_s:g})")
+    p.add_argument("--engine-silent-s", type=float, default=POLICY.silent_after_s,
+                   metavar="S", help="an engine whose probe passes but whose requests all "
+                   "time out (FLEETGEN_REQUEST_TIMEOUT_S), none answered, for S more seconds "
+                   f"is killed and started again ({POLICY.silent_after_s:g}); a busy engine "
+                   "answers late but answers, and is left alone")
     p.add_argument("--engine-max-failures", type=int, default=POLICY.max_failures,
                    metavar="K", help="an engine that fails K times within "
                    f"{POLICY.window_s:g} s is parked: the run goes on without it "
@@ -70,5 +75,6 @@ def engine_plan(args: argparse.Namespace) -> EnginePlan | None:
     groups = gpu_groups(choose_gpus(args.gpus, visible_gpus()), args.gpus_per_engine)
     policy = EnginePolicy(start_timeout_s=args.engine_start_timeout_s,
                           unhealthy_after_s=args.engine_unhealthy_s,
+                          silent_after_s=args.engine_silent_s,
                           max_failures=args.engine_max_failures)
     return EnginePlan(command, groups, policy)

@@ -83,7 +83,7 @@ class Engines:
             return
         run.job.say(f"starting {len(engines.engines)} engine(s), logs in "
                     f"{engines.engines[0].log_path.parent}")
-        engines.start(run.job.say)
+        engines.start(run.job.say, silence=run.job.fleet.worker_silence(run.redis))
 
     def stop(self, run: RunHandle) -> None:
         engines = run.job.fleet.engines

@@ -44,7 +44,9 @@ STATUS_ERRORS: dict[int, type[errors.EngineError]] = {
 # since only the health probe can tell a restart from a server gone for good.
 TRANSPORT_ERRORS: tuple[tuple[type[httpx.HTTPError], type[errors.EngineError], str], ...] = (
     (httpx.ConnectError, errors.EngineUnreachable, "cannot connect to engine: {exc}"),
-    (httpx.TimeoutException, errors.RetryableError, "engine timed out: {name}"),
+    # The worker's own pool full is a timeout of this process, not a silence of the engine.
+    (httpx.PoolTimeout, errors.RetryableError, "engine timed out: {name}"),
+    (httpx.TimeoutException, errors.EngineTimeout, "engine timed out: {name}"),
     (httpx.HTTPError, errors.RetryableError, "engine connection failed: {name}: {exc}"),
 )
 # Error class -> kind, looked up along the class's ancestry (the most specific row wins).

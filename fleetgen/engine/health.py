@@ -82,7 +82,9 @@ class Prober:
 
     def __call__(self) -> Readiness:
         result, path = probe(self._http, self.timeout_s, self._paths)
-        if path is not None:
+        # Only a path that said ready is the server's own: a loading llama-server answers
+        # 503 on every path, `/ready` too, which it answers 404 once it serves.
+        if path is not None and result.ready:
             self._paths = (path,)
         return result
 

@@ -140,6 +140,12 @@ class EnginePolicy:
     # killed and started again: a hung NCCL call, a wedged scheduler. Longer than SGLang's own
     # 20 s health-generate window, so one slow batch is not a death.
     unhealthy_after_s: float = 60.0
+    # An engine whose probe passes but whose requests all time out, with no answer of any
+    # kind, this long (its workers' FLEETGEN_REQUEST_TIMEOUT_S comes first: the first
+    # timeout starts the count) is killed and started again: a generate path wedged behind
+    # a live HTTP server. A busy server answers late but answers, and every answer ends the
+    # count (fleetgen/local/silence.py).
+    silent_after_s: float = 60.0
     # Parked (left stopped, the run goes on with the others) at this many failures within
     # `window_s`: an engine that cannot stay up is not restarted forever.
     max_failures: int = 5
@@ -153,7 +159,8 @@ class EnginePolicy:
     probe_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("start_timeout_s", "unhealthy_after_s", "window_s", "stop_grace_s"):
+        for name in ("start_timeout_s", "unhealthy_after_s", "silent_after_s", "window_s",
+                     "stop_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"engine {name} must be > 0, got {getattr(self, name)}")
         if self.max_failures < 1:

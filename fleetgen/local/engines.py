@@ -1,11 +1,13 @@
 """The engines fleetgen starts itself (`--engine-cmd`): one per GPU group, each in a process
 group of its own with CUDA_VISIBLE_DEVICES and a log, watched on a thread of its own (its
-process exiting, its readiness probe failing for a set time), killed whole and started again
-with backoff, parked after too many failures, and stopped whole at the end."""
+process exiting, its readiness probe failing for a set time, its requests all timing out
+while the probe passes), killed whole and started again with backoff, parked after too many
+failures, and stopped whole at the end."""
 
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import os
 import signal
@@ -23,10 +25,15 @@ from fleetgen.engine.http import server_client
 from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, FailureWindow, backoff_s
 from fleetgen.local.ports import PortLease, lease_port
 from fleetgen.local.procs import dying_with_parent
+from fleetgen.local.silence import WorkerSilence, stuck_for_s
 from fleetgen.runstate.keys import run_keys
 
 LOG_TAIL_LINES = 5
 POLL_S = 0.25  # how often a starting engine's process and probe are looked at
+# How long a SIGKILLed engine's group may take to be gone before the next start goes ahead
+# anyway (said in its log): a process frees its memory and its CUDA context on its way out,
+# which takes seconds for a large GPU process, and the new engine wants its port and GPU.
+KILLED_GONE_S = 30.0
 
 
 class Phase(enum.Enum):
@@ -79,19 +86,58 @@ def signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM to the process and every child it made (its session), SIGKILL after
-    `grace_s` to what is left, the leader reaped."""
+def group_alive(pgid: int) -> list[int]:
+    """The processes of group `pgid` that still run: zombies are left out, since a dead child
+    whose parent died first waits for PID 1 to reap it (which a container's PID 1 may never
+    do) and holds no port or GPU memory. Without /proc: whether a signal still reaches any."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return [pgid] if signal_group(pgid, 0) else []
+    alive = []
+    for entry in entries:
+        if entry.isdigit() and _running_in(int(entry), pgid):
+            alive.append(int(entry))
+    return alive
+
+
+def _running_in(pid: int, pgid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone meanwhile
+        return False
+    # `pid (comm) state ppid pgrp ...`: comm may hold spaces and parentheses; split after it.
+    fields = stat[stat.rfind(")") + 2:].split()
+    return len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X")
+
+
+def wait_group_gone(pgid: int, timeout_s: float,
+                    reap: Callable[[], object] = lambda: None) -> bool:
+    """Until no process of the group runs (True) or `timeout_s` has passed (False); `reap`
+    collects the leader meanwhile, so its zombie does not count."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reap()
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)  # a bounded wait on a condition
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float,
+               gone_s: float = KILLED_GONE_S) -> bool:
+    """SIGTERM to the process and every child it made (its group), SIGKILL after `grace_s` to
+    what is left, and a wait (at most `gone_s`) until every one of them has exited, the leader
+    reaped: a SIGKILLed process still frees its memory and GPU context before it is gone, and
+    a child may outlive a leader that died first. False if one is still there."""
     pgid = proc.pid
     signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader, so a zombie does not keep the group "alive"
-        if not signal_group(pgid, 0):
-            break
-        time.sleep(0.05)  # a bounded wait on a condition
-    signal_group(pgid, signal.SIGKILL)
+    if not wait_group_gone(pgid, grace_s, proc.poll):
+        signal_group(pgid, signal.SIGKILL)
+    gone = wait_group_gone(pgid, gone_s, proc.poll)
     proc.wait()
+    return gone
 
 
 class SupervisedEngine:
@@ -104,6 +150,9 @@ class SupervisedEngine:
         self.command, self.policy, self.log_path = command, policy, log_path
         self.env: dict[str, str] = {}
         self.say: Callable[[str], None] = lambda text: None
+        # The `silent_s` of each live worker on this engine (fleetgen/local/silence.py); none
+        # known, no silence.
+        self.silences: Callable[[], list[float]] = list
         self.phase = Phase.LOADING
         self.restarts = 0
         self.ever_ready = False
@@ -198,9 +247,11 @@ class SupervisedEngine:
         return "stopped"
 
     def _watch(self) -> str:
-        """Until the process exits or the probe fails for `unhealthy_after_s`: the reason."""
+        """Until the process exits, the probe fails for `unhealthy_after_s`, or the probe
+        passes while the requests all time out for `silent_after_s`: the reason."""
         assert self.proc is not None
         failing_since: float | None = None
+        ready_at = time.monotonic()
         with server_client(self.url) as http:
             probe = Prober(http, self.policy.probe_timeout_s)
             while not self._stop.wait(self.policy.probe_interval_s):
@@ -208,10 +259,14 @@ class SupervisedEngine:
                 if code is not None:
                     return f"exited with code {code}"
                 found = probe()
+                now = time.monotonic()
                 if found.ready:
                     failing_since = None
+                    stuck_s = stuck_for_s(self.silences(), now - ready_at)
+                    if stuck_s >= self.policy.silent_after_s:
+                        return (f"answered no request for {stuck_s:.0f} s while they timed "
+                                "out and its health check passed")
                     continue
-                now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since >= self.policy.unhealthy_after_s:
                     return (f"failed its health check for {now - failing_since:.0f} s "
@@ -243,10 +298,19 @@ class SupervisedEngine:
         return True
 
     def _kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            stop_group(self.proc, self._grace_s)
-        elif self.proc is not None:
-            signal_group(self.proc.pid, signal.SIGKILL)  # the leader died: its children too
+        """The engine's whole group gone before anything else happens: a restart must not
+        find its port or GPU still held by the last one's processes."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            gone = stop_group(proc, self._grace_s)
+        else:  # the leader died: its children too, and they may take a while to go
+            signal_group(proc.pid, signal.SIGKILL)
+            gone = wait_group_gone(proc.pid, KILLED_GONE_S)
+        if not gone:
+            self.say(f"{self.name}: processes {group_alive(proc.pid)} of its group still run "
+                     f"{KILLED_GONE_S:g} s after SIGKILL; going on without waiting for them")
 
 
 class EngineSet:
@@ -267,10 +331,15 @@ class EngineSet:
     def urls(self) -> list[str]:
         return [e.url for e in self.engines]
 
-    def start(self, say: Callable[[str], None], env: dict[str, str] | None = None) -> None:
+    def start(self, say: Callable[[str], None], env: dict[str, str] | None = None,
+              silence: WorkerSilence | None = None) -> None:
+        """`silence`: the workers' heartbeats, for the rule on an engine that stops answering
+        while its probe passes (none: that rule is off)."""
         self._say = say
-        for engine in self.engines:
+        for i, engine in enumerate(self.engines):
             engine.say, engine.env = say, dict(env or {})
+            if silence is not None:
+                engine.silences = functools.partial(silence.silences, i)
             engine.start()
 
     def views(self) -> list[EngineView]:

@@ -18,6 +18,7 @@ from fleetgen.local.procs import (
     dying_with_parent,
     wait_for,
 )
+from fleetgen.local.silence import WorkerSilence
 from fleetgen.local.valkey import EmbeddedValkey
 from fleetgen.settings import envvars
 
@@ -114,7 +115,8 @@ class LocalFleet:
         if self.engines is not None:
             say(f"starting {len(self.engines.engines)} engine(s), logs in "
                 f"{self.engines.engines[0].log_path.parent}")
-            self.engines.start(say)
+            self.engines.start(say, silence=self.worker_silence(
+                redis.Redis.from_url(self.redis_url)))
             ready = []
             for gpu in self.engines.ready_as_they_come():
                 self.start_gpu_workers(gpu)
@@ -198,6 +200,15 @@ class LocalFleet:
     def worker_name(self, gpu: int, process: int = 1) -> str:
         name = f"gpu{gpu}" if self.spec.processes_per_gpu == 1 else f"gpu{gpu}p{process}"
         return self.spec.worker_prefix + name
+
+    def worker_silence(self, client: redis.Redis) -> WorkerSilence:
+        """What the workers on each started engine say of its silence (their heartbeats, on
+        `client`): the supervisor's evidence of an engine that hangs with its probe passing."""
+        def workers_of(gpu: int) -> list[str]:
+            return [f"{self.worker_name(gpu, i)}@{_hostname()}"
+                    for i in range(1, self.spec.processes_per_gpu + 1)]
+
+        return WorkerSilence(client, workers_of)
 
     def worker_names(self) -> list[str]:
         return [self.worker_name(g, i) for g in range(self.spec.gpus) if g not in self.skipped

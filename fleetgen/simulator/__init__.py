@@ -21,7 +21,9 @@ Choices a user of the simulator may want to know:
 - "Down" (down windows, `POST /_sim/down`) answers 503 on /health, /ready and the
   generation endpoints while the port stays open; `die_after_s` closes the port
   and cuts connections instead. A drain (SIGTERM) turns /health and /ready 503
-  but still serves generation, as SGLang does.
+  but still serves generation, as SGLang does. "Hung" (`POST /_sim/hang`) is the
+  opposite: /health and /ready answer 200 and every generation request hangs, until
+  the process is restarted (a generate path wedged behind a live HTTP server).
 - `fleetgen_sim_requests_total{code}` counts generation requests by status;
   `499` means the client went away first, `dropped` an injected drop.
 """

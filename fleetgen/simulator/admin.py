@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 class Admin:
     """The endpoints that watch and steer a server rather than generate: health probes,
-    /metrics, /abort_request and the simulator's own /_sim/down, /_sim/up and /_sim/stats."""
+    /metrics, /abort_request and the simulator's own /_sim/down, /_sim/up, /_sim/hang and
+    /_sim/stats."""
 
     def __init__(self, parts: ServerParts) -> None:
         self.parts = parts
@@ -34,7 +35,8 @@ class Admin:
             app.router.add_get("/health", self._llama_health)
             return
         app.add_routes([*self._probes(), web.post("/abort_request", self._abort_request),
-                        web.post("/_sim/down", self._sim_down), web.post("/_sim/up", self._sim_up)])
+                        web.post("/_sim/down", self._sim_down), web.post("/_sim/up", self._sim_up),
+                        web.post("/_sim/hang", self._sim_hang)])
 
     def _probes(self) -> list[web.RouteDef]:
         if self.config.flavor == "vllm":
@@ -99,6 +101,14 @@ class Admin:
     async def _sim_up(self, request: web.Request) -> web.StreamResponse:
         self.availability.force_up()
         return json_response({"down": self.availability.is_down()})
+
+    async def _sim_hang(self, request: web.Request) -> web.StreamResponse:
+        """From now on every generation request hangs (until its client gives up) while the
+        probes still answer 200; only a new process ends it."""
+        self.availability.hung = True
+        logger.info("%s: every request hangs from now on (admin request)",
+                    self.parts.lifecycle.url)
+        return json_response({"hung": True})
 
     async def _sim_stats(self, request: web.Request) -> web.StreamResponse:
         return json_response(self.parts.stats())

@@ -83,6 +83,9 @@ class Availability:
         self._up_forced_at_s = -1.0
         self.draining = False
         self.dead = False
+        # Every generation request hangs from `/_sim/hang` on while the probes answer 200: a
+        # generate path wedged behind a live HTTP server, which only a restart ends.
+        self.hung = False
 
     def start(self) -> None:
         self._started = self._clock()

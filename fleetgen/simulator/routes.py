@@ -122,7 +122,7 @@ class Routes:
         """This request's fault, if any: raised, or True for a hang. Faults hit only
         requests that passed validation, so length errors stay exact whatever the rates."""
         faults, metrics = self.parts.faults, self.parts.scheduler.metrics
-        fault = faults.draw()
+        fault = Fault.HANG if self.parts.availability.hung else faults.draw()
         if fault is not Fault.NONE:
             metrics.count_fault(fault.value)
         if fault is Fault.ERROR:

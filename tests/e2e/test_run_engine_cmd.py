@@ -3,7 +3,8 @@
 (`status` shows the restart) while a `fleetgen node` joined from the line `--listen` prints
 helps, and every row is written once, the node gone by itself at the end; SIGTERM mid-run
 leaves no process behind and the same command resumes; engines that all fail to start are
-exit 3 in one line, nothing left, as is an engine the pre-flight refuses."""
+exit 3 in one line, nothing left, as is an engine the pre-flight refuses; an engine whose
+requests all hang while its probe passes (`/_sim/hang`) is restarted once."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 from fleetgen import exitcodes
 from fleetgen.engine.health import probe_url
@@ -139,6 +142,65 @@ def test_a_killed_engine_comes_back_while_a_node_helps(tmp_path: Path) -> None:
     assert not (out / ".fleetgen-state").exists()  # complete: nothing left to resume
     print(f"simulator under fleetgen run, SIGKILL to serving again: {restart_s:.1f} s; the "
           f"node's worker wrote {by_node} of {len(data['results'])}")
+
+
+def hung_requests(url: str) -> int:
+    """The simulator's own count of the generation requests it let hang."""
+    return int(httpx.get(f"{url}/_sim/stats", timeout=5).json()["faults_total"].get("hang", 0))
+
+
+def generate_times_out(url: str, timeout_s: float) -> bool:
+    try:
+        httpx.post(f"{url}/generate", timeout=timeout_s, json={
+            "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}})
+    except httpx.TimeoutException:
+        return True
+    return False
+
+
+def test_an_engine_whose_requests_hang_while_its_probe_passes_is_restarted_once(
+        tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    kinds = make_prompts(prompts, 300)
+    out = tmp_path / "out"
+    # Requests time out after 5 s, not 900, and the engine is restarted 3 s after the first
+    # timeout. Every answer takes far less (256 tokens at most, 5 ms each, behind at most one
+    # other in the engine's queue): an engine whose requests all outlast the timeout answers
+    # nothing in time and is restarted too, which is not what this tests. A prompt's attempts
+    # meanwhile (each a 5 s timeout, then a backoff) are not either, so it gets more of them.
+    run = Run(tmp_path, "run", str(prompts), "--engine-cmd", SIM, "--gpus", "0,1", "--out",
+              "out", "--engine-silent-s", "3", "--max-output-tokens", "256",
+              env={"FLEETGEN_REQUEST_TIMEOUT_S": "5", "FLEETGEN_MAX_ATTEMPTS": "10"})
+    try:
+        wait_until(lambda: written(out) >= 30 or run.proc.poll() is not None, 120,
+                   "the first rows written")
+        assert run.proc.poll() is None, run.text()[-3000:]
+        url = re.findall(r"engine1 \((http://127\.0\.0\.1:\d+)\) ready after", run.text())[0]
+        pid = run.engine_pid("1")
+        assert pid is not None
+        httpx.post(f"{url}/_sim/hang", timeout=5).raise_for_status()
+        # The fault landed: the workers' requests hang, a request of ours too, while the
+        # probes the supervisor and the workers make answer 200.
+        wait_until(lambda: hung_requests(url) >= 1, 30, "a worker's request hanging")
+        assert generate_times_out(url, 1.0)
+        assert probe_url(url).ready and httpx.get(f"{url}/health", timeout=5).status_code == 200
+        assert run.engine_pid("1") == pid  # nothing restarted it yet
+        wait_until(lambda: (run.engine_pid("1") or pid) != pid and probe_url(url).ready, 60,
+                   "engine1 restarted")
+        assert not generate_times_out(url, 10.0)  # the new process answers
+        assert run.wait(300) == exitcodes.OK, run.text()[-4000:]
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    text = run.text()
+    restarts = re.findall(r"engine1 \(\S+\) answered no request for \d+ s while they timed out "
+                          r"and its health check passed; restarting in 1 s", text)
+    assert len(restarts) == 1, text[-4000:]
+    assert len(re.findall(rf"engine1 \({url}\) ready after", text)) == 2
+    assert not re.search(r"engine0 \(\S+\) [^\n]*restarting", text), text[-4000:]
+    data = assert_exactly_once(out, set(kinds["good"]))
+    assert not data["failures"], data["failures"][:3]
+    assert marked(run.mark) == []
 
 
 def test_sigterm_leaves_no_survivor_and_the_same_command_resumes(tmp_path: Path) -> None:

@@ -33,9 +33,9 @@ def test_each_status_is_one_error_class(status: int, error: type) -> None:
     (httpx.ConnectError("refused", request=REQUEST), errors.EngineUnreachable,
      "cannot connect to engine: refused"),
     # A connect that times out is a timeout, not a refusal: the server may be busy.
-    (httpx.ConnectTimeout("slow", request=REQUEST), errors.RetryableError,
+    (httpx.ConnectTimeout("slow", request=REQUEST), errors.EngineTimeout,
      "engine timed out: ConnectTimeout"),
-    (httpx.ReadTimeout("slow", request=REQUEST), errors.RetryableError,
+    (httpx.ReadTimeout("slow", request=REQUEST), errors.EngineTimeout,
      "engine timed out: ReadTimeout"),
     (httpx.PoolTimeout("full", request=REQUEST), errors.RetryableError,
      "engine timed out: PoolTimeout"),

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from fleetgen import errors
-from fleetgen.engine.health import State, Watch
+from fleetgen.engine.health import Prober, State, Watch
 from fleetgen.engine.openai import parse_completion
 from fleetgen.engine.sglang import SGLangClient, from_response, parse_generation
 from fleetgen.simulator.config import SimConfig
@@ -188,3 +188,28 @@ def test_every_sampling_option_the_producer_has_passes_sglangs_closed_schema(
     finally:
         client.close()
     assert gen.finish_reason in ("stop", "length") and gen.prompt_tokens == 3
+
+
+def test_a_server_that_answers_503_everywhere_while_it_loads_is_seen_ready_on_its_path(
+        ) -> None:
+    # llama-server: every path 503 "Loading model" while it loads, then `/ready` 404 and
+    # `/health` 200. The 503 on `/ready` must not make the prober ask `/ready` alone for ever.
+    loaded = threading.Event()
+
+    class LoadingLlama(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = 503 if not loaded.is_set() else 200 if self.path == "/health" else 404
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with serving(LoadingLlama) as url, httpx.Client(base_url=url) as http:
+        prober = Prober(http, timeout_s=2.0)
+        assert prober().state is State.NOT_READY
+        loaded.set()
+        found = prober()
+        assert found.ready and found.detail == "/health 200"
+        assert prober().ready

@@ -12,13 +12,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fleetgen.engine.health import probe_url
 from fleetgen.local.enginecmd import EngineCommand, EnginePolicy, parse_engine_cmd
-from fleetgen.local.engines import EngineSet, Phase
+from fleetgen.local.engines import EngineSet, Phase, group_alive, stop_group, wait_group_gone
+from fleetgen.local.silence import WorkerSilence
 from tests.support.survivors import marked, new_mark
 from tests.support.waiting import wait_until
 
@@ -99,6 +101,77 @@ def test_a_hung_engine_is_killed_and_started_again(started: tuple[EngineSet, Sai
     wait_until(lambda: engines.views()[0].restarts == 1 and ready(engines), 60,
                "the hung engine replaced")
     assert any("engine0" in s and "failed its health check for" in s for s in said), said
+
+
+class Told(WorkerSilence):
+    """What engine0's two workers say of its silence, as the test sets it: each silent since
+    a time, or hearing answers (None)."""
+
+    def __init__(self) -> None:
+        self.since: list[float | None] = [None, None]
+
+    def silences(self, engine: int) -> list[float]:
+        now = time.monotonic()
+        return [0.0 if t is None else now - t for t in self.since] if engine == 0 else []
+
+
+def test_an_engine_whose_workers_all_hear_nothing_is_restarted(
+        tmp_path: Path, mark: dict[str, str]) -> None:
+    engines = engines_of(tmp_path, SIM, replace(QUICK, silent_after_s=2.0))
+    told, said = Told(), Said()
+    engines.start(said, env=mark, silence=told)
+    try:
+        assert list(engines.ready_as_they_come()) == [0]
+        # One worker's requests time out, the other's are answered: busy, not stuck.
+        told.since[0] = time.monotonic()
+        watched_until = time.monotonic() + 3 * 2.0
+        while time.monotonic() < watched_until:
+            assert engines.views()[0].restarts == 0, said
+            time.sleep(0.1)  # watching that nothing happens for a bounded time
+        told.since[1] = time.monotonic()
+        wait_until(lambda: engines.views()[0].restarts == 1, 30, "the silent engine restarted")
+        told.since = [None, None]  # the new engine answers
+        wait_until(lambda: ready(engines), 30, "the engine serving again")
+        (line,) = [s for s in said if "restarting" in s]
+        assert "engine0" in line and "answered no request for 2 s while they timed out and " \
+            "its health check passed; restarting in 0.5 s" in line, said
+    finally:
+        engines.stop()
+    assert marked(mark) == []
+
+
+def test_a_dead_leaders_children_are_gone_before_the_next_start(
+        tmp_path: Path, mark: dict[str, str]) -> None:
+    # The leader SIGKILLed alone (the OOM killer, a test): its children live on in its group
+    # and get SIGKILL from the supervisor, and a SIGKILLed process takes a while to be gone
+    # (a GPU server frees its memory and its CUDA context): the next start waits for them.
+    # Here 20 busy children on 2 cores, most waiting for a core to run their exit on: without
+    # the wait, some are still there when the SIGKILL is sent.
+    engine = engines_of(tmp_path, SIM).engines[0]
+    children = "for i in $(seq 20); do (while :; do :; done) & done; wait"
+    engine.proc = subprocess.Popen(["bash", "-c", children], start_new_session=True,
+                                   env={**os.environ, **mark})
+    pgid = engine.proc.pid
+    wait_until(lambda: len(group_alive(pgid)) == 21, 30, "the children started")
+    os.kill(pgid, signal.SIGKILL)
+    engine.proc.wait()
+    assert len(group_alive(pgid)) == 20
+    engine._kill()
+    assert group_alive(pgid) == [] and marked(mark) == []
+
+
+def test_a_stop_waits_for_the_whole_group_and_says_when_it_cannot(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 300 & wait"],
+                            start_new_session=True)
+    wait_until(lambda: len(group_alive(proc.pid)) == 2, 30, "the child started")
+    assert stop_group(proc, grace_s=0.2) and group_alive(proc.pid) == []
+    # A process still there at the bound is reported (False), for the supervisor to say.
+    stuck = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert not wait_group_gone(stuck.pid, 0.2)
+    finally:
+        stop_group(stuck, grace_s=0.2)
+    assert group_alive(stuck.pid) == []
 
 
 def test_an_engine_that_keeps_dying_is_parked(tmp_path: Path, mark: dict[str, str]) -> None:
