@@ -139,15 +139,29 @@ class Pacer:
         # not queued yet). Below them plus the queue the limit doubles; above, it creeps.
         self.slots_seen = 0
         self.rate = RateGate()
+        self._last_running: int | None = None
+        self._share = 1.0  # this worker's part of the server's load when it last held a queue
 
     def observe(self, load: Load, in_flight: int, now: float | None = None) -> int:
         queue = held_queue(load.running)
         in_use = in_flight >= self.limit - max(1, self.limit // 8)
-        if load.waiting > queue:
+        # This worker's part of all the server holds (1 alone; ~1/W of W workers on it).
+        share = min(1.0, in_flight / max(1, load.running + load.waiting))
+        # A server still taking its waiting requests into free slots (vLLM admits a step's
+        # prefill budget at a time: 12 a step here, so 128 sent at once show ~100 waiting at
+        # 30 running) is not full: its queue says nothing of its slots yet. The first reading
+        # cannot tell, so it waits for the second.
+        admitting = self._last_running is None or load.running - self._last_running >= queue
+        self._last_running = load.running
+        if load.waiting and not admitting:
+            # A server holding a queue is one whose counts stand still long enough to read
+            # this worker's part in; at the end of a cohort of answers, the gauges (the last
+            # step's) lag the refill and every worker would read itself alone.
+            self._share = share
+        if load.waiting > queue and not admitting:
             self.slots_seen = max(self.slots_seen, load.running)
             # This worker's share of the excess, cut from what it holds now: the same reading
             # again (before any answer came back) gives the same limit, not a second cut.
-            share = min(1.0, in_flight / max(1, load.running + load.waiting))
             cut = math.ceil((load.waiting - queue) * share)
             self.limit = max(1, min(self.limit, in_flight - cut))
             self.rate.forget()
@@ -159,8 +173,12 @@ class Pacer:
         return self.limit
 
     def _grown(self, queue: int, load: Load, now: float) -> int:
-        known = self.slots_seen + queue
-        if self.limit < known:  # back up to what the server is known to take, at once
+        # Back up at once to this worker's part of what the server is known to take: its
+        # slots plus the queue, times its share when the server last held a queue (each of W
+        # workers to its 1/W, not all W to the whole: two workers on a 128-slot vLLM each went
+        # back to 136 and held 272).
+        known = math.ceil((self.slots_seen + queue) * self._share) if self.slots_seen else 0
+        if self.limit < known:
             return min(known, 2 * self.limit)
         if self.slots_seen:
             return self.limit + queue

@@ -48,6 +48,7 @@ def test_the_same_reading_twice_cuts_once() -> None:
     answer comes back must not cut again (a limit of 128 on a 64-slot server went 68, 48, 32)."""
     pacer = Pacer(start=128, ceiling=2048)
     load = Load(running=64, waiting=24)
+    pacer.observe(load, 88)  # the first reading cannot tell a full server from one admitting
     first = pacer.observe(load, 88)
     assert first == 88 - (24 - held_queue(64))
     assert pacer.observe(load, 88) == first
@@ -55,7 +56,8 @@ def test_the_same_reading_twice_cuts_once() -> None:
 
 def test_after_a_dip_it_doubles_back_to_the_slots_it_has_seen() -> None:
     pacer = Pacer(start=128, ceiling=2048)
-    pacer.observe(Load(64, 40), 104)  # the server's 64 slots seen
+    for _ in range(2):  # the second reading: the queue did not drain into free slots
+        pacer.observe(Load(64, 40), 104)  # the server's 64 slots seen
     pacer.limit = 20  # e.g. a burst of failures cut it
     grown = [pacer.observe(Load(pacer.limit, 0), pacer.limit) for _ in range(3)]
     # Doubled, then capped at the 64 slots seen plus the queue of each reading (40 running:
@@ -216,3 +218,46 @@ def test_a_queue_still_ends_the_climb_where_the_slots_are_full() -> None:
     limits = run_against(pacer, lambda running: 30.0 * running, slots=150, seconds=120)
     assert 150 < limits[-1] <= 150 + held_queue(150)
     assert max(limits) == limits[-1]
+
+
+def test_workers_on_one_engine_hold_its_slots_between_them_while_requests_run_long() -> None:
+    """Two workers on a 128-slot vLLM (bench real, --workers-per-engine 2): a cut only lowers
+    a limit, the requests already sent run to their end (~30 s here), and answers of one cap
+    end together. At such an end nothing waited, and each worker went back up to the server's
+    whole 128 + 8: the two held 272 and the server queued 112 for 25 s (1.503x the plain
+    client). Each goes back only to its part now."""
+    slots, tick_s, service_s = 128, 0.5, 30.0
+    pacers = [Pacer(START_LIMIT, 2048), Pacer(START_LIMIT, 2048)]
+    held: list[list[list[float]]] = [[], []]  # per worker: [arrival, seconds served]
+    arrivals, generated, totals = 0, 0.0, []
+    for tick in range(1200):
+        queue = sorted((r for mine in held for r in mine), key=lambda r: r[0])
+        running = queue[:slots]  # first come, first served
+        for request in running:
+            request[1] += tick_s
+        held = [[r for r in mine if r[1] < service_s] for mine in held]
+        generated += cpu_like(len(running)) * tick_s
+        total = sum(len(mine) for mine in held)
+        # The gauges are the server's last step; the workers have refilled since (a fetch
+        # takes milliseconds, a CPU step a second).
+        load = Load(min(total, slots), max(0, total - slots), generated)
+        for mine, pacer in zip(held, pacers, strict=True):
+            while len(mine) < pacer.limit:
+                arrivals += 1
+                mine.append([arrivals, 0.0])
+            pacer.observe(load, len(mine), tick * tick_s)
+        totals.append(sum(len(mine) for mine in held))
+    late = totals[240:]  # after the first two minutes
+    assert max(late) <= slots + 2 * held_queue(slots) + 8, max(late)
+    assert sum(late) / len(late) >= slots * 0.9, sum(late) / len(late)
+
+
+def test_a_server_still_admitting_its_queue_is_not_cut() -> None:
+    """vLLM takes a step's prefill budget of new requests at a time: 64 sent at once read as
+    18 running and 46 waiting, then 30 and 34; the slots are not full. A queue that does not
+    drain between readings is."""
+    pacer = Pacer(start=64, ceiling=2048)
+    pacer.observe(Load(18, 46, 0.0), 64, 0.0)
+    assert pacer.observe(Load(30, 34, 10.0), 64, 0.5) == 64
+    assert pacer.observe(Load(42, 22, 20.0), 64, 1.0) == 64
+    assert pacer.observe(Load(42, 22, 30.0), 64, 1.5) < 64  # it stopped taking them
