@@ -2,9 +2,11 @@
 as the cores allow, and what one row costs each central part (docs/scale.md).
 
 The consumers stand in for the GPUs' workers without Celery or HTTP: each is a process that
-takes a task as kombu's Redis transport does (BRPOP, then the unacked HSET + ZADD; ZREM + HDEL
-to ack) and runs the worker's own `generate_one` with the real `StreamSink` (the done-bit
-check, the outcome's MULTI) against an engine that answers at once with a fixed answer. The
+takes and acks a task through the worker's own broker code (fleetgen/queue/broker.py: a kombu
+consumer on fleetgen's transport, so the take is its script into the holder's taking list,
+`QoS.append` its record, `QoS.ack` the hold-only ack script on the acks thread) and runs the
+worker's own `generate_one` with the real `StreamSink` (the done-bit check, the outcome's
+script) against an engine that answers at once with a fixed answer. The
 producer (in a thread) and the drainer run in this process as in the ceiling bench. Measured:
 rows/s; CPU per row of the producer + drainer, Valkey and the consumers; Valkey's commands and
 network bytes per row (`INFO commandstats`, `INFO stats`) and its memory through the run.
@@ -29,13 +31,10 @@ from bench.common import save, self_cpu_s, table, write_uniform_prompts
 from fleetgen.local.valkey import EmbeddedValkey
 from fleetgen.queue.contract import QUEUE
 from fleetgen.queue.redisconn import connect
-from fleetgen.queue.wire import task_payload
 from fleetgen.records.outcomes import Generation
 
 STOP_KEY = "bench:central:stop"
 BYTES_KEY, TAKEN_KEY = "bench:central:message-bytes", "bench:central:messages"
-# kombu's Redis transport keys for the unacked messages (kombu/transport/redis.py QoS).
-UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 ANSWER_WORDS = 150  # ~200 tokens of answer, as the other benches' simulators give
 
 
@@ -65,39 +64,51 @@ class InstantEngine:
 
 
 def consumer(url: str, name: str, words: int) -> None:
-    """One lightweight worker: kombu's Redis traffic per task, the worker's own outcome path."""
+    """One lightweight worker: the worker's take, record and ack (a kombu consumer on
+    fleetgen's transport, prefetch 1), the worker's own outcome path."""
+    from kombu import Connection, Consumer, Queue
+
     from fleetgen.engine.decision import RetryPolicy
+    from fleetgen.queue.broker import Transport, use_orjson_decoder
+    from fleetgen.queue.celeryconf import celery_config
+    from fleetgen.queue.contract import worker_queue
     from workers.generate import generate_one
     from workers.sink import StreamSink
 
+    use_orjson_decoder()  # as the worker's app does (fleetgen/queue/celeryconf.py)
+    options = celery_config(url, visibility_timeout_s=60)["broker_transport_options"]
     client = connect(url)
     sink = StreamSink(client, worker=name)
     engine = InstantEngine(words)
     policy = RetryPolicy()
-    next_look = 0.0
-    taken = taken_bytes = 0
-    while True:
-        # The stop flag is read once a second, not per task: it is no command of the path.
-        if time.monotonic() >= next_look:
-            if client.exists(STOP_KEY):
-                client.incrby(BYTES_KEY, taken_bytes)
-                client.incrby(TAKEN_KEY, taken)
-                return
-            next_look = time.monotonic() + 1.0
-        got = client.brpop([QUEUE], timeout=1)
-        if got is None:
-            continue
-        raw = got[1]
-        taken, taken_bytes = taken + 1, taken_bytes + len(raw)
-        message = orjson.loads(raw)
-        tag = message["properties"]["delivery_tag"]
-        pipe = client.pipeline()
-        pipe.zadd(UNACKED_INDEX, {tag: time.time()}).hset(UNACKED, tag, raw).execute()
-        payload = task_payload(message)
-        assert payload is not None
-        generate_one(payload, engine, sink, policy, worker=name)  # type: ignore[arg-type]
-        pipe = client.pipeline()
-        pipe.zrem(UNACKED_INDEX, tag).hdel(UNACKED, tag).execute()
+    counts = {"taken": 0, "sampled": 0, "bytes": 0}
+
+    def on_task(body: Any, message: Any) -> None:
+        counts["taken"] += 1
+        if counts["taken"] % 64 == 1:  # the message's size, sampled: no command of the path
+            counts["sampled"] += 1
+            counts["bytes"] += len(orjson.dumps(message._raw))
+        generate_one(body[0][0], engine, sink, policy, worker=name)
+        message.ack()
+
+    # The worker consumes the shared queue and its own (workers/gate.py); its take names both.
+    queues = [Queue(QUEUE), Queue(worker_queue(name))]
+    with Connection(url, transport=Transport, transport_options=options) as conn, \
+            Consumer(conn, queues, callbacks=[on_task], accept=["json"], prefetch_count=1):
+        next_look = 0.0
+        while True:
+            # The stop flag is read once a second, not per task: it is no command of the path.
+            if time.monotonic() >= next_look:
+                if client.exists(STOP_KEY):
+                    break
+                next_look = time.monotonic() + 1.0
+            try:
+                conn.drain_events(timeout=1)
+            except TimeoutError:
+                continue
+    # Closed: the acks given have reached Valkey (`Channel.close`).
+    client.incrby(BYTES_KEY, counts["bytes"] * counts["taken"] // max(1, counts["sampled"]))
+    client.incrby(TAKEN_KEY, counts["taken"])
 
 
 def _cpu_s(pid: int) -> float:

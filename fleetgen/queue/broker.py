@@ -39,6 +39,7 @@ from kombu.transport.redis import Mutex, MutexHeld
 from kombu.utils import json as kombu_json
 from kombu.utils.scheduling import priority_cycle
 
+from fleetgen.queue.acks import ACKS, SETTLE_S
 from fleetgen.queue.contract import AFFINITY_PREFIX, QUEUE
 from fleetgen.queue.redisconn import text
 from fleetgen.queue.serverclock import LUA_NOW
@@ -250,15 +251,30 @@ class QoS(kombu_redis.QoS):
             .srem(self.held_key, delivery_tag).hdel(IN_FLIGHT, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        self._drop(delivery_tag)
+        """Called on Celery's consumer loop (fleetgen/queue/acks.py says how): the tag leaves
+        what this channel holds in memory at once (the slot is free for the next take), and
+        its removal from Valkey (`_drop`) runs on the acks thread, never on the loop."""
+        ACKS.submit(lambda: self._drop(delivery_tag), f"ack of message {delivery_tag}")
         virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        """As `ack`: the hand-back to the queue (requeue) or the removal, on the acks thread."""
         if requeue:
-            self.restore_by_tag(delivery_tag, leftmost=True)
+            ACKS.submit(lambda: self.restore_by_tag(delivery_tag, leftmost=True),
+                        f"hand-back of message {delivery_tag}")
         else:
-            self._drop(delivery_tag)
+            ACKS.submit(lambda: self._drop(delivery_tag), f"reject of message {delivery_tag}")
         virtual.QoS.ack(self, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> Any:
+        """kombu's hand-back of every message still held (a channel closing, the SIGTERM
+        hand-back of workers/handback.py), once the acks given before have reached Valkey:
+        an acked tag is still in `_delivered` until kombu's `_flush`, and restored before its
+        ack landed it would run twice."""
+        if not ACKS.settle(SETTLE_S):
+            log.warning("%d ack(s) still waiting on Valkey at the hand-back", ACKS.pending())
+        self._flush()
+        return super().restore_unacked(client)
 
     def _drop(self, delivery_tag: str) -> None:
         """The ack in Valkey (`_ACK`): nothing is removed unless this holder still holds it."""
@@ -477,6 +493,15 @@ class Channel(kombu_redis.Channel):
         finally:
             self.taken_sha1 = ""
 
+
+    def close(self) -> None:
+        """kombu's close, after the acks this process gave have reached Valkey (a worker's warm
+        shutdown closes its channel next): kombu drops the pools first, and an ack left
+        waiting would be lost with the process (its message swept back after the lease)."""
+        if self._qos is not None and not ACKS.settle(SETTLE_S):
+            log.warning("%d ack(s) still waiting on Valkey as the channel closes",
+                        ACKS.pending())
+        super().close()
 
     # `Channel.__init__` makes its cycle with `cycle_by_name(self.queue_order_strategy)`,
     # which takes a dotted path as well as kombu's aliases.

@@ -28,10 +28,15 @@ def test_central_path_writes_every_row_and_counts_commands(figures_dir: Path) ->
     data = figures(figures_dir, "central")
     assert data["written"] == 300 and data["rows_per_s"] > 0
     per_row = data["redis_commands_per_row"]
-    # Each row: one BRPOP, one outcome (its XADD), and two done-bit questions: before the
-    # generation, and inside the outcome script, which writes nothing for a row already done.
-    for command in ("brpop", "xadd"):
+    # Each row is taken and acked as the worker does (fleetgen/queue/broker.py): the take
+    # script (EVAL), the record popping it off the taking list (RPOP) and the ack, both
+    # EVALSHA with the outcome's script; kombu's BRPOP never. One outcome (its XADD), and two
+    # done-bit questions: before the generation, and inside the outcome script, which writes
+    # nothing for a row already done.
+    assert "brpop" not in per_row, per_row
+    for command in ("eval", "rpop", "xadd"):
         assert per_row[command] == pytest.approx(1.0, abs=0.05), per_row
+    assert per_row["evalsha"] == pytest.approx(3.0, abs=0.05), per_row
     assert per_row["getbit"] == pytest.approx(2.0, abs=0.05), per_row
     assert data["redis_bytes_in_per_row"] > 1000  # a ~300-token task message at least
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +21,7 @@ from kombu import serialization
 from kombu.utils import json as kombu_json
 
 from fleetgen.queue import broker
+from fleetgen.queue.acks import ACKS
 from fleetgen.queue.celeryconf import make_app
 from fleetgen.queue.serverclock import server_time
 from fleetgen.queue.wire import (
@@ -31,6 +33,11 @@ from fleetgen.queue.wire import (
     held_key,
     task_message,
 )
+
+
+def _settled() -> None:
+    """An ack's Redis work runs on the acks thread (fleetgen/queue/acks.py): until it has."""
+    assert ACKS.settle(5), "an ack still waits on Valkey"
 
 
 def _channel(url: str) -> broker.Channel:
@@ -74,6 +81,7 @@ def test_unacked_copy_and_ack_go_through_the_shared_client(
     assert rclient.hexists(KOMBU_UNACKED, "tag-1")
     assert rclient.zscore(KOMBU_UNACKED_INDEX, "tag-1") is not None
     channel.qos.ack("tag-1")
+    _settled()
     assert not rclient.hexists(KOMBU_UNACKED, "tag-1")
     assert rclient.zcard(KOMBU_UNACKED_INDEX) == 0
     assert made == [], "kombu made a new Redis client for the unacked copy or the ack"
@@ -158,6 +166,7 @@ def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
     for tag in [*tags, "acked"]:
         _held(live, tag)
     live.qos.ack("acked")
+    _settled()
     _held(dead, "dead")
     lapsed = server_time(rclient) - 61  # renewed last 61 s ago: past a 60 s lease
     rclient.zadd(LEASES, {live.qos.holder: lapsed, dead.qos.holder: lapsed})
@@ -176,6 +185,7 @@ def test_a_renewed_lease_is_not_swept_and_a_lapsed_one_is(redis_url: str,
     assert not rclient.exists(held_key(dead.qos.holder))
     for tag in tags:
         live.qos.ack(tag)
+    _settled()
     assert live.qos.held() == 0 and not rclient.exists(held_key(live.qos.holder))
 
 
@@ -255,6 +265,7 @@ def test_a_take_parses_the_prompt_once_for_the_index_and_celery(redis_url: str,
     assert message._decoded_cache is not None, "the body was parsed outside kombu's cache"
     assert message.payload[0][0] == payload
     channel.qos.ack(message.delivery_tag)
+    _settled()
     assert not rclient.hexists(IN_FLIGHT, message.delivery_tag)
 
 
@@ -286,9 +297,11 @@ def test_a_late_ack_leaves_the_copy_of_the_worker_that_took_it_again(
     now, and the worker that had re-taken it held a prompt with no crash-safe copy."""
     cut, other = _swept_and_retaken(redis_url, rclient, "retaken")
     cut.qos.ack("retaken")
+    _settled()
     _still_held_by(rclient, other, "retaken")
     assert cut.qos.held() == 0, "the late ack is still counted as held in the worker"
     other.qos.ack("retaken")
+    _settled()
     assert not rclient.hexists(KOMBU_UNACKED, "retaken")
     assert not rclient.exists(held_key(other.qos.holder))
 
@@ -303,5 +316,43 @@ def test_a_late_reject_or_hand_back_leaves_the_other_workers_copy(
         cut.qos.restore_unacked()
     else:
         cut.qos.reject("retaken-2", requeue=how == "reject-requeue")
+        _settled()
     _still_held_by(rclient, other, "retaken-2")
     assert rclient.llen("fleetgen") == 0, "a second copy of a held message was queued"
+
+
+def test_an_ack_waits_on_valkey_off_the_calling_thread(redis_url: str,
+                                                      rclient: redis.Redis) -> None:
+    """Celery calls `QoS.ack` on its consumer loop (fleetgen/queue/acks.py): with Valkey
+    holding writes (`CLIENT PAUSE ... WRITE`), the ack returns at once and frees its slot in
+    memory, while its script waits on the acks thread and lands after the pause."""
+    channel = _channel(redis_url)
+    _held(channel, "slow")
+    assert channel.qos.held() == 1
+    rclient.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+    started = time.monotonic()
+    channel.qos.ack("slow")
+    returned_s = time.monotonic() - started
+    assert returned_s < 0.5, f"the ack waited {returned_s:.1f} s on the paused Valkey"
+    assert channel.qos.held() == 0 and ACKS.pending() == 1
+    assert rclient.hexists(KOMBU_UNACKED, "slow"), "the pause did not hold the ack's write"
+    _settled()
+    assert time.monotonic() - started > 1.0, "the ack landed before the pause ended"
+    assert not rclient.hexists(KOMBU_UNACKED, "slow")
+
+
+def test_a_hand_back_waits_for_the_acks_given_before_it(redis_url: str,
+                                                       rclient: redis.Redis) -> None:
+    """An acked tag stays in kombu's `_delivered` until its `_flush`: a hand-back (SIGTERM,
+    workers/handback.py; a channel closing) made while its ack waited on Valkey would have put
+    an answered prompt back in the queue. It waits for the ack, then hands back the rest."""
+    channel = _channel(redis_url)
+    rclient.delete("fleetgen")
+    _held(channel, "answered")
+    _held(channel, "running")
+    rclient.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+    channel.qos.ack("answered")
+    channel.qos.restore_unacked()
+    (back,) = rclient.lrange("fleetgen", 0, -1)
+    assert json.loads(back)["properties"]["delivery_tag"] == "running"
+    assert not rclient.exists(KOMBU_UNACKED)

@@ -18,6 +18,7 @@ import redis
 from kombu import Connection, Consumer, Queue
 
 from fleetgen.queue import broker
+from fleetgen.queue.acks import ACKS
 from fleetgen.queue.celeryconf import make_app
 from fleetgen.queue.contract import QUEUE
 from fleetgen.queue.serverclock import server_time
@@ -86,6 +87,7 @@ def test_a_take_whose_reply_is_lost_is_given_again_to_its_holder(
         (message,) = [m for _, m in got]
         assert rclient.hexists(KOMBU_UNACKED, message.delivery_tag)
         message.ack()
+        assert ACKS.settle(5), "the ack still waits on Valkey (fleetgen/queue/acks.py)"
         assert not rclient.hexists(KOMBU_UNACKED, message.delivery_tag)
 
 

@@ -1,0 +1,153 @@
+"""A slow Valkey never holds Celery's consumer loop through an ack (issue 52, queue/acks.py).
+
+With the threads pool, Celery runs every ack and reject of a task on the consumer loop
+(`Consumer.call_soon_ack` -> `hub.call_soon`); the Redis part of each used to wait there for
+Valkey. Here Valkey holds writes for 12 s (`CLIENT PAUSE 12000 WRITE`: reads answer, every
+write waits), and the worker's engine is SIGKILLed at the same moment while the worker holds
+four prompts on it: each task hands its prompt back (`Reject(requeue=True)`), a write that
+waits for the pause. Once all four have, the engine is started again. The loop's own work must go on
+meanwhile: the health gate closes on the dead engine and opens on the new one, and the loop's
+timer says Valkey is lost (the beat, a write, waits too), each within the pause; the
+hand-backs land after it, and the run completes with every row once. Before the acks thread,
+the first hand-back held the loop for the rest of the pause: the gate opened only after it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleetgen.local.ports import lease_port
+from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.contract import QUEUE
+from fleetgen.queue.wire import held_key
+from fleetgen.simulator.config import SimConfig
+from fleetgen.simulator.server import run_in_thread
+from tests.support.cli import fleetgen, fleetgen_cli
+from tests.support.pipeline import assert_exactly_once, drain_until_complete, make_prompts
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat_key, start_worker, stop
+
+pytestmark = pytest.mark.fleet
+
+PAUSE_S = 12.0
+SLOTS = 4
+ROWS = 8
+# What the loop does during the pause, as the worker's log says it (workers/gate.py,
+# workers/beat.py), and what shows the hand-backs were given (workers/celery.py).
+GATE_CLOSED = re.compile(r"engine \S+ gone .* stops taking prompts")
+GATE_OPEN = re.compile(r"engine \S+ ready again")
+VALKEY_LOST = re.compile(r"Valkey lost: no heartbeat has reached it")
+HANDED_BACK = re.compile(r"engine gone \(.*\); prompt handed back")
+
+
+@pytest.fixture()
+def valkey(tmp_path: Path) -> Iterator[EmbeddedValkey]:
+    """A Valkey of this test's own: a paused server pauses every client of it."""
+    server = EmbeddedValkey(tmp_path / "valkey").start()
+    yield server
+    server.stop()
+
+
+def _sim(port: int, log: Path, ttft_ms: int) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(fleetgen_cli(
+            "sim", "--port", str(port), "--context-length", "4096", "--max-running-requests",
+            "8", "--ttft-ms", str(ttft_ms), "--tpot-ms", "1", "--output-tokens-mean", "20"),
+            stdout=out, stderr=subprocess.STDOUT)
+    return proc
+
+
+def _since(log: Path, since: int) -> str:
+    return log.read_bytes()[since:].decode(errors="replace")
+
+
+def _seen(log: Path, since: int, patterns: dict[str, re.Pattern[str]],
+          seen: dict[str, float]) -> None:
+    """When each pattern first appears in the log after byte `since` (monotonic seconds)."""
+    text = _since(log, since)
+    for name, pattern in patterns.items():
+        if name not in seen and pattern.search(text):
+            seen[name] = time.monotonic()
+
+
+def test_the_loop_keeps_working_while_acks_wait_on_a_slow_valkey(
+        valkey: EmbeddedValkey, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(valkey.url)
+    lease = lease_port()
+    port = lease.port
+    sim_log, worker_log = tmp_path / "sim.log", tmp_path / "worker.log"
+    sim = _sim(port, sim_log, ttft_ms=600_000)  # the prompts are held, never answered
+    worker = start_worker(valkey.url, f"http://127.0.0.1:{port}", "acks", worker_log,
+                          concurrency=SLOTS, env={"FLEETGEN_ENGINE_GONE_S": "1"})
+    try:
+        prompts = make_prompts(tmp_path / "prompts.jsonl", ROWS, seed=52)
+        fleetgen("produce", str(tmp_path / "prompts.jsonl"), "--run", "acks", "--redis",
+                 valkey.url, "--context-length", "4096", "--max-output-tokens", "32",
+                 "--no-wait")
+        key = heartbeat_key("acks")
+        wait_until(lambda: client.hget(key, "held") == str(SLOTS).encode(), 90,
+                   "the worker to hold its slots", check=lambda: _alive(worker, worker_log))
+        assert _holders(client) == SLOTS
+        since = worker_log.stat().st_size
+
+        client.execute_command("CLIENT", "PAUSE", int(PAUSE_S * 1000), "WRITE")
+        paused_at = time.monotonic()
+        sim.send_signal(signal.SIGKILL)
+        sim.wait(timeout=10)
+        seen: dict[str, float] = {}
+        patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
+                    "gate open": GATE_OPEN}
+        # Every task hands back before the engine returns (a task that saw it back would
+        # generate again instead): in-process, so it answers at once.
+        wait_until(lambda: len(HANDED_BACK.findall(_since(worker_log, since))) == SLOTS,
+                   PAUSE_S - 4, "the worker's tasks to hand their prompts back")
+        seen["handed back"] = time.monotonic()
+        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
+                                       context_length=4096, output_tokens_mean=20))
+        end = paused_at + PAUSE_S - 0.5
+        while time.monotonic() < end and not set(patterns) <= set(seen):
+            _seen(worker_log, since, patterns, seen)
+            time.sleep(0.05)
+        # The fault landed: the hand-backs wait on the pause (nothing went back to the queue,
+        # the holder still holds all four in Valkey) while the loop does its work.
+        still_held = _holders(client)
+        queued = client.llen(QUEUE)
+        assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
+        text = _since(worker_log, since)
+        at = {name: round(t - paused_at, 1) for name, t in seen.items()}
+        print(f"\n[acks off the loop] seen during the {PAUSE_S:g} s write pause: {at}; "
+              f"held in Valkey {still_held}, queued {queued}")
+        assert still_held == SLOTS and queued == ROWS - SLOTS, \
+            f"a hand-back reached Valkey inside the pause: held {still_held}, queued {queued}"
+        assert len(HANDED_BACK.findall(text)) == SLOTS, text[-3000:]
+        missing = sorted(set(patterns) - set(seen))
+        assert not missing, f"the loop did not get to {missing} within the pause\n{text[-3000:]}"
+
+        out = tmp_path / "out"
+        drainer = drain_until_complete(valkey.url, "acks", out, timeout_s=90)
+        assert drainer.write_summary()["complete"], worker_log.read_text()[-3000:]
+        assert_exactly_once(out, set(prompts["good"]))
+        back.stop()
+    finally:
+        stop(worker)
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait(timeout=10)
+        lease.close()
+
+
+def _holders(client: redis.Redis) -> int:
+    """How many tags the workers' holder sets hold in Valkey (a read: answered in a pause)."""
+    return sum(int(client.scard(k)) for k in client.scan_iter(held_key("*")))
+
+
+def _alive(proc: subprocess.Popen[bytes], log: Path) -> None:
+    assert proc.poll() is None, log.read_text()[-3000:]
