@@ -20,7 +20,8 @@ Why also from the token rate: a server can admit more than it runs well. vLLM on
 queued, the limit grows by a quarter at a time and keeps a step only if the server's own
 counter of generated tokens (vllm:generation_tokens_total, ...) rose with it by MIN_GAIN; a
 step that did not pay goes back to the last one that did and holds there for REPROBE_S, then
-tries again (the prompts' mix changes over a run). Each rate is measured over a window of
+tries again (the prompts' mix changes over a run). Beyond the slots a server has shown, steps
+are the held queue's size and judged the same way. Each rate is measured over a window of
 RATE_STEPS of the server's steps (RATE_STEPS x running tokens, at least RATE_WINDOW_S) that
 opens once the limit is in use and SETTLE_STEPS steps have passed, so that the new requests'
 prefill is behind it. On a GPU below its KV cache, a quarter more in flight gives nearly a
@@ -78,8 +79,9 @@ class _Window:
 
 class RateGate:
     """Decides growth where the server has never queued, from its generated-tokens counter:
-    measure the rate at the limit in force, step up by PROBE_GROWTH, measure again, keep the
-    step if the rate rose by MIN_GAIN, else go back and hold for REPROBE_S."""
+    measure the rate at the limit in force, step up (by PROBE_GROWTH; by the held queue beyond
+    the slots seen), measure again, keep the step if the rate rose by MIN_GAIN, else go back
+    and hold for REPROBE_S."""
 
     def __init__(self) -> None:
         self._window: _Window | None = None
@@ -92,7 +94,7 @@ class RateGate:
         of prompts, not the server."""
         self._window = None
 
-    def next_limit(self, limit: int, load: Load, now: float) -> int:
+    def next_limit(self, limit: int, load: Load, now: float, step: int) -> int:
         assert load.generated is not None
         if self._held_since is not None:
             if now - self._held_since < REPROBE_S:
@@ -110,9 +112,9 @@ class RateGate:
             return limit
         if now - window.since < RATE_WINDOW_S or tokens < RATE_STEPS * steps:
             return limit
-        return self._judge(limit, tokens / (now - window.since), now)
+        return self._judge(limit, tokens / (now - window.since), now, step)
 
-    def _judge(self, limit: int, rate: float, now: float) -> int:
+    def _judge(self, limit: int, rate: float, now: float, step: int) -> int:
         self._window = None
         kept = self._kept
         if kept is None or rate >= kept[1] * (1 + MIN_GAIN):
@@ -120,7 +122,7 @@ class RateGate:
                 self.note = (f"{kept[0]} -> {limit} in flight raised its tokens/s "
                              f"{kept[1]:.0f} -> {rate:.0f}")
             self._kept = (limit, rate)
-            return max(limit + 1, round(limit * PROBE_GROWTH))
+            return limit + step
         self._held_since = now
         self.note = (f"held at {kept[0]}: {limit} in flight gave {rate:.0f} tokens/s against "
                      f"{kept[1]:.0f}, less than {MIN_GAIN:.0%} more")
@@ -180,11 +182,14 @@ class Pacer:
         known = math.ceil((self.slots_seen + queue) * self._share) if self.slots_seen else 0
         if self.limit < known:
             return min(known, 2 * self.limit)
-        if self.slots_seen:
-            return self.limit + queue
+        step = queue if self.slots_seen else max(1, round(self.limit * (PROBE_GROWTH - 1)))
         if load.generated is None:  # a kind that counts no tokens: the queue alone says
-            return 2 * self.limit
-        return self.rate.next_limit(self.limit, load, now)
+            return self.limit + (step if self.slots_seen else self.limit)
+        # Beyond the slots seen, too, a step is kept only if the rate rose: unjudged, every
+        # worker on the engine crept by the queue at each reading, faster than the server's
+        # gauges (its last step's) could show the queue they made (two workers: 128 to 189
+        # in 2 s).
+        return self.rate.next_limit(self.limit, load, now, step)
 
 
 @dataclass(frozen=True)
