@@ -365,30 +365,35 @@ class QoS(kombu_redis.QoS):
         held = held_key(holder)
         for tag in client.smembers(held):
             self._restore_held(tag, held, client)
-        self._untake(client, taking_key(holder))
+        _untake(client, taking_key(holder))
         self._script(client, _SWEPT, [LEASES], [holder, cutoff])
 
-    @staticmethod
-    def _untake(client: Any, taking: str) -> None:
-        """What a lapsed holder took and never recorded back at the right end of its queue
-        (the next taken there), oldest first. Each move is one LMOVE: a holder that records
-        the same message meanwhile finds it gone and drops it (`_APPEND`)."""
-        while (item := client.lindex(taking, -1)) is not None:
-            client.lmove(taking, routing_key(item) or QUEUE, "RIGHT", "RIGHT")
-
     def _held(self) -> list[str]:
-        """The tags delivered and not acked. The consumer thread adds and removes tags while
-        the heartbeat's timer thread copies them, and a dict or set that changes size during
-        the copy raises RuntimeError: copy again (the window is a few microseconds; the last
-        try's error goes to the heartbeat, which skips that one beat)."""
-        for attempt in range(8):
-            try:
-                acked = set(self._dirty)
-                return [tag for tag in tuple(self._delivered) if tag not in acked]
-            except RuntimeError:
-                if attempt == 7:
-                    raise
-        return []
+        """The tags delivered and not acked."""
+        return _unacked(self._delivered, self._dirty)
+
+
+def _untake(client: Any, taking: str) -> None:
+    """What a lapsed holder took and never recorded back at the right end of its queue (the
+    next taken there), oldest first. Each move is one LMOVE: a holder that records the same
+    message meanwhile finds it gone and drops it (`_APPEND`)."""
+    while (item := client.lindex(taking, -1)) is not None:
+        client.lmove(taking, routing_key(item) or QUEUE, "RIGHT", "RIGHT")
+
+
+def _unacked(delivered: Any, dirty: Any) -> list[str]:
+    """The delivered tags not acked. The consumer thread adds and removes tags while the
+    heartbeat's timer thread copies them, and a dict or set that changes size during the copy
+    raises RuntimeError: copy again (the window is a few microseconds; the last try's error
+    goes to the heartbeat, which skips that one beat)."""
+    for attempt in range(8):
+        try:
+            acked = set(dirty)
+            return [tag for tag in tuple(delivered) if tag not in acked]
+        except RuntimeError:
+            if attempt == 7:
+                raise
+    return []
 
 
 class OwnQueueFirst(priority_cycle):
