@@ -15,6 +15,7 @@ import pytest
 
 from fleetgen.local.simgpus import SimGpus
 from tests.support.cli import fleetgen_cli
+from tests.support.cli import fleetgen_in as fleetgen
 from tests.support.pipeline import make_prompts
 from tests.support.sims import engine_flags, requests_answered, sims_fixture
 
@@ -28,12 +29,6 @@ SAMPLE = 300
 
 urls = sims_fixture(SIMS)
 
-
-def fleetgen(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(fleetgen_cli(*args), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
 
 
 def test_a_sample_of_300_projects_the_full_run(urls: list[str], tmp_path: Path) -> None:

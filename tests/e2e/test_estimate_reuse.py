@@ -7,14 +7,13 @@ user types it (its Valkey, its Celery workers)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from fleetgen.local.simgpus import SimGpus
-from tests.support.cli import fleetgen_cli
+from tests.support.cli import fleetgen_in as fleetgen
 from tests.support.pipeline import make_prompts
 from tests.support.sims import engine_flags, requests_answered, sims_fixture
 
@@ -25,12 +24,6 @@ SAMPLE = 40
 
 urls = sims_fixture(SIMS)
 
-
-def fleetgen(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(fleetgen_cli(*args), cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
 
 
 def results(out: Path) -> list[dict[str, Any]]:

@@ -29,6 +29,14 @@ def fleetgen(*args: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def fleetgen_in(cwd: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    """`fleetgen ARGS...` in `cwd` (relative paths as a user types them), which must exit 0."""
+    done = subprocess.run(fleetgen_cli(*args), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 @dataclass(frozen=True)
 class Ran:
     """What a command run in this process left: exit code, stdout, stderr."""
