@@ -21,7 +21,7 @@ from fleetgen.queue.contract import (
     worker_key,
 )
 from fleetgen.queue.wire import queued, task_message
-from fleetgen.records.outcomes import quality_counts, stream_entry
+from fleetgen.records.outcomes import result_counts, stream_entry
 from fleetgen.runstate.keys import run_keys
 
 log = logging.getLogger("fleetgen.producer")
@@ -102,13 +102,10 @@ class Enqueuer:
         if not records:
             return
         pipe = self.redis.pipeline(transaction=True)
-        counts: Counter[str] = Counter(reused=len(records), done=len(records))
+        counts: Counter[str] = Counter(reused=len(records))
         for record in records:
             pipe.xadd(self.keys.stream, stream_entry(KIND_RESULT, record))
-            counts.update(truncated=int(record.get("finish_reason") == "length"),
-                          prompt_tokens=int(record.get("prompt_tokens") or 0),
-                          completion_tokens=int(record.get("completion_tokens") or 0),
-                          **quality_counts(record))
+            counts.update(result_counts(record))
         slots = [slot_of(record) for record in records]
         set_bits(pipe, self.keys.done, slots)
         set_bits(pipe, self.keys.sent, slots)

@@ -16,7 +16,7 @@ from fleetgen.engine import Engine, GenerateOptions
 from fleetgen.engine.decision import Action, Attempt, Decision, RetryPolicy, asks_server, decide
 from fleetgen.errors import EngineGone
 from fleetgen.queue.contract import KIND_FAILURE, KIND_RESULT, TaskPayload, slot_of
-from fleetgen.records.outcomes import Generation, failure_record, quality_counts, result_record
+from fleetgen.records.outcomes import Generation, failure_record, result_counts, result_record
 from workers.sink import RunPurged, Sink
 from workers.state import state
 
@@ -188,15 +188,7 @@ def _emit_result(payload: TaskPayload, gen: Generation, attempt: Attempt, sink: 
                  worker: str) -> str:
     record = result_record(payload, gen, max_tokens=attempt.max_tokens,
                            attempts=attempt.attempts, worker=worker)
-    stats = {
-        "done": 1,
-        "truncated": int(gen.finish_reason == "length"),
-        "prompt_tokens": gen.prompt_tokens,
-        "completion_tokens": gen.completion_tokens,
-        "retries": attempt.retries,
-        # Only the ones that happened: each is a Redis command pair per result.
-        **{name: n for name, n in quality_counts(record).items() if n},
-    }
+    stats = {**result_counts(record), "retries": attempt.retries}
     return _recorded(KIND_RESULT, sink.emit(payload["run"], KIND_RESULT, slot_of(payload),
                                             record, stats), payload)
 

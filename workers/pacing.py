@@ -78,7 +78,7 @@ class _Window:
 
 
 class RateGate:
-    """Decides growth where the server has never queued, from its generated-tokens counter:
+    """Decides growth where nothing waits in the server, from its generated-tokens counter:
     measure the rate at the limit in force, step up (by PROBE_GROWTH; by the held queue beyond
     the slots seen), measure again, keep the step if the rate rose by MIN_GAIN, else go back
     and hold for REPROBE_S."""
@@ -101,7 +101,9 @@ class RateGate:
                 return limit
             self._held_since, self._kept = None, None  # measure afresh, then try a step
         window = self._window
-        if window is None or window.limit != limit:
+        # A counter below the window's start: the engine restarted (fleetgen restarts the
+        # engines it launched) and counts from 0; a window across that would never close.
+        if window is None or window.limit != limit or load.generated < window.generated:
             self._window = _Window(limit, now, load.generated, settled=False)
             return limit
         steps = max(1, load.running)

@@ -208,6 +208,20 @@ def quality_counts(record: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def result_counts(record: dict[str, Any]) -> dict[str, int]:
+    """The run's counters one result moves (`done`, `truncated`, its tokens and its
+    `quality_counts`), only those that move: each is a Redis command per result. The worker's
+    answers and the estimate's reused ones (producer/enqueue.py) count alike."""
+    counts = {
+        "done": 1,
+        "truncated": int(record.get("finish_reason") == "length"),
+        "prompt_tokens": int(record.get("prompt_tokens") or 0),
+        "completion_tokens": int(record.get("completion_tokens") or 0),
+        **quality_counts(record),
+    }
+    return {name: n for name, n in counts.items() if n}
+
+
 def failure_record(payload: TaskPayload, error: EngineError, *, max_tokens: int, attempts: int,
                    worker: str) -> dict[str, Any]:
     return _request_of(payload, {

@@ -261,3 +261,13 @@ def test_a_server_still_admitting_its_queue_is_not_cut() -> None:
     assert pacer.observe(Load(30, 34, 10.0), 64, 0.5) == 64
     assert pacer.observe(Load(42, 22, 20.0), 64, 1.0) == 64
     assert pacer.observe(Load(42, 22, 30.0), 64, 1.5) < 64  # it stopped taking them
+
+
+def test_an_engine_restarted_mid_window_is_measured_afresh() -> None:
+    """A launched engine restarted by fleetgen counts its tokens from 0 again: the window open
+    across the restart must not wait forever for a count below its start."""
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    # A window opens at 64 on a server that has generated a million tokens in its life.
+    assert pacer.observe(Load(START_LIMIT, 0, 1_000_000.0), START_LIMIT, 0.0) == START_LIMIT
+    restarted = run_against(pacer, lambda running: 30.0 * running, slots=1024, seconds=60)
+    assert max(restarted) > START_LIMIT, restarted  # measured and stepped up after the restart
