@@ -234,7 +234,9 @@ def test_bench_real_smoke_the_token_rate_holds_the_limit_below_the_servers_128(
     run = fleetgen_run(vllm.url, rows, 1, 16, tmp_path)
     assert run.tokens == baseline.tokens == 200 * 16
     assert max(run.series) < 128, run.series
-    assert settled(run.series) >= 48, run.series  # not one request per host core
+    # Not one request per host core; the rate probes down from 64 where it stays flat (to
+    # ~32 on these cores, bench real), never below the floor.
+    assert settled(run.series) >= 24, run.series
     # Loose (an unpinned server, a loaded machine): the bench's figure is in performance.md.
     assert run.makespan_s < 1.5 * baseline.makespan_s, (run.makespan_s, baseline.makespan_s)
 
