@@ -146,7 +146,13 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
                f"their queues ({signals}), shared with whichever workers use them"
                if limits.servers_behind else
                f"{limits.engine} reports no slot count: found from its queue ({signals})")
-        return LimitPlan(pool=ceiling, limit=min(START_LIMIT, ceiling), source=why, paced=True,
+        start = min(START_LIMIT, ceiling)
+        if share[1] > 1 and not limits.servers_behind:
+            # The N processes on one engine start at START_LIMIT together, as one would: each
+            # at 64 put 128 on a CPU vLLM at once, past where its rate peaks (bench real).
+            start = share_of(start, share)
+            why += f", starting at {start} for this process ({share[0]} of {share[1]})"
+        return LimitPlan(pool=ceiling, limit=start, source=why, paced=True,
                          slots=limits.max_running_requests)
     if limits.servers_behind:
         raise StartupRefused(

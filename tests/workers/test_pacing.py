@@ -150,6 +150,10 @@ def test_the_plan_takes_the_reported_slots_then_the_queue_then_a_fallback() -> N
     assert (paced.pool, paced.limit, paced.paced) == (500, START_LIMIT, True)
     assert paced.source == ("vllm reports no slot count: found from its queue "
                             "(vllm:num_requests_waiting)")
+    halves = [plan_limit(PROTOCOLS["openai"], vllm, settings_of(FLEETGEN_ENGINE_SHARE=f"{i}/2"),
+                         Reader()) for i in (1, 2)]  # type: ignore[arg-type]
+    assert [half.limit for half in halves] == [START_LIMIT // 2] * 2  # 64 together, as one
+    assert halves[1].source.endswith(f"starting at {START_LIMIT // 2} for this process (2 of 2)")
     blind = plan_limit(PROTOCOLS["openai"], vllm, settings_of(), None)
     assert (blind.limit, blind.paced) == (FALLBACK_LIMIT, False) and "pass -c" in blind.source
     router = ServerLimits(context_length=4096, max_running_requests=8, servers_behind=2)
