@@ -43,6 +43,8 @@ class HealthGate(bootsteps.StartStopStep):
         # server that is still loading its weights must not take (and bounce) prompts.
         rt.watch.start()
         c.add_task_queue(worker_queue(rt.worker))  # the next turns of what it answered
+        if not self._consuming:  # a consumer restarted while closed: declared before the loop
+            c.app.amqp.queues[QUEUE](c.task_consumer.channel).declare()
         if self._beat is None:
             s = rt.settings
             self._beat = Beat(lambda: self._send_beat(c), worker=rt.worker,
@@ -82,8 +84,8 @@ class HealthGate(bootsteps.StartStopStep):
         elif not self._consuming and watch.last.ready:
             log.warning("engine %s ready again: %s takes prompts", rt.engine.base_url,
                         rt.worker)
-            c.add_task_queue(QUEUE)
-            c.add_task_queue(worker_queue(rt.worker))
+            take_again(c, QUEUE)
+            take_again(c, worker_queue(rt.worker))
             self._consuming = True
         if self._beat is not None:
             self._beat.check()
@@ -129,6 +131,43 @@ class HealthGate(bootsteps.StartStopStep):
         log.warning("fleetgen worker %s: run %s is complete and its Redis is closing; "
                     "exiting", rt.worker, run)
         worker_state.should_stop = EX_OK  # Celery's warm shutdown, at its loop's next turn
+
+
+def take_again(c: Any, name: str) -> None:
+    """Celery's `Consumer.add_task_queue` (celery/worker/consumer/consumer.py) for a queue
+    this consumer declared at its start, without the declaration again, which waited on
+    Valkey on the consumer loop (issue 52). Celery's is:
+
+        if queue in queues:
+            q = queues.select_add(queues[queue])
+        ...
+        if not cset.consuming_from(queue):
+            cset.add_queue(q)
+            cset.consume()
+            info('Started consuming from %s', queue)
+
+    and kombu's `Consumer.add_queue` is `queue = queue(self.channel); if self.auto_declare:
+    queue.declare()`: `Queue.declare` -> `Channel.queue_declare`, whose reply counts the
+    queue's messages (`queue_declare_ok_t(queue, self._size(queue), 0)`: an LLEN pipeline,
+    synchronous), and `queue_bind`, whose `_queue_bind` is an SADD pipeline unless the channel's
+    state already has the binding (`if self.state.has_binding(queue, exchange, routing_key):
+    return`). The binding lives in the connection's state, in memory, so this consumer's own
+    declaration at its start is found here; a queue it never declared is declared as Celery
+    would (kept for safety: `HealthGate.start` declares the shared queue)."""
+    cset = c.task_consumer
+    queues = c.app.amqp.queues
+    q = queues.select_add(queues[name])
+    if cset.consuming_from(name):
+        return
+    exchange = q.exchange.name if q.exchange is not None else ""
+    declared = cset.channel.state.has_binding(name, exchange or "amq.direct", q.routing_key)
+    auto_declare, cset.auto_declare = cset.auto_declare, cset.auto_declare and not declared
+    try:
+        cset.add_queue(q)
+    finally:
+        cset.auto_declare = auto_declare
+    cset.consume()
+    log.info("Started consuming from %s", name)
 
 
 def silent_s() -> float:

@@ -10,7 +10,9 @@ top of its next turn (kombu/asynchronous/hub.py `create_loop`), so `Message.ack`
 reject (with or without requeue) takes the same road. A slow or cut Valkey held the loop for
 the reply, the socket timeout (30 s) and the client's retries: no take, no health gate, no
 stale-connection check meanwhile. `QoS.ack` and `QoS.reject` (fleetgen/queue/broker.py) now do
-their in-memory part on the loop and hand the Redis part to `ACKS`, in the order given.
+their in-memory part on the loop and hand the Redis part to `ACKS`, in the order given. So
+does the record of each take (`QoS.append`, fleetgen/queue/broker.py `_record_off_loop`), given
+before its tag can be acked: FIFO, so a tag's record always lands before its ack or reject.
 
 What an ack may do is unchanged: it is still made only after the task's outcome is recorded
 (the task's own order), and its script still removes only what its holder holds. An ack that

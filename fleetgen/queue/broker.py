@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 from kombu import serialization
+from kombu.asynchronous import get_event_loop
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.transport.redis import Mutex, MutexHeld
@@ -209,11 +210,18 @@ class QoS(kombu_redis.QoS):
             scripts[source] = client.register_script(source)
         return scripts[source](keys=keys, args=args, client=client)
 
+    @cached_property
+    def recording(self) -> set[str]:  # tags whose record waits on the acks thread
+        return set()
+
     def append(self, message: Any, delivery_tag: str, pipe: Any = None) -> None:
         """kombu's `QoS.append` (the tag in the unacked index, `[message, exchange, routing
         key]` in the unacked hash, atomically; then the in-memory entry), with the tag in this
         holder's set, its lease renewed, and the copy encoded by orjson. With `pipe`, the
-        script is queued there for the caller to execute (bench/fleet_scale.py's fill)."""
+        script is queued there for the caller to execute (bench/fleet_scale.py's fill). On
+        Celery's consumer loop, the record of a take goes to the acks thread (issue 52: the
+        loop never waits on Valkey; `_record_off_loop` says why that is safe).
+        """
         delivery = message.delivery_info
         copy = [message._raw, delivery["exchange"], delivery["routing_key"]]
         try:
@@ -231,16 +239,13 @@ class QoS(kombu_redis.QoS):
                 self.taking_key]
         taken, self.channel.taken_sha1 = getattr(self.channel, "taken_sha1", ""), ""
         args = [delivery_tag, encoded, self.holder, entry or "", taken]
+        hub = get_event_loop()
         if pipe is not None:
             self._script(pipe, _APPEND, keys, args)
+        elif taken and hub is not None and not getattr(self.channel, "taken_late", False):
+            _record_off_loop(self, keys, args, hub)
         else:
-            with self.channel.conn_or_acquire() as client:
-                recorded = self._script(client, _APPEND, keys, args)
-            if taken and recorded is None:
-                log.warning("message %s taken before a cut was handed back by the sweep "
-                            "meanwhile (this worker's lease lapsed): not run here",
-                            delivery_tag)
-                raise Empty()  # kombu's loop drops the delivery (kombu/asynchronous/hub.py)
+            _record_here(self, keys, args)
         virtual.QoS.append(self, message, delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
@@ -381,6 +386,76 @@ def _untake(client: Any, taking: str) -> None:
         client.lmove(taking, routing_key(item) or QUEUE, "RIGHT", "RIGHT")
 
 
+# The SHA1s of messages delivered whose record failed on the acks thread (Valkey gone past the
+# client's retries): still in the taking list, so the next take gives them again, recorded
+# then; the copy running already is the one that counts.
+_UNRECORDED: set[str] = set()
+
+
+def _record_off_loop(qos: QoS, keys: list[str], args: list[Any], hub: Any) -> None:
+    """`_APPEND` (the record of a take) on the acks thread (fleetgen/queue/acks.py), the message
+    delivered at once. kombu calls `QoS.append` on Celery's consumer loop, in its delivery
+    callback (`virtual.Channel.basic_consume` `_callback`: `self.qos.append(message,
+    message.delivery_tag)` then `callback(message)`), once per take: a synchronous round trip
+    there held the loop for a slow or cut Valkey (issue 52). Safe because the take has already
+    put the message in this holder's taking list, in Valkey: a worker killed before the record
+    lands leaves it there, swept back once its lease lapses, and the sweep hands back a taking
+    list only then (`restore_visible`: holders whose lease is older than the timeout), never
+    while the worker beats. The acks thread is FIFO, so the record lands before the tag's ack
+    or reject; a hand-back (`QoS.restore_unacked`) and a closing channel settle it first.
+
+    Until it lands the channel sends no take (`Channel._brpop_start`): `_TAKE` gives first what
+    the taking list holds unrecorded, and would give this message a second time; records
+    then pop the list's tail in take order. Once it has landed (or failed) the loop is woken
+    for its next take (kombu's `Hub.call_soon` wakes a loop waiting in its poller, from any
+    thread); before, the loop itself waited for the record, so takes are not slower.
+
+    Recorded on the loop instead (`_record_here`), before the delivery: with no event loop (a
+    kombu consumer draining by hand: bench, tests), and for a message given again after a lost
+    take reply or answered late (`Channel.taken_late`: after a cut, when the sweep may have
+    handed it back meanwhile, so that it is dropped rather than run twice). Rare: once per
+    lost or late reply, on a link that has just answered."""
+    tag, taken = args[0], args[4]
+    qos.recording.add(tag)
+
+    def record() -> None:
+        try:
+            with qos.channel.conn_or_acquire() as client:
+                recorded = qos._script(client, _APPEND, keys, args)
+        except Exception:
+            _UNRECORDED.add(taken)
+            raise
+        finally:
+            qos.recording.discard(tag)
+            hub.call_soon(_wake)
+        if recorded is None:
+            log.warning("message %s was handed back by the sweep before its record landed "
+                        "(this worker's lease lapsed): it runs here and may run elsewhere; "
+                        "the first outcome stands, this worker's ack is left alone", tag)
+
+    ACKS.submit(record, f"record of message {tag}")
+
+
+def _record_here(qos: QoS, keys: list[str], args: list[Any]) -> None:
+    """`_APPEND` on the calling thread; the delivery dropped (kombu's loop drops a delivery
+    whose callback raises Empty, kombu/asynchronous/hub.py) if the sweep handed the message
+    back meanwhile, or if it runs here already (its record failed, `_UNRECORDED`)."""
+    tag, taken = args[0], args[4]
+    with qos.channel.conn_or_acquire() as client:
+        recorded = qos._script(client, _APPEND, keys, args)
+    if taken and recorded is None:
+        log.warning("message %s taken before a cut was handed back by the sweep meanwhile "
+                    "(this worker's lease lapsed): not run here", tag)
+        raise Empty()
+    if taken in _UNRECORDED:
+        _UNRECORDED.discard(taken)
+        raise Empty()
+
+
+def _wake() -> None:
+    """Nothing: the loop's next turn sends the take (kombu's `on_poll_start`)."""
+
+
 def _unacked(delivered: Any, dirty: Any) -> list[str]:
     """The delivered tags not acked. The consumer thread adds and removes tags while the
     heartbeat's timer thread copies them, and a dict or set that changes size during the copy
@@ -431,6 +506,7 @@ class Channel(kombu_redis.Channel):
     _block_next = False  # the last take found nothing: block on the shared queue next
     _blocked_on = ""
     taken_sha1 = ""  # of the message being delivered from a take, for `QoS.append`
+    taken_late = False  # given again after a lost reply, or answered late: recorded first
     _refused_until = 0.0  # a take Valkey refused (OOM, MISCONF): the next waits a second
 
     def _brpop_start(self, timeout: Any = None) -> None:
@@ -439,11 +515,13 @@ class Channel(kombu_redis.Channel):
             # (kombu's pidbox, consumed without acks) are never recorded by `QoS.append`, so
             # a taking list would give them again at every take.
             return super()._brpop_start(timeout)
+        qos: Any = self.qos
+        if qos.recording:  # a record still waits on the acks thread (`_record_off_loop`)
+            return None
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues or monotonic() < self._refused_until:
             return None
         keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
-        qos: Any = self.qos
         connection = self.client.connection
         self._in_poll = connection
         self._brpop_sent_at = monotonic()  # type: ignore[assignment]  # kombu's None default
@@ -478,16 +556,20 @@ class Channel(kombu_redis.Channel):
             if not reply:
                 raise Empty()
             queue, item = (reply if phase == "take" else (self._blocked_on, reply))
-            self._deliver_taken(text(queue).rsplit(self.sep, 1)[0], item)
+            # A reply later than a blocking take's own timeout and a second: the network was
+            # slow or cut, and the sweep may have handed the message back meanwhile.
+            late = monotonic() - (self._brpop_sent_at or 0.0) > self.brpop_timeout + 1.0
+            self._deliver_taken(text(queue).rsplit(self.sep, 1)[0], item, late)
             return True
         finally:
             self._take_phase = None
             self._in_poll = None  # type: ignore[assignment]  # as kombu's own _brpop_read
             self._flush_brpop_reauth()
 
-    def _deliver_taken(self, queue: str, item: bytes) -> None:
+    def _deliver_taken(self, queue: str, item: bytes, late: bool = False) -> None:
         """kombu's delivery of a BRPOP reply, the raw message's SHA1 left for `QoS.append`
         (a message taken into the taking list is recorded only if it is still there)."""
+        self.taken_late = late or not queue
         if not queue:  # a message left from a take whose reply was lost: its own queue
             queue = routing_key(item) or ""
             if queue not in self.connection._callbacks:
@@ -496,7 +578,7 @@ class Channel(kombu_redis.Channel):
         try:
             self.connection._deliver(kombu_json.loads(text(item)), queue)
         finally:
-            self.taken_sha1 = ""
+            self.taken_sha1, self.taken_late = "", False
 
 
     def close(self) -> None:

@@ -10,6 +10,12 @@ meanwhile: the health gate closes on the dead engine and opens on the new one, a
 timer says Valkey is lost (the beat, a write, waits too), each within the pause; the
 hand-backs land after it, and the run completes with every row once. Before the acks thread,
 the first hand-back held the loop for the rest of the pause: the gate opened only after it.
+
+The second test takes a message into the pause: the worker is blocked on the empty queue when
+the message arrives, and Valkey answers the take just before it holds writes. The record of
+that take (`QoS.append`, on the loop before Celery sees the message) waited there for the
+pause; now it waits on the acks thread, and the gate closes and reopens meanwhile without
+declaring its queues again (the reopening's LLEN pipeline, seen by MONITOR, is gone).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +34,7 @@ import redis
 from fleetgen.local.ports import lease_port
 from fleetgen.local.valkey import EmbeddedValkey
 from fleetgen.queue.contract import QUEUE
-from fleetgen.queue.wire import held_key
+from fleetgen.queue.wire import held_key, taking_key
 from fleetgen.simulator.config import SimConfig
 from fleetgen.simulator.server import run_in_thread
 from tests.support.cli import fleetgen, fleetgen_cli
@@ -142,6 +149,127 @@ def test_the_loop_keeps_working_while_acks_wait_on_a_slow_valkey(
             sim.kill()
             sim.wait(timeout=10)
         lease.close()
+
+
+def test_a_take_and_the_gates_reopening_never_hold_the_loop_on_a_slow_valkey(
+        valkey: EmbeddedValkey, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(valkey.url)
+    lease = lease_port()
+    port = lease.port
+    sim_log, worker_log = tmp_path / "sim.log", tmp_path / "worker.log"
+    sim = _sim(port, sim_log, ttft_ms=600_000)
+    prompts = make_prompts(tmp_path / "prompts.jsonl", 3, seed=53)
+    fleetgen("produce", str(tmp_path / "prompts.jsonl"), "--run", "take", "--redis",
+             valkey.url, "--context-length", "4096", "--max-output-tokens", "32", "--no-wait")
+    # One message waits outside the queue: it arrives while the worker blocks on the empty
+    # queue, just before the pause.
+    client.lmove(QUEUE, "staged", "LEFT", "LEFT")
+    worker = start_worker(valkey.url, f"http://127.0.0.1:{port}", "take", worker_log,
+                          concurrency=SLOTS, env={"FLEETGEN_ENGINE_GONE_S": "1"})
+    monitor = _Monitor(valkey.url)
+    try:
+        wait_until(lambda: _holders(client) == 2, 90, "the worker to hold the first two",
+                   check=lambda: _alive(worker, worker_log))
+        (held,) = [k.decode() for k in client.scan_iter(held_key("*"))]
+        taking = taking_key(held.rsplit(":", 1)[1])
+        time.sleep(1.5)  # two takes found the queue empty: the worker blocks on it
+        since = worker_log.stat().st_size
+        monitor.start()
+        # One pipeline: Valkey serves the blocked take as soon as the message is in the queue,
+        # then holds every write; the take's record is a write, sent after the reply.
+        pipe = client.pipeline(transaction=False)
+        pipe.lmove("staged", QUEUE, "RIGHT", "RIGHT")
+        pipe.execute_command("CLIENT", "PAUSE", int(PAUSE_S * 1000), "WRITE")
+        pipe.execute()
+        paused_at = time.monotonic()
+        time.sleep(0.5)
+        # The fault landed: the message was taken (in the taking list) and its record waits.
+        assert not client.exists(QUEUE) and client.llen(taking) == 1 \
+            and _holders(client) == 2, "the take did not land just before the pause"
+        sim.send_signal(signal.SIGKILL)
+        sim.wait(timeout=10)
+        seen: dict[str, float] = {}
+
+        def closed() -> bool:
+            _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
+            return "gate closed" in seen
+
+        wait_until(closed, 4, "the gate to close", check=lambda: _alive(worker, worker_log))
+        time.sleep(1.0)  # the tasks find the engine gone and hand back (on the acks thread)
+        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
+                                       context_length=4096, output_tokens_mean=20))
+        patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
+                    "gate open": GATE_OPEN, "consuming again": CONSUMING_OWN}
+        end = paused_at + PAUSE_S - 0.5
+        while time.monotonic() < end and not set(patterns) <= set(seen):
+            _seen(worker_log, since, patterns, seen)
+            time.sleep(0.05)
+        recorded_in_pause = client.llen(taking) == 0
+        sent = monitor.stop()
+        assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
+        text = _since(worker_log, since)
+        at = {name: round(t - paused_at, 1) for name, t in seen.items()}
+        declares = [cmd for cmd in sent if DECLARE.match(cmd)]
+        print(f"\n[take off the loop] seen during the {PAUSE_S:g} s write pause: {at}; "
+              f"declarations sent {declares}")
+        assert not recorded_in_pause, "the take's record reached Valkey inside the pause"
+        missing = sorted(set(patterns) - set(seen))
+        assert not missing, f"the loop did not get to {missing} within the pause\n{text[-3000:]}"
+        assert not declares, f"the gate's reopening declared its queues again: {declares}"
+
+        wait_until(lambda: client.llen(taking) == 0, 30, "the record to land after the pause")
+        out = tmp_path / "out"
+        drainer = drain_until_complete(valkey.url, "take", out, timeout_s=90)
+        assert drainer.write_summary()["complete"], worker_log.read_text()[-3000:]
+        assert_exactly_once(out, set(prompts["good"]))
+        back.stop()
+    finally:
+        monitor.stop()
+        stop(worker)
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait(timeout=10)
+        lease.close()
+
+
+# kombu's `Queue.declare` on a Redis channel: the message count's LLEN pipeline, the binding's
+# SADDs (`Channel._size`, `Channel._queue_bind`).
+DECLARE = re.compile(r"(LLEN fleetgen(?!:)|SADD _kombu\.binding)")
+CONSUMING_OWN = re.compile(r"Started consuming from fleetgen\.to\.")
+
+
+class _Monitor:
+    """Valkey's MONITOR on a thread: every command any client sends while it runs (MONITOR is
+    not a write: a write pause does not hold it)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._client = redis.Redis.from_url(url)
+        self._sent: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            with self._client.monitor() as m:
+                ready.set()
+                for cmd in m.listen():
+                    if self._stop.is_set():
+                        return
+                    self._sent.append(str(cmd["command"]))
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(5)
+
+    def stop(self) -> list[str]:
+        if self._thread is not None and not self._stop.is_set():
+            self._stop.set()
+            redis.Redis.from_url(self._url).ping()  # a command for `listen` to return
+            self._thread.join(5)
+        return list(self._sent)
 
 
 def _holders(client: redis.Redis) -> int:
