@@ -182,7 +182,7 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
             producer.send_pass()
             producer.wait_until_generated(2.0)
 
-        end = drain_alongside(drainer, produce)
+        end = drain_alongside(drainer, produce, producer.wake)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
         written = OutputDir(work / f"fg-{tag}-out")
@@ -210,12 +210,13 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
             "completion_tokens": summary["completion_tokens"]}
 
 
-def drain_alongside(drainer: Any, produce: Callable[[], object]) -> float:
-    """The job's own producer-beside-drainer (fleetgen/cli/job.py); returns when the run was
+def drain_alongside(drainer: Any, produce: Callable[[], object],
+                    wake: Callable[[], None] = lambda: None) -> float:
+    """The job's own producer-beside-drainer (fleetgen/cli/steps.py); returns when the run was
     complete (perf_counter), before the drainer is closed."""
     from fleetgen.cli.beside import Beside, drain_beside
 
-    producer = Beside(produce)
+    producer = Beside(produce, wake)
     drain_beside(drainer, producer)
     end = time.perf_counter()
     drainer.close()
