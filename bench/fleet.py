@@ -27,6 +27,8 @@ import orjson
 
 from bench.baseline import FIXED_MAX_NEW_TOKENS, BaselineResult, run_baseline
 from bench.common import RUN_ENV, save, table, write_varied_prompts
+from bench.gap import answers_of, decompose
+from bench.gap import report as gap_report
 from fleetgen.engine.health import probe_url
 from fleetgen.local.fleet import FleetSpec, LocalFleet
 from fleetgen.local.procs import ProcessGroup
@@ -173,14 +175,14 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
                           block_ms=50)
         drainer.recover()
         died: dict[int, float] = {}
-        t0 = time.perf_counter()
+        t0, t0_unix = time.perf_counter(), time.time()
         kill_later(fleet, sims, t0, died)
 
         def produce() -> None:
             producer.send_pass()
             producer.wait_until_generated(2.0)
 
-        end = drain_alongside(drainer, produce)
+        end = drain_alongside(drainer, produce, producer.wake)
         summary = drainer.write_summary()
         busy = poller.finish({g: t - t0 for g, t in died.items()} if died else {})
         written = OutputDir(work / f"fg-{tag}-out")
@@ -188,13 +190,19 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
         replay = replays(model, fleet, _jobs(model, written.file(KIND_RESULT)),
                          _rel_int(died, t0))
         failures = _lines(written.file(KIND_FAILURE))
+        answers = answers_of(_lines(written.file(KIND_RESULT)), t0_unix, fleet.speeds,
+                             model.service_s)
     finally:
         local.stop()
+    died_rel = _rel(died, t0)
+    gap = decompose(answers, fleet.speeds, model.slots,
+                    (end - t0, ideal_s(model, fleet, service, died_rel), replay["fifo_s"]),
+                    busy)
     return {"system": "fleetgen" if affinity else "fleetgen --no-affinity",
-            "fleet": fleet.name, "makespan_s": end - t0,
+            "fleet": fleet.name, "makespan_s": end - t0, "t0_unix": t0_unix,
             "in_flight_per_server": model.slots + model.extra_concurrency,
-            "busy_slot_s": busy, "service_s": service, "died_at_s": _rel(died, t0),
-            "running_series": _series(poller, t0), "replay": replay,
+            "busy_slot_s": busy, "service_s": service, "died_at_s": died_rel,
+            "running_series": _series(poller, t0), "replay": replay, "gap": gap,
             "rows": summary["total"], "completed": summary["done"],
             "failed": summary["failed"], "rejected": summary["rejected"],
             "truncated": summary["truncated"],
@@ -202,12 +210,13 @@ def run_fleetgen(model: Model, fleet: Fleet, prompts: Path, work: Path,
             "completion_tokens": summary["completion_tokens"]}
 
 
-def drain_alongside(drainer: Any, produce: Callable[[], object]) -> float:
-    """The job's own producer-beside-drainer (fleetgen/cli/job.py); returns when the run was
+def drain_alongside(drainer: Any, produce: Callable[[], object],
+                    wake: Callable[[], None] = lambda: None) -> float:
+    """The job's own producer-beside-drainer (fleetgen/cli/steps.py); returns when the run was
     complete (perf_counter), before the drainer is closed."""
     from fleetgen.cli.beside import Beside, drain_beside
 
-    producer = Beside(produce)
+    producer = Beside(produce, wake)
     drain_beside(drainer, producer)
     end = time.perf_counter()
     drainer.close()
@@ -355,23 +364,31 @@ def replays(model: Model, fleet: Fleet, jobs: list[tuple[int, float, int]],
             "oracle_longest_first_s": list_schedule(sorted(fifo, reverse=True), speeds, ends)}
 
 
-def score(model: Model, fleet: Fleet, r: dict[str, Any]) -> dict[str, Any]:
-    """Ideal makespan and utilization over the capacity actually present."""
-    died = {int(g): t for g, t in r["died_at_s"].items()}
+def capacity(model: Model, fleet: Fleet, died_at_s: dict[str, float], t: float) -> float:
+    """Full-speed slot-seconds the servers present offer in [0, t]."""
+    died = {int(g): at for g, at in died_at_s.items()}
     present = [died.get(g, float("inf")) for g in range(model.gpus)]
+    return model.slots * sum(s * min(t, p) for s, p in zip(fleet.speeds, present, strict=True))
 
-    def capacity(t: float) -> float:  # full-speed slot-seconds available in [0, t]
-        return model.slots * sum(s * min(t, p) for s, p in zip(fleet.speeds, present,
-                                                                 strict=True))
 
-    lo, hi = 0.0, 10 * r["makespan_s"] + 1000
+def ideal_s(model: Model, fleet: Fleet, service_s: float, died_at_s: dict[str, float]
+            ) -> float:
+    """When the capacity present has delivered the run's service time."""
+    lo, hi = 0.0, 10 * service_s / model.slots + 1000
     for _ in range(100):  # capacity() is increasing: bisect for capacity(t) == service
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if capacity(mid) < r["service_s"] else (lo, mid)
+        lo, hi = (mid, hi) if capacity(model, fleet, died_at_s, mid) < service_s else (lo, mid)
+    return hi
+
+
+def score(model: Model, fleet: Fleet, r: dict[str, Any]) -> dict[str, Any]:
+    """Ideal makespan and utilization over the capacity actually present."""
+    ideal = ideal_s(model, fleet, r["service_s"], r["died_at_s"])
     busy_full_speed = sum(b * s for b, s in zip(r["busy_slot_s"], fleet.speeds, strict=True))
     longest = model.service_s(CONTEXT)  # no request can hold a slot longer than this
-    return {**r, "ideal_s": hi, "ratio_to_ideal": r["makespan_s"] / hi,
-            "utilization": busy_full_speed / capacity(r["makespan_s"]),
+    return {**r, "ideal_s": ideal, "ratio_to_ideal": r["makespan_s"] / ideal,
+            "utilization": busy_full_speed / capacity(model, fleet, r["died_at_s"],
+                                                      r["makespan_s"]),
             "longest_possible_request_s": longest}
 
 
@@ -443,6 +460,8 @@ def main(argv: list[str]) -> int:
                     results.append(score(model, fleet, r))
                     print(f"  {name:<10} {r['system']:<26} makespan {r['makespan_s']:.1f} s",
                           flush=True)
+                    if "gap" in r:
+                        print(gap_report(r["gap"]), flush=True)
     print(report(model, args.rows, results))
     if args.figure != "fleet":  # the provenance names the command that wrote the file
         os.environ.setdefault(RUN_ENV, f"python -m bench fleet --fleets {args.fleets} "

@@ -123,7 +123,7 @@ def run_all_turns(settings: Any, tokenizer: Any, watch: Callable[[Any], None] | 
         producer.send_pass()
         producer.wait_until_generated(2.0)  # it builds every next turn while it waits
 
-    end = drain_alongside(drainer, produce)
+    end = drain_alongside(drainer, produce, producer.wake)
     return t0, end, drainer.write_summary()
 
 

@@ -9,6 +9,7 @@ reassert; nothing below calls back up."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ class Producer:
                                     SeenIds(), HoldOut(settings.holdout))
         self._settings: dict[str, Any] = {}
         self.total: int | None = None  # requests in the run, once all the input is read
+        # Set by the drainer's side once it has written every row (`wake`): the wait looks
+        # again at once instead of at its next tick.
+        self._woken = threading.Event()
         self._opened = False
         self._input_bytes = 0
 
@@ -213,8 +217,16 @@ class Producer:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # Past the client's own retries: keep waiting, Redis may come back.
                 log.warning("Redis unreachable while waiting for the run (%s); retrying", exc)
-            time.sleep(min(0.5, interval_s, self.affinity.wait_s))  # SIGTERM ends it at once
+            # SIGTERM ends it at once; `wake` ends the pause.
+            if self._woken.wait(min(0.5, interval_s, self.affinity.wait_s)):
+                self._woken.clear()
         return wait.requeued
+
+    def wake(self) -> None:
+        """The drainer beside this producer has written every row: the wait's next look is
+        now, not up to half a second later (the run, and `fleetgen run`, ended only when this
+        thread did: issue 48's fleet bench lost 0.2-0.3 s a run to it)."""
+        self._woken.set()
 
     def _look(self, total: int) -> tuple[int, bool]:
         """One look at the run: (slots settled, whether all of them are)."""

@@ -15,9 +15,11 @@ class Beside:
     """`work` (the producer) in a thread beside the drainer; an error it raises is kept for
     the drainer's loop (`raise_error`), which stops the command with it."""
 
-    def __init__(self, work: Callable[[], object]) -> None:
+    def __init__(self, work: Callable[[], object],
+                 wake: Callable[[], None] = lambda: None) -> None:
         self.errors: list[BaseException] = []
         self._work = work
+        self._wake = wake  # tells `work` that the drain is over (Producer.wake)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -35,6 +37,7 @@ class Beside:
         """After the drain: the thread is given a moment to end (stopped: it is a daemon and
         dies with the process), then its error, if any, is raised."""
         if not stopped:
+            self._wake()
             self.thread.join(timeout=5)
         self.raise_error()
 

@@ -224,7 +224,7 @@ class Produce:
             if report.stopped is None and not run.should_stop():
                 producer.wait_until_generated(should_stop=run.should_stop)
 
-        run.producer = Beside(work)
+        run.producer = Beside(work, wake=producer.wake)
 
     def stop(self, run: RunHandle) -> None:
         pass  # a daemon thread: it ends with the run or dies with the process

@@ -14,7 +14,7 @@ from fleetgen import errors
 from fleetgen.engine.api import PLAIN, GenerateOptions, LengthRule
 from fleetgen.engine.decision import from_transport, not_json
 from fleetgen.engine.health import Prober
-from fleetgen.engine.http import ThreadPosts, auth_headers, response_json
+from fleetgen.engine.http import ThreadPosts, auth_headers, response_json, ssl_context
 from fleetgen.records.outcomes import Generation
 
 # A readiness probe answers at once (/ready); past this the server counts as slow, not gone.
@@ -44,7 +44,7 @@ class EngineClient(abc.ABC):
         self.base_url = base_url.rstrip("/")
         headers = auth_headers(api_key)
         self._http = httpx.Client(base_url=self.base_url, headers=headers, limits=limits,
-                                  timeout=timeout)
+                                  timeout=timeout, verify=ssl_context())
         self._probe = Prober(self._http, PROBE_TIMEOUT_S)
         self._posts = ThreadPosts(self.base_url, headers=headers, timeout=timeout)
 

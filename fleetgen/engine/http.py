@@ -4,6 +4,8 @@ protocol (engines differ in what their 400s mean, not in how a timeout looks).""
 
 from __future__ import annotations
 
+import functools
+import ssl
 import threading
 from typing import Any
 
@@ -45,6 +47,17 @@ def response_json(response: httpx.Response) -> Any:
         return response.json()
 
 
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """The one SSL context of this process, as httpx makes its default (certifi's roots, or
+    SSL_CERT_FILE / SSL_CERT_DIR), shared by every client and transport it makes: each of
+    those made its own (loading the roots, ~25 ms of CPU) even for a plain http:// engine, so
+    a worker's first prompt on each pool thread waited for one, and 8 workers starting a run
+    together on 2 cores sent their first requests ~0.6 s after taking them (issue 48). An
+    SSLContext may be shared by threads."""
+    return httpx.create_ssl_context()
+
+
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -54,7 +67,7 @@ def server_client(base_url: str, *, api_key: str | None = None,
     """A client of one server for a few reads (its limits, probes, doctor's checks): the base
     URL without its trailing slash, the API key as a bearer token."""
     return httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
-                        timeout=timeout_s)
+                        timeout=timeout_s, verify=ssl_context())
 
 
 def optional_json(http: httpx.Client, path: str) -> Any:
@@ -134,6 +147,7 @@ class ThreadPosts:
         transport: httpx.HTTPTransport | None = getattr(self._local, "transport", None)
         if transport is None:
             transport = self._local.transport = httpx.HTTPTransport(
+                verify=ssl_context(),
                 limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
             with self._lock:
                 self._all.append(transport)

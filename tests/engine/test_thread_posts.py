@@ -117,3 +117,39 @@ def test_the_read_timeout_holds(server: str) -> None:
     finally:
         posts.close()
     assert time.monotonic() - started < 1.4  # 0.5 s read timeout, not the server's 1.5 s
+
+
+def test_threads_and_clients_share_the_process_ssl_context(server: str,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A new thread's transport (a worker's first prompt on each pool thread) and a new
+    engine client make no SSL context of their own: loading the roots cost ~25 ms of CPU
+    each, so 8 workers starting a run on 2 cores sent their first requests ~0.6 s late."""
+    import ssl
+
+    from fleetgen.engine import http as engine_http
+    from fleetgen.engine.sglang import SGLangClient
+
+    engine_http.ssl_context()  # the process's one, made before the count starts
+    made: list[object] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    posts = ThreadPosts(server, headers={}, timeout=PATIENT)
+    client = SGLangClient(server, timeout_s=30.0, concurrency=3)
+    try:
+        threads = [threading.Thread(target=posts.post, args=("/generate", b"{}"))
+                   for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        posts.close()
+        client.close()
+    assert len(Recorder.seen) == 3
+    assert made == []
