@@ -17,6 +17,7 @@ from fleetgen.queue.celeryconf import make_app
 from fleetgen.queue.contract import TASK_NAME, TaskPayload
 from workers import runtime, startup
 from workers.beat import EventHeartOffLoop
+from workers.events import EventFlushOffLoop
 from workers.gate import HealthGate
 from workers.generate import generate_one
 from workers.handback import RememberConsumer
@@ -115,4 +116,5 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 app.steps["consumer"].add(HealthGate)
 app.steps["consumer"].add(PaceStep)
 app.steps["consumer"].add(EventHeartOffLoop)  # Celery's event heartbeat off the loop
+app.steps["consumer"].add(EventFlushOffLoop)  # and its task events, when enabled
 app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)

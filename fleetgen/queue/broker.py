@@ -613,7 +613,10 @@ class Sweeper:
     Celery's consumer loop: a sweep waits on Valkey (TIME, the lock, a WATCH transaction per
     message restored; on a cut link a 30 s socket timeout and retries), and a loop that waits
     on the network stops consuming, acking, and checking its BRPOP connection (issue 52). One
-    a process; after a reconnection it sweeps through the new connection's poller."""
+    a process; after a reconnection it sweeps through the new connection's poller.
+
+    The same thread runs kombu's binding-expiry check (`_keep_bindings`) every second, as
+    kombu's timer did on the loop."""
 
     def __init__(self) -> None:
         self._cycle: Any = None
@@ -630,12 +633,51 @@ class Sweeper:
                 self._thread.start()
 
     def _run(self) -> None:
+        swept_at = monotonic()
         while True:
-            time.sleep(self._interval_s)
+            time.sleep(min(self._interval_s, BINDING_TICK_S))
+            cycle = self._cycle
+            _keep_bindings(cycle)
+            if monotonic() - swept_at < self._interval_s:
+                continue
+            swept_at = monotonic()
             try:
-                self._cycle.maybe_restore_messages()
+                cycle.maybe_restore_messages()
             except Exception:  # a sweep must never end the thread; the next one retries
                 log.debug("sweep failed", exc_info=True)
+
+
+# kombu's timer for the binding expiry runs every second (`loop.call_repeatedly(1,
+# cycle.maybe_refresh_binding_expiry)`); so does the sweep thread's check.
+BINDING_TICK_S = 1.0
+
+
+def _keep_bindings(cycle: Any) -> None:
+    """kombu's `MultiChannelPoller.maybe_refresh_binding_expiry`, off the consumer loop (issue
+    52). kombu 5.7 registers it with Celery's loop in `Transport.register_with_event_loop`:
+
+        cycle._binding_expiry_tref = loop.call_repeatedly(
+            1, cycle.maybe_refresh_binding_expiry
+        )
+
+    and each channel's `Channel.maybe_refresh_binding_expiry` does, for a channel consuming a
+    queue that expires (here only Celery's remote-control channel: its pidbox queue has
+    `control_queue_expires`, 10 s), a `REFRESH_BINDING` script per binding every third of the
+    binding's TTL (at least 1 h: every 20 min), and `sweep_bindings` (a write script deleting
+    other consumers' overdue binding tables) every `BINDING_SWEEP_INTERVAL` (60 s). Both are
+    synchronous round trips: on the loop, a slow or cut Valkey held it once a minute for the
+    client's socket timeout and retries. Here they wait on the sweep thread; late by a sweep
+    at most, against a 1 h TTL. kombu's own errors are handled by kombu's function (a
+    connection error or a refused script: tried again next second); anything else (a set
+    of channels or bindings changed by the loop while this thread reads it) is tried again
+    next second too, kombu keeping per channel when each was last done."""
+    refresh = getattr(cycle, "maybe_refresh_binding_expiry", None)  # kombu 5.7 on
+    if refresh is None:
+        return
+    try:
+        refresh()
+    except Exception:
+        log.debug("binding expiry check failed", exc_info=True)
 
 
 SWEEPER = Sweeper()
@@ -645,11 +687,14 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
-        """kombu's registration with Celery's loop, less its sweep timer: the `SWEEPER` thread
-        sweeps instead."""
+        """kombu's registration with Celery's loop, less its sweep timer and its binding-expiry
+        timer: the `SWEEPER` thread runs both instead (`Sweeper`, `_keep_bindings`)."""
         super().register_with_event_loop(connection, loop)
         cycle: Any = self.cycle
         cycle._restore_messages_tref.cancel()
+        binding_timer = getattr(cycle, "_binding_expiry_tref", None)  # kombu 5.7 on
+        if binding_timer is not None:
+            binding_timer.cancel()
         interval_s = connection.client.transport_options.get(
             "unacked_restore_interval", Channel.unacked_restore_interval)
         SWEEPER.follow(cycle, interval_s)

@@ -16,6 +16,10 @@ the message arrives, and Valkey answers the take just before it holds writes. Th
 that take (`QoS.append`, on the loop before Celery sees the message) waited there for the
 pause; now it waits on the acks thread, and the gate closes and reopens meanwhile without
 declaring its queues again (the reopening's LLEN pipeline, seen by MONITOR, is gone).
+
+The third has kombu's sweep of expired binding tables (the remote-control channel's, once a
+minute; every half second here) fall due inside the pause: it waits on the sweep's thread,
+no longer on the loop's timer.
 """
 
 from __future__ import annotations
@@ -279,3 +283,105 @@ def _holders(client: redis.Redis) -> int:
 
 def _alive(proc: subprocess.Popen[bytes], log: Path) -> None:
     assert proc.poll() is None, log.read_text()[-3000:]
+
+
+# The worker's `sitecustomize` (test_binding_sweep_never_holds_the_loop): kombu's sweep of
+# expired binding tables falls due every half second instead of every minute
+# (`BINDING_SWEEP_INTERVAL`, read at each call), and each one says in the log on which thread it
+# ran, when it was sent and when Valkey answered it (wall clock, as the test's).
+BINDING_HOOK = '''\
+import sys, threading, time
+from kombu.transport import redis as kombu_redis
+
+kombu_redis.BINDING_SWEEP_INTERVAL = 0.5
+_sweep = kombu_redis.Channel.sweep_bindings
+
+
+def sweep_bindings(self, limit=100):
+    sent = time.time()
+    try:
+        return _sweep(self, limit)
+    finally:
+        print(f"binding sweep on {threading.current_thread().name}: sent {sent:.3f} "
+              f"answered {time.time():.3f}", file=sys.stderr, flush=True)
+
+
+kombu_redis.Channel.sweep_bindings = sweep_bindings
+'''
+BINDING_SWEEP = re.compile(r"binding sweep on (\S+): sent ([\d.]+) answered ([\d.]+)")
+
+
+def test_the_binding_sweep_never_holds_the_loop_on_a_slow_valkey(
+        valkey: EmbeddedValkey, tmp_path: Path) -> None:
+    """kombu's timer for the remote-control channel (`maybe_refresh_binding_expiry`, every
+    second: its pidbox queue expires) runs `sweep_bindings`, a write script, once a minute;
+    here every half second, so one falls due inside the write pause, before the engine is
+    killed. The loop must go on meanwhile: the gate closes on the kill and opens on the
+    engine's return, and `Valkey lost` is said, within the pause. On the loop's timer the
+    sweep held it for the rest of the pause."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BINDING_HOOK)
+    client = redis.Redis.from_url(valkey.url)
+    lease = lease_port()
+    port = lease.port
+    worker_log = tmp_path / "worker.log"
+    sim = _sim(port, tmp_path / "sim.log", ttft_ms=50)
+    worker = start_worker(valkey.url, f"http://127.0.0.1:{port}", "bindings", worker_log,
+                          concurrency=SLOTS,
+                          env={"FLEETGEN_ENGINE_GONE_S": "1", "PYTHONPATH": str(hook)})
+    back = None
+    try:
+        wait_until(lambda: client.exists(heartbeat_key("bindings")) == 1
+                   and len(BINDING_SWEEP.findall(worker_log.read_text())) >= 2, 90,
+                   "the worker's heartbeat and its binding sweeps",
+                   check=lambda: _alive(worker, worker_log))
+        since = worker_log.stat().st_size
+        client.execute_command("CLIENT", "PAUSE", int(PAUSE_S * 1000), "WRITE")
+        paused_at, paused_wall = time.monotonic(), time.time()
+        time.sleep(1.5)  # the timer runs every second: a sweep has fallen due and waits
+        sim.send_signal(signal.SIGKILL)
+        sim.wait(timeout=10)
+        killed_at = time.monotonic()
+        seen: dict[str, float] = {}
+
+        def closed() -> bool:
+            _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
+            return "gate closed" in seen
+
+        wait_until(closed, 3, "the gate to close within 3 s of the engine's kill",
+                   check=lambda: _alive(worker, worker_log))
+        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
+                                       context_length=4096, output_tokens_mean=20))
+        patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
+                    "gate open": GATE_OPEN}
+        end = paused_at + PAUSE_S - 0.5
+        while time.monotonic() < end and not set(patterns) <= set(seen):
+            _seen(worker_log, since, patterns, seen)
+            time.sleep(0.05)
+        assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
+        at = {name: round(t - paused_at, 1) for name, t in seen.items()}
+        # The fault landed: a binding sweep was sent inside the pause and Valkey answered it
+        # only once the pause was over.
+        wait_until(lambda: any(float(s) - paused_wall < PAUSE_S - 1
+                               and float(a) - paused_wall > PAUSE_S - 1
+                               for _, s, a in BINDING_SWEEP.findall(_since(worker_log, since))),
+                   PAUSE_S + 10 - (time.monotonic() - paused_at),
+                   "a binding sweep sent in the pause to be answered after it")
+        held = [(thread, round(float(s) - paused_wall, 1), round(float(a) - paused_wall, 1))
+                for thread, s, a in BINDING_SWEEP.findall(_since(worker_log, since))
+                if float(a) - float(s) > 1]
+        print(f"\n[binding sweep off the loop] seen during the {PAUSE_S:g} s write pause: {at} "
+              f"(engine killed at {killed_at - paused_at:.1f} s); binding sweeps that waited "
+              f"on it (thread, sent, answered): {held}")
+        text = _since(worker_log, since)
+        missing = sorted(set(patterns) - set(seen))
+        assert not missing, f"the loop did not get to {missing} within the pause\n{text[-3000:]}"
+    finally:
+        stop(worker)
+        if back is not None:
+            back.stop()
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait(timeout=10)
+        lease.close()
