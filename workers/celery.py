@@ -17,6 +17,7 @@ from fleetgen.queue.celeryconf import make_app
 from fleetgen.queue.contract import TASK_NAME, TaskPayload
 from workers import runtime, startup
 from workers.beat import EventHeartOffLoop
+from workers.control import ControlRepliesOffLoop
 from workers.events import EventFlushOffLoop
 from workers.gate import HealthGate
 from workers.generate import generate_one
@@ -117,4 +118,5 @@ app.steps["consumer"].add(HealthGate)
 app.steps["consumer"].add(PaceStep)
 app.steps["consumer"].add(EventHeartOffLoop)  # Celery's event heartbeat off the loop
 app.steps["consumer"].add(EventFlushOffLoop)  # and its task events, when enabled
+app.steps["consumer"].add(ControlRepliesOffLoop)  # and its remote-control replies
 app.steps["consumer"].add(RememberConsumer)  # and its SIGTERM hand-back (workers/handback.py)

@@ -20,23 +20,32 @@ declaring its queues again (the reopening's LLEN pipeline, seen by MONITOR, is g
 The third has kombu's sweep of expired binding tables (the remote-control channel's, once a
 minute; every half second here) fall due inside the pause: it waits on the sweep's thread,
 no longer on the loop's timer.
+
+The fourth has an operator's `celery inspect ping` answered into the pause: the command is
+published just before Valkey holds writes, so the worker's reply (an LPUSH to the caller's
+reply queue, kombu's `Node.reply`) waits for the pause; it waits on a thread of its own
+(workers/control.py), no longer on the loop, and reaches the caller after the pause.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from kombu.transport import redis as kombu_redis
 
 from fleetgen.local.ports import lease_port
 from fleetgen.local.valkey import EmbeddedValkey
+from fleetgen.queue.celeryconf import make_app
 from fleetgen.queue.contract import QUEUE
 from fleetgen.queue.wire import held_key, taking_key
 from fleetgen.simulator.config import SimConfig
@@ -378,6 +387,142 @@ def test_the_binding_sweep_never_holds_the_loop_on_a_slow_valkey(
         missing = sorted(set(patterns) - set(seen))
         assert not missing, f"the loop did not get to {missing} within the pause\n{text[-3000:]}"
     finally:
+        stop(worker)
+        if back is not None:
+            back.stop()
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait(timeout=10)
+        lease.close()
+
+
+# The worker's `sitecustomize` (test_a_remote_control_reply_never_holds_the_loop): each reply to
+# a remote-control command says in the log on which thread it was published, when it was sent
+# and when Valkey took it (wall clock, as the test's).
+REPLY_HOOK = '''\
+import sys, threading, time
+from kombu import pidbox
+
+_publish = pidbox.Mailbox._publish_reply
+
+
+def _publish_reply(self, *args, **kwargs):
+    sent = time.time()
+    try:
+        return _publish(self, *args, **kwargs)
+    finally:
+        print(f"control reply on {threading.current_thread().name}: sent {sent:.3f} "
+              f"answered {time.time():.3f}", file=sys.stderr, flush=True)
+
+
+pidbox.Mailbox._publish_reply = _publish_reply
+'''
+CONTROL_REPLY = re.compile(r"control reply on (\S+): sent ([\d.]+) answered ([\d.]+)")
+
+
+class _Batch:
+    """kombu's publish batch (`_put_fanout(..., _publish_batch=...)`) as a redis-py pipeline."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+
+    def add(self, command: str, *args: Any) -> None:
+        getattr(self.pipe, command)(*args)
+
+
+def test_a_remote_control_reply_never_holds_the_loop_on_a_slow_valkey(
+        valkey: EmbeddedValkey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`celery inspect ping` from the test's own Celery app: its command's PUBLISH and the
+    write pause go to Valkey in one pipeline, so the worker gets the command and its reply
+    waits for the pause. The engine is killed 1 s into the pause: the gate must close within
+    3 s of the kill, and open again, and `Valkey lost` be said, within the pause; the reply
+    reaches the caller after it. With the reply on the loop it held the loop to the end."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(REPLY_HOOK)
+    client = redis.Redis.from_url(valkey.url)
+    lease = lease_port()
+    port = lease.port
+    worker_log = tmp_path / "worker.log"
+    sim = _sim(port, tmp_path / "sim.log", ttft_ms=50)
+    worker = start_worker(valkey.url, f"http://127.0.0.1:{port}", "control", worker_log,
+                          concurrency=SLOTS,
+                          env={"FLEETGEN_ENGINE_GONE_S": "1", "PYTHONPATH": str(hook)})
+    name = f"control@{socket.gethostname()}"
+    app = make_app(valkey.url, visibility_timeout_s=7200)
+    app.conf.control_queue_expires = 60.0  # the caller's reply queue outlives the pause
+    back = None
+    times: dict[str, float] = {}
+    replies: list[Any] = []
+    try:
+        wait_until(lambda: client.exists(heartbeat_key("control")) == 1, 90,
+                   "the worker's heartbeat", check=lambda: _alive(worker, worker_log))
+        # Once outside the pause: the worker answers (and its producer pool has a channel).
+        assert app.control.ping(destination=[name], timeout=10) == [{name: {"ok": "pong"}}]
+        since = worker_log.stat().st_size
+        put_fanout = kombu_redis.Channel._put_fanout
+
+        def publish_then_pause(self: Any, exchange: Any, message: Any, routing_key: Any,
+                               **kwargs: Any) -> None:
+            kwargs.pop("_publish_batch", None)
+            with self.conn_or_acquire() as conn:
+                pipe = conn.pipeline(transaction=False)
+                put_fanout(self, exchange, message, routing_key, _publish_batch=_Batch(pipe),
+                           **kwargs)
+                pipe.execute_command("CLIENT", "PAUSE", int(PAUSE_S * 1000), "WRITE")
+                pipe.execute()
+            times["paused"], times["paused wall"] = time.monotonic(), time.time()
+
+        monkeypatch.setattr(kombu_redis.Channel, "_put_fanout", publish_then_pause)
+
+        def ping() -> None:
+            replies.extend(app.control.ping(destination=[name], timeout=PAUSE_S + 15))
+            times["answered"] = time.monotonic()
+
+        pinger = threading.Thread(target=ping, daemon=True)
+        pinger.start()
+        wait_until(lambda: "paused" in times, 10, "the command and the pause")
+        paused_at, paused_wall = times["paused"], times["paused wall"]
+        time.sleep(1.0)  # the worker has the command: its reply waits on the pause
+        sim.send_signal(signal.SIGKILL)
+        sim.wait(timeout=10)
+        killed_at = time.monotonic()
+        seen: dict[str, float] = {}
+
+        def closed() -> bool:
+            _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
+            return "gate closed" in seen
+
+        wait_until(closed, 3, "the gate to close within 3 s of the engine's kill",
+                   check=lambda: _alive(worker, worker_log))
+        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
+                                       context_length=4096, output_tokens_mean=20))
+        patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
+                    "gate open": GATE_OPEN}
+        end = paused_at + PAUSE_S - 0.5
+        while time.monotonic() < end and not set(patterns) <= set(seen):
+            _seen(worker_log, since, patterns, seen)
+            time.sleep(0.05)
+        assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
+        at = {what: round(t - paused_at, 1) for what, t in seen.items()}
+        text = _since(worker_log, since)
+        missing = sorted(set(patterns) - set(seen))
+        assert not missing, f"the loop did not get to {missing} within the pause\n{text[-3000:]}"
+        # The fault landed: the reply was sent inside the pause and taken only after it, and
+        # the caller got it then.
+        pinger.join(PAUSE_S + 20)
+        published = [(thread, round(float(s) - paused_wall, 1), round(float(a) - paused_wall, 1))
+                     for thread, s, a in CONTROL_REPLY.findall(_since(worker_log, since))]
+        print(f"\n[control reply off the loop] seen during the {PAUSE_S:g} s write pause: {at} "
+              f"(engine killed at {killed_at - paused_at:.1f} s); replies published (thread, "
+              f"sent, answered): {published}; the caller answered at "
+              f"{times.get('answered', float('nan')) - paused_at:.1f} s: {replies}")
+        assert replies == [{name: {"ok": "pong"}}], text[-3000:]
+        assert times["answered"] - paused_at > PAUSE_S - 1
+        assert [p for p in published if p[1] < PAUSE_S - 1 < p[2]], published
+        assert {thread for thread, _, _ in published} == {"fleetgen-replies"}, published
+    finally:
+        app.close()
         stop(worker)
         if back is not None:
             back.stop()
