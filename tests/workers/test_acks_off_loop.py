@@ -98,6 +98,35 @@ def _seen(log: Path, since: int, patterns: dict[str, re.Pattern[str]],
             seen[name] = time.monotonic()
 
 
+def _gate_through_the_pause(sim: subprocess.Popen[bytes], port: int,
+                            worker: subprocess.Popen[bytes], worker_log: Path, since: int,
+                            paused_at: float, patterns: dict[str, re.Pattern[str]],
+                            close_within_s: float, settle_s: float = 0.0) -> tuple[
+                                dict[str, float], Any]:
+    """Inside the write pause: SIGKILL the engine, wait up to `close_within_s` for the gate to
+    close, `settle_s` more, start the engine again and watch the worker's log for `patterns`
+    until the pause nearly ends. When each was seen (monotonic), and the engine's handle."""
+    sim.send_signal(signal.SIGKILL)
+    sim.wait(timeout=10)
+    seen: dict[str, float] = {}
+
+    def closed() -> bool:
+        _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
+        return "gate closed" in seen
+
+    wait_until(closed, close_within_s,
+               f"the gate to close within {close_within_s:g} s of the engine's kill",
+               check=lambda: _alive(worker, worker_log))
+    time.sleep(settle_s)
+    back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
+                                   context_length=4096, output_tokens_mean=20))
+    end = paused_at + PAUSE_S - 0.5
+    while time.monotonic() < end and not set(patterns) <= set(seen):
+        _seen(worker_log, since, patterns, seen)
+        time.sleep(0.05)
+    return seen, back
+
+
 def test_the_loop_keeps_working_while_acks_wait_on_a_slow_valkey(
         valkey: EmbeddedValkey, tmp_path: Path) -> None:
     client = redis.Redis.from_url(valkey.url)
@@ -199,24 +228,11 @@ def test_a_take_and_the_gates_reopening_never_hold_the_loop_on_a_slow_valkey(
         # The fault landed: the message was taken (in the taking list) and its record waits.
         assert not client.exists(QUEUE) and client.llen(taking) == 1 \
             and _holders(client) == 2, "the take did not land just before the pause"
-        sim.send_signal(signal.SIGKILL)
-        sim.wait(timeout=10)
-        seen: dict[str, float] = {}
-
-        def closed() -> bool:
-            _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
-            return "gate closed" in seen
-
-        wait_until(closed, 4, "the gate to close", check=lambda: _alive(worker, worker_log))
-        time.sleep(1.0)  # the tasks find the engine gone and hand back (on the acks thread)
-        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
-                                       context_length=4096, output_tokens_mean=20))
         patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
                     "gate open": GATE_OPEN, "consuming again": CONSUMING_OWN}
-        end = paused_at + PAUSE_S - 0.5
-        while time.monotonic() < end and not set(patterns) <= set(seen):
-            _seen(worker_log, since, patterns, seen)
-            time.sleep(0.05)
+        # settle_s: the tasks find the engine gone and hand back (on the acks thread).
+        seen, back = _gate_through_the_pause(sim, port, worker, worker_log, since, paused_at,
+                                             patterns, close_within_s=4, settle_s=1.0)
         recorded_in_pause = client.llen(taking) == 0
         sent = monitor.stop()
         assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
@@ -349,25 +365,11 @@ def test_the_binding_sweep_never_holds_the_loop_on_a_slow_valkey(
         client.execute_command("CLIENT", "PAUSE", int(PAUSE_S * 1000), "WRITE")
         paused_at, paused_wall = time.monotonic(), time.time()
         time.sleep(1.5)  # the timer runs every second: a sweep has fallen due and waits
-        sim.send_signal(signal.SIGKILL)
-        sim.wait(timeout=10)
         killed_at = time.monotonic()
-        seen: dict[str, float] = {}
-
-        def closed() -> bool:
-            _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
-            return "gate closed" in seen
-
-        wait_until(closed, 3, "the gate to close within 3 s of the engine's kill",
-                   check=lambda: _alive(worker, worker_log))
-        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
-                                       context_length=4096, output_tokens_mean=20))
         patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
                     "gate open": GATE_OPEN}
-        end = paused_at + PAUSE_S - 0.5
-        while time.monotonic() < end and not set(patterns) <= set(seen):
-            _seen(worker_log, since, patterns, seen)
-            time.sleep(0.05)
+        seen, back = _gate_through_the_pause(sim, port, worker, worker_log, since, paused_at,
+                                             patterns, close_within_s=3)
         assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
         at = {name: round(t - paused_at, 1) for name, t in seen.items()}
         # The fault landed: a binding sweep was sent inside the pause and Valkey answered it
@@ -484,25 +486,11 @@ def test_a_remote_control_reply_never_holds_the_loop_on_a_slow_valkey(
         wait_until(lambda: "paused" in times, 10, "the command and the pause")
         paused_at, paused_wall = times["paused"], times["paused wall"]
         time.sleep(1.0)  # the worker has the command: its reply waits on the pause
-        sim.send_signal(signal.SIGKILL)
-        sim.wait(timeout=10)
         killed_at = time.monotonic()
-        seen: dict[str, float] = {}
-
-        def closed() -> bool:
-            _seen(worker_log, since, {"gate closed": GATE_CLOSED}, seen)
-            return "gate closed" in seen
-
-        wait_until(closed, 3, "the gate to close within 3 s of the engine's kill",
-                   check=lambda: _alive(worker, worker_log))
-        back = run_in_thread(SimConfig(port=port, ttft_ms=50, tpot_ms=1, health_delay_s=0.0,
-                                       context_length=4096, output_tokens_mean=20))
         patterns = {"gate closed": GATE_CLOSED, "Valkey lost": VALKEY_LOST,
                     "gate open": GATE_OPEN}
-        end = paused_at + PAUSE_S - 0.5
-        while time.monotonic() < end and not set(patterns) <= set(seen):
-            _seen(worker_log, since, patterns, seen)
-            time.sleep(0.05)
+        seen, back = _gate_through_the_pause(sim, port, worker, worker_log, since, paused_at,
+                                             patterns, close_within_s=3)
         assert time.monotonic() < paused_at + PAUSE_S, "the checks ran past the pause"
         at = {what: round(t - paused_at, 1) for what, t in seen.items()}
         text = _since(worker_log, since)
