@@ -25,7 +25,10 @@ each step down that loses at most MAX_LOSS of the best rate seen: the same token
 fewer requests in flight is the same throughput at a shorter latency, so a run's last answers
 end sooner (bench real: 32 in flight beat 64 by 3-6 % on CPU, where the rate is flat from 48 to
 64). The first step down that loses more goes back and holds there for REPROBE_S, then it
-tries again (the prompts' mix changes over a run). A step down counts only once this worker
+tries again (the prompts' mix changes over a run); each hold that follows a probe which found
+nothing doubles, up to MAX_HOLD_S, since a step up cannot be taken back (its requests run to
+their end, a whole answer's time: ~90 s on CPU) and a server where it did not pay seldom
+changes its mind. A step down counts only once this worker
 holds no more than its new limit: the requests sent before run to their end first. Beyond the
 slots a server has shown, steps are the held queue's size and judged the same way, never down
 (below its slots plus the queue a full server idles). Each rate is measured over a window of
@@ -72,6 +75,7 @@ SETTLE_STEPS = 2
 RATE_STEPS = 8
 RATE_WINDOW_S = 2.0
 REPROBE_S = 60.0
+MAX_HOLD_S = 960.0
 
 
 def held_queue(running: int) -> int:
@@ -101,6 +105,9 @@ class RateGate:
         self._kept: tuple[int, float] | None = None  # the last limit kept, the best tokens/s
         self._down = False  # probing down: the limit in force is a step below the kept one
         self._held_since: float | None = None
+        self._hold_s = REPROBE_S  # doubled by each probe that finds nothing (the module's doc)
+        self._reprobing = False  # measuring again after a hold
+        self._gained = False  # a step up paid since the last hold
         self.note = ""  # the last decision, in words (the heartbeat carries it)
 
     def forget(self) -> None:
@@ -109,8 +116,8 @@ class RateGate:
         self._window = None
 
     def holding(self, now: float) -> bool:
-        """Held at a limit found by the rate, for REPROBE_S from the decision."""
-        return self._held_since is not None and now - self._held_since < REPROBE_S
+        """Held at a limit found by the rate, for the hold in force from the decision."""
+        return self._held_since is not None and now - self._held_since < self._hold_s
 
     def next_limit(self, limit: int, load: Load, now: float, step: int, *, in_flight: int,
                    floor: int) -> int:
@@ -121,6 +128,7 @@ class RateGate:
             if self.holding(now):
                 return limit
             self._held_since, self._kept = None, None  # measure afresh, then try a step
+            self._reprobing, self._gained = True, False
         window = self._window
         # A counter below the window's start: the engine restarted (fleetgen restarts the
         # engines it launched) and counts from 0; a window across that would never close.
@@ -147,6 +155,7 @@ class RateGate:
         kept = self._kept
         if kept is None or rate >= kept[1] * (1 + MIN_GAIN):
             if kept is not None:
+                self._gained = True
                 self.note = (f"{kept[0]} -> {limit} in flight raised its tokens/s "
                              f"{kept[1]:.0f} -> {rate:.0f}")
             self._kept = (limit, rate)
@@ -175,6 +184,8 @@ class RateGate:
         return lower if self._down else self._hold(kept, kept, now)
 
     def _hold(self, kept: int, limit: int, now: float) -> int:
+        if self._reprobing:  # the first hold is REPROBE_S; then it doubles while probes fail
+            self._hold_s = REPROBE_S if self._gained else min(MAX_HOLD_S, 2 * self._hold_s)
         self._held_since = now
         if limit != kept:
             log.info("in-flight limit %d -> %d: %s", limit, kept, self.note)

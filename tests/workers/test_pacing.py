@@ -4,6 +4,7 @@ workers that pace against real servers: tests/workers/test_pool_size.py)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
@@ -12,7 +13,15 @@ import pytest
 from fleetgen.engine import PROTOCOLS, ServerLimits
 from fleetgen.engine.load import Gauges, Load, parse_load
 from fleetgen.monitor.status import WorkerStatus, holds_back
-from workers.pacing import PROBE_GROWTH, START_LIMIT, Pace, Pacer, beat_fields, held_queue
+from workers.pacing import (
+    PROBE_GROWTH,
+    REPROBE_S,
+    START_LIMIT,
+    Pace,
+    Pacer,
+    beat_fields,
+    held_queue,
+)
 from workers.settings import WorkerSettings
 from workers.startup import FALLBACK_LIMIT, StartupRefused, plan_limit
 
@@ -200,6 +209,45 @@ def test_a_server_that_admits_more_than_it_runs_well_is_held_where_its_rate_peak
     # 80 is tried once (~12 s: a window of 8 of its steps at a second a step); the reprobes
     # every REPROBE_S start from the limit kept, 51, and go no higher than 64.
     assert limits.count(round(START_LIMIT * PROBE_GROWTH)) < 30
+
+
+def test_each_probe_that_finds_nothing_doubles_the_hold_before_the_next() -> None:
+    """A step up cannot be taken back (its requests run a whole answer's time: ~90 s on the
+    CPU vLLM at a 96-token cap), so on a server where it does not pay the reprobes thin out:
+    60 s, then 120, 240, 480 (bench real at the full size paid the same drain twice)."""
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    limits = run_against(pacer, cpu_like, seconds=1200)
+    down = round(START_LIMIT / PROBE_GROWTH)
+    # Reprobes: each time the limit leaves its hold at 51 for 64.
+    starts = [i * 0.5 for i in range(1, len(limits))
+              if limits[i] == START_LIMIT and limits[i - 1] == down]
+    holds = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= 4, starts
+    assert all(later > 1.8 * earlier for earlier, later in itertools.pairwise(holds)), holds
+
+
+def test_a_probe_that_pays_brings_the_hold_back_to_its_first_length() -> None:
+    """The same server, then (after 500 s) one whose rate grows with the batch, as a GPU
+    whose prompts got shorter: the next reprobe climbs, and the holds after it are 60 s again."""
+    ticks = 0
+
+    def changing(running: int) -> float:
+        nonlocal ticks
+        ticks += 1
+        return cpu_like(running) if ticks * 0.5 < 500 else 2.0 * min(running, 300)
+
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+    limits = run_against(pacer, changing, slots=1024, seconds=1500)
+    assert max(limits[:1000]) == round(START_LIMIT * PROBE_GROWTH)
+    assert max(limits) > 200, max(limits)  # climbed once the rate paid
+    # Holds at the limit the climb kept: the first is one REPROBE_S again (the one before the
+    # climb had reached 240 s), then they double as the reprobes find nothing.
+    kept = limits[-1]
+    holds = [len(list(run)) * 0.5 for value, run in itertools.groupby(limits[1000:])
+             if value == kept]
+    holds = [h for h in holds if h > REPROBE_S / 2]
+    assert holds and REPROBE_S <= holds[0] < 1.5 * REPROBE_S, holds
+    assert holds[1] > 1.8 * holds[0], holds
 
 
 def test_a_step_down_is_judged_once_what_was_sent_before_has_ended() -> None:
