@@ -108,6 +108,23 @@ class Fleet:
         held = self.redis.hget(worker_key(_worker(node)), "held")
         return int(held or 0)
 
+    def steady_held(self, node: str, at_least: int, timeout_s: float = 60) -> int:
+        """What `node`'s worker holds once it holds `at_least` and its heartbeat has said the
+        same for three beats: the number of prompts it holds at a cut made now. A reading
+        taken as soon as it reached `at_least` undercounted a worker still taking (its takes
+        follow one another, each after the last one's record)."""
+        readings: list[int] = []
+
+        def steady() -> int:
+            readings.append(self.held(node))
+            time.sleep(0.25)
+            last = readings[-6:]
+            return last[0] if len(last) == 6 and last[0] >= at_least and \
+                len(set(last)) == 1 else 0
+
+        return wait_until(steady, timeout_s, f"{_worker(node)} to hold {at_least}+ steadily",
+                          poll_s=0)
+
     def _stats(self, node: str) -> dict[str, Any]:
         out = subprocess.run(self.hosts.argv(node, [
             str(VENV_BIN / "python"), "-c",
@@ -171,7 +188,7 @@ def test_a_worker_host_cut_shorter_than_its_lease_loses_nothing_and_repeats_noth
     fleet.start_workers({A: 8, B: 8})
     _, ids = fleet.produce("short", 40)
     drain = fleet.start("drain", "drain", "--run", "short", "--out", str(tmp_path / "out"))
-    held = wait_until(lambda: fleet.held(A) >= 4 and fleet.held(A), 60, "gpu0@node-a to hold")
+    held = fleet.steady_held(A, 4)
     fleet.hosts.cut(A)
     time.sleep(3)
     fleet.hosts.heal(A)
@@ -200,7 +217,7 @@ def test_a_late_ack_after_a_cut_longer_than_the_lease_leaves_the_other_workers_c
     fleet.start_workers({A: 8, B: 16})
     _, ids = fleet.produce("late", 16)
     drain = fleet.start("drain", "drain", "--run", "late", "--out", str(tmp_path / "out"))
-    held = wait_until(lambda: fleet.held(A) >= 2 and fleet.held(A), 60, "gpu0@node-a to hold")
+    held = fleet.steady_held(A, 2)
     fleet.hosts.cut(A)
     time.sleep(LEASE_S + 3)
     fleet.hosts.heal(A)
@@ -210,7 +227,7 @@ def test_a_late_ack_after_a_cut_longer_than_the_lease_leaves_the_other_workers_c
     def late_acks() -> list[str]:
         return re.findall(r"late ack of message (\S+) left alone", worker_a.log_text())
 
-    tags = wait_until(lambda: len(late_acks()) >= held and late_acks(), 40,
+    tags = wait_until(lambda: late_acks() if len(late_acks()) >= held else [], 40,
                       "gpu0@node-a's late acks")
     # node-b took them again and holds them still (its 12 s generations run): its copies.
     kept = [t for t in tags if fleet.redis.hexists("unacked", t)]
@@ -273,7 +290,7 @@ def test_a_worker_host_never_healed(fleet: Fleet, tmp_path: Path) -> None:
     fleet.start_workers({A: 8, B: 8})
     _, ids = fleet.produce("never", 40)
     drain = fleet.start("drain", "drain", "--run", "never", "--out", str(tmp_path / "out"))
-    held = wait_until(lambda: fleet.held(B) >= 2 and fleet.held(B), 60, "gpu0@node-b to hold")
+    held = fleet.steady_held(B, 2)
     fleet.hosts.cut(B)
     cut = time.monotonic()
     fleet.wait_exit(drain, 90)
