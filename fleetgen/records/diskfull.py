@@ -33,10 +33,12 @@ def from_redis_error(error: redis.ResponseError, data_dir: Path | None) -> DiskF
     """The DiskFull that a Redis reply is (MISCONF: it cannot persist, most often a full
     disk), or None. `data_dir`: where the embedded Valkey keeps its data (None: the user's
     own Redis, whose disk is on its own host)."""
-    text = str(error)
-    if not text.startswith("MISCONF"):
+    # A pipeline's error names its command first ("Command # 1 (LPUSH ...) of pipeline
+    # caused error: MISCONF ..."): the producer's first batches are pipelines.
+    _, misconf, rest = str(error).partition("MISCONF")
+    if not misconf:
         return None
-    cause = text.removeprefix("MISCONF").strip().split(". ")[0]
+    cause = rest.strip().split(". ")[0]
     if data_dir is None:
         return DiskFull(f"Redis cannot write to its disk ({cause}); free space on the Redis "
                         f"host (its `dir`), {RESUME}")
