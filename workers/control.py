@@ -34,13 +34,13 @@ failure made Celery's `Pidbox.on_message` log it and reopen the pidbox channel (
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
 
 from celery import bootsteps
+
+from fleetgen.queue.acks import Acks
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -49,42 +49,17 @@ log = logging.getLogger("fleetgen.worker")
 CONTROL = "celery.worker.consumer.control.Control"
 
 
-class Replies:
-    """A FIFO of remote-control replies to publish, run by one daemon thread (started at the
-    first reply)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, publish: Callable[[], None]) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="fleetgen-replies",
-                                                daemon=True)
-                self._thread.start()
-        self._queue.put(publish)
-
-    def _run(self) -> None:
-        while True:
-            publish = self._queue.get()
-            try:
-                publish()
-            except Exception as exc:  # the thread must outlive any one reply
-                log.warning("a reply to a remote-control command did not reach Valkey "
-                            "(%s: %s); its caller gets no answer from this worker",
-                            type(exc).__name__, exc)
-
-
-REPLIES = Replies()
+# The replies' own FIFO thread (fleetgen/queue/acks.py's, another instance): not the acks',
+# whose hand-backs wait for what was given before them.
+REPLIES = Acks("fleetgen-replies", "its caller gets no answer from this worker")
 
 
 def reply_off_loop(reply: Callable[..., None]) -> Callable[..., None]:
     """`reply` (a node's own `Node.reply`), given to `REPLIES` instead of run by the caller."""
 
     def submit(data: Any, exchange: Any, routing_key: Any, ticket: Any, **kwargs: Any) -> None:
-        REPLIES.submit(partial(reply, data, exchange, routing_key, ticket, **kwargs))
+        REPLIES.submit(partial(reply, data, exchange, routing_key, ticket, **kwargs),
+                       "a reply to a remote-control command")
 
     return submit
 

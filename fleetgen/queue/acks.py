@@ -33,10 +33,15 @@ log = logging.getLogger("fleetgen.worker")
 
 
 class Acks:
-    """A FIFO of acks' Redis work, run by one daemon thread a process (started at the first
-    ack, again in a forked child)."""
+    """A FIFO of Redis work, run by one daemon thread a process (started at the first
+    submission, again in a forked child): the acks' (`ACKS`), or another caller's that must
+    not wait behind them (workers/control.py's remote-control replies). `name` names the
+    thread; `if_lost` says, in the warning, what a piece of work that failed leaves."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "fleetgen-acks", if_lost: str = (
+            "the message stays held until this worker's lease lapses, then the sweep hands "
+            "it back (a row already answered is not generated again)")) -> None:
+        self._name, self._if_lost = name, if_lost
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], str]] = queue.SimpleQueue()
         self._pending = 0
         self._settled = threading.Condition()
@@ -48,7 +53,7 @@ class Acks:
             if self._pid != os.getpid():  # the first ack, or a forked child: no thread yet
                 self._pid, self._pending = os.getpid(), 0
                 self._queue = queue.SimpleQueue()
-                threading.Thread(target=self._run, args=(self._queue,), name="fleetgen-acks",
+                threading.Thread(target=self._run, args=(self._queue,), name=self._name,
                                  daemon=True).start()
             self._pending += 1
             self._queue.put((work, what))
@@ -70,10 +75,8 @@ class Acks:
             try:
                 work()
             except Exception as exc:  # the thread must outlive any one ack
-                log.warning("%s did not reach Valkey (%s: %s): the message stays held until "
-                            "this worker's lease lapses, then the sweep hands it back (a row "
-                            "already answered is not generated again)", what,
-                            type(exc).__name__, exc)
+                log.warning("%s did not reach Valkey (%s: %s): %s", what, type(exc).__name__,
+                            exc, self._if_lost)
             finally:
                 with self._settled:
                     self._pending -= 1

@@ -1,8 +1,9 @@
 """The job is a list of steps and hands nothing below it a way back up (issue 49,
 docs/architecture.md): the only callables the job's modules give to the parts they drive are
-the stop flag (a question asked of the job), a sink for the terminal's lines and a thread's
-body. A hook such as the old `on_redis`, `on_report`, `before_workers` or `on_progress` is
-found by `handed_callables`, and `stop_in_reverse` stops every step started, last first."""
+the stop flag (a question asked of the job), a sink for the terminal's lines, a thread's body
+and the producer's own wake, given to the thread that runs it. A hook such as the old
+`on_redis`, `on_report`, `before_workers` or `on_progress` is found by `handed_callables`,
+and `stop_in_reverse` stops every step started, last first."""
 
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ HANDED = {
     ("LogLine", None): "where the run's lines are printed",
     ("FleetView", None): "where the fleet's notes are printed (above the bar)",
     ("Beside", None): "the producer thread's body: the thread is the step's own",
+    ("Beside", "wake"): "the producer's own wake, called by its thread once all is written",
     ("field", "default_factory"): "a dataclass default",
 }
 
 
 def handed_callables(source: str) -> list[tuple[str, str | None]]:
-    """(callee, keyword) of each lambda, nested function or `should_stop`/`say`/`note`
+    """(callee, keyword) of each lambda, nested function or `should_stop`/`say`/`note`/`wake`
     attribute passed as an argument."""
     tree = ast.parse(source)
     nested = {inner.name for outer in ast.walk(tree) if isinstance(outer, ast.FunctionDef)
@@ -45,7 +47,7 @@ def handed_callables(source: str) -> list[tuple[str, str | None]]:
             if isinstance(value, ast.Lambda) \
                     or (isinstance(value, ast.Name) and value.id in nested) \
                     or (isinstance(value, ast.Attribute)
-                        and value.attr in ("should_stop", "say", "note")):
+                        and value.attr in ("should_stop", "say", "note", "wake")):
                 found.append((ast.unparse(call.func), keyword))
     return found
 

@@ -8,24 +8,13 @@ from pathlib import Path
 import redis
 
 from fleetgen.queue.contract import QUEUE
-from producer.build import resolve_limits
-from producer.enqueue import Enqueuer
-from producer.inputs import resolve_input
-from producer.loop import Plan, Producer
 from producer.progress import Progress
-from producer.settings import ProducerSettings
-from producer.tokenizer import load_tokenizer
+from tests.support.producers import prompts_producer
 
 
 def test_batches_grow_from_the_first_to_the_batch_size(rclient: redis.Redis, redis_url: str,
                                                        tmp_path: Path) -> None:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "q {i}"}}\n' for i in range(300)))
-    settings = ProducerSettings(input=prompts, run="fb", redis_url=redis_url,
-                                context_length=4096, batch_size=100)
-    producer = Producer(settings, load_tokenizer("qwen3.6"), rclient,
-                        Enqueuer(rclient, "fb"), resolve_limits(settings),
-                        Plan(resolve_input(prompts)))
+    producer = prompts_producer(rclient, redis_url, tmp_path, "fb", 300, batch_size=100)
     read: list[int] = []
 
     def on_batch(progress: Progress) -> None:

@@ -12,12 +12,7 @@ import redis
 from fleetgen.queue.contract import QUEUE
 from fleetgen.queue.wire import task_payload
 from fleetgen.runstate.keys import RunKeys
-from producer.build import resolve_limits
-from producer.enqueue import Enqueuer
-from producer.inputs import resolve_input
-from producer.loop import Plan, Producer
-from producer.settings import ProducerSettings
-from producer.tokenizer import load_tokenizer
+from tests.support.producers import prompts_producer
 from tests.support.waiting import wait_until
 
 
@@ -32,13 +27,7 @@ def queued_lines(client: redis.Redis) -> list[int]:
 
 def test_lost_rows_are_enqueued_again_and_only_they(rclient: redis.Redis, redis_url: str,
                                                     tmp_path: Path) -> None:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "q {i}"}}\n' for i in range(40)))
-    settings = ProducerSettings(input=prompts, run="rc", redis_url=redis_url,
-                                context_length=4096)
-    producer = Producer(settings, load_tokenizer("qwen3.6"), rclient,
-                        Enqueuer(rclient, "rc"), resolve_limits(settings),
-                        Plan(resolve_input(prompts)))
+    producer = prompts_producer(rclient, redis_url, tmp_path, "rc", 40)
     producer.send_pass()
     assert queued_lines(rclient) == list(range(1, 41))
     # Rows 1-10 are "generated"; 11-15 vanish with a Redis crash; 16-40 stay queued.

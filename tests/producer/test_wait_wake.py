@@ -12,23 +12,12 @@ import redis
 
 from fleetgen.cli.beside import Beside
 from fleetgen.runstate.keys import RunKeys
-from producer.build import resolve_limits
-from producer.enqueue import Enqueuer
-from producer.inputs import resolve_input
-from producer.loop import Plan, Producer
-from producer.settings import ProducerSettings
-from producer.tokenizer import load_tokenizer
+from tests.support.producers import prompts_producer
 
 
 def test_settle_wakes_the_producers_wait(rclient: redis.Redis, redis_url: str,
                                          tmp_path: Path) -> None:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(f'{{"id": "r{i}", "prompt": "q {i}"}}\n' for i in range(5)))
-    settings = ProducerSettings(input=prompts, run="wk", redis_url=redis_url,
-                                context_length=4096)
-    producer = Producer(settings, load_tokenizer("qwen3.6"), rclient,
-                        Enqueuer(rclient, "wk"), resolve_limits(settings),
-                        Plan(resolve_input(prompts)))
+    producer = prompts_producer(rclient, redis_url, tmp_path, "wk", 5)
     looked = threading.Event()
 
     def work() -> None:
