@@ -15,28 +15,34 @@ the queue without knowing W; growth stops as soon as any of them sees a queue. T
 cores play no part.
 
 Why also from the token rate: a server can admit more than it runs well. vLLM on CPU takes its
-128 sequences at once and queues nothing, yet generates fewer tokens a second at 128 than at 64
-(bench real: the plain client 1.174x slower). So above the start, while the server has never
-queued, the limit grows by a quarter at a time and keeps a step only if the server's own
-counter of generated tokens (vllm:generation_tokens_total, ...) rose with it by MIN_GAIN; a
-step that did not pay goes back to the last one that did; then, on a server that has never
-shown its slots (it admits all it is sent), the limit probes down by the same factor and keeps
-each step down that loses at most MAX_LOSS of the best rate seen: the same tokens a second with
-fewer requests in flight is the same throughput at a shorter latency, so a run's last answers
-end sooner (bench real: 32 in flight beat 64 by 3-6 % on CPU, where the rate is flat from 48 to
-64). The first step down that loses more goes back and holds there for REPROBE_S, then it
-tries again (the prompts' mix changes over a run); each hold that follows a probe which found
-nothing doubles, up to MAX_HOLD_S, since a step up cannot be taken back (its requests run to
-their end, a whole answer's time: ~90 s on CPU) and a server where it did not pay seldom
-changes its mind. A step down counts only once this worker
-holds no more than its new limit: the requests sent before run to their end first. Beyond the
-slots a server has shown, steps are the held queue's size and judged the same way, never down
-(below its slots plus the queue a full server idles). Each rate is measured over a window of
-RATE_STEPS of the server's steps (RATE_STEPS x running tokens, at least RATE_WINDOW_S) that
-opens once the limit is in use and SETTLE_STEPS steps have passed, so that the new requests'
-prefill is behind it. On a GPU below its KV cache, a quarter more in flight gives nearly a
-quarter more tokens a second, and the limit climbs (64 to 512 in ~9 steps of a few seconds);
-there the queue ends the climb. Where a kind counts no tokens, growth is as before.
+128 sequences at once and queues nothing, yet generates fewer tokens a second with more in
+flight (bench real's server: 83-88 tokens/s from 8 to 32, 78-82 from 48 to 128). So while the
+server has never queued, a step up is kept only if the server's own counter of generated
+tokens (vllm:generation_tokens_total, ...) rose with it by MIN_GAIN. The first steps double the
+limit (slow start: kept doubling while a doubling gives at least half of itself, as on a GPU
+below its KV cache, 16 to 512 in five windows); the first that gives less ends the doubling,
+and steps are a quarter from there. A step that did not pay goes back to the last one that
+did; then, on a server that has never shown its slots (it admits all it is sent), the limit
+probes down by a quarter and keeps each step down that loses at most MAX_LOSS of the best rate
+seen in the run: the same tokens a second with fewer in flight is the same throughput at a
+shorter latency, worth at most one answer's time at the run's end, so a step down that loses
+more than noise is not worth it. The first step down that loses more goes back and holds there
+for REPROBE_S, then a quarter up is tried again (the prompts' mix changes over a run); each
+hold that follows a probe which found nothing doubles, up to MAX_HOLD_S.
+
+Why it starts low (START_LIMIT): a step up cannot be taken back (its requests run to their end,
+a whole answer's time: 35-70 s on that CPU server, minutes for long answers on a GPU), while a
+limit too low costs only the steps until the next judgment. Started at 64, above the CPU
+server's flat part, each step down waited for a cohort of answers to end (bench real: 1.075x
+the best plain client); from 16 it is on the flat part at once, and a GPU's doublings reach
+its hundreds within seconds. A step down counts only once this worker holds no more than its
+new limit: the requests sent before run to their end first. Beyond the slots a server has
+shown, steps are the held queue's size and judged the same way, never down (below its slots
+plus the queue a full server idles). Each rate is measured over a window of RATE_STEPS of the
+server's steps (RATE_STEPS x running tokens, at least RATE_WINDOW_S) that opens once nothing
+waits in the server (the new requests are all admitted), the limit is in use and SETTLE_STEPS
+steps have passed, so that their prefill is behind it. Where a kind counts no tokens, growth
+is as before.
 """
 
 from __future__ import annotations
@@ -55,10 +61,9 @@ log = logging.getLogger("fleetgen.worker")
 # How often the pacer reads the engine's queue: a few steps of a GPU's scheduler, so that the
 # limit reaches a server's hundreds of slots within seconds of the first prompt.
 PACE_EVERY_S = 0.5
-# A paced worker's first limit, then doubled per reading: what any GPU server runs at once
-# (vLLM's smallest default --max-num-seqs is 128, on CPU), so the first second is not a ramp;
-# a server with fewer slots cuts it at the first reading.
-START_LIMIT = 64
+# A paced worker's first limit, from which it climbs (the module's doc: start low, since a
+# step up cannot be taken back and a climb costs a few of the server's steps).
+START_LIMIT = 16
 # The queue held in the server once it is full: its running requests over this, at least 2.
 QUEUE_SHARE = 16
 MIN_QUEUE = 2
@@ -68,11 +73,11 @@ PROBE_GROWTH = 1.25
 MIN_GAIN = 0.06
 # A step down is kept if it loses at most this share of the best rate seen at the limits kept
 # (the best, not the last: steps down never add their losses up).
-MAX_LOSS = 0.03
+MAX_LOSS = 0.01
 # The lowest a probe down goes: a server taking 8 at once is one the queue would have shown.
 DOWN_FLOOR = 8
 SETTLE_STEPS = 2
-RATE_STEPS = 8
+RATE_STEPS = 16
 RATE_WINDOW_S = 2.0
 REPROBE_S = 60.0
 MAX_HOLD_S = 960.0
@@ -108,12 +113,27 @@ class RateGate:
         self._hold_s = REPROBE_S  # doubled by each probe that finds nothing (the module's doc)
         self._reprobing = False  # measuring again after a hold
         self._gained = False  # a step up paid since the last hold
+        # Slow start: each step up doubles the limit while a doubling pays at least half of
+        # itself (a GPU below its KV cache: 16 to 512 in five windows); the first that pays
+        # less ends it, and the limit moves by quarters from there.
+        self.doubling = True
+        # The best tokens/s seen at any limit kept, over the whole run: each step down is
+        # judged against it, so that the reprobes, each measuring afresh from the limit in
+        # force, cannot walk the limit down MAX_LOSS at a time.
+        self._peak = 0.0
         self.note = ""  # the last decision, in words (the heartbeat carries it)
 
     def forget(self) -> None:
         """The limit was not in use (or was cut): a window open now would measure the supply
         of prompts, not the server."""
         self._window = None
+
+    def unsettle(self) -> None:
+        """Requests wait in the server (it is still admitting the ones just sent): a window
+        not yet settled would open on their prefill, not on the limit's steady rate (bench
+        real's first window at 64 read low and let a step up to 80 pass as a gain)."""
+        if self._window is not None and not self._window.settled:
+            self._window = None
 
     def holding(self, now: float) -> bool:
         """Held at a limit found by the rate, for the hold in force from the decision."""
@@ -154,12 +174,19 @@ class RateGate:
     def _judge_up(self, limit: int, rate: float, now: float, step: int, floor: int) -> int:
         kept = self._kept
         if kept is None or rate >= kept[1] * (1 + MIN_GAIN):
-            if kept is not None:
-                self._gained = True
-                self.note = (f"{kept[0]} -> {limit} in flight raised its tokens/s "
-                             f"{kept[1]:.0f} -> {rate:.0f}")
+            self._peak = max(self._peak, rate)
+        if kept is None:
             self._kept = (limit, rate)
-            return limit + step
+            return 2 * limit if self.doubling else limit + step
+        if rate >= kept[1] * (1 + MIN_GAIN):
+            self._gained = True
+            self.note = (f"{kept[0]} -> {limit} in flight raised its tokens/s "
+                         f"{kept[1]:.0f} -> {rate:.0f}")
+            self._kept = (limit, rate)
+            # A doubling keeps doubling while it gives at least half its size in tokens/s.
+            self.doubling = self.doubling and rate >= kept[1] * (1 + limit / kept[0]) / 2
+            return 2 * limit if self.doubling else limit + step
+        self.doubling = False
         self.note = (f"held at {kept[0]}: {limit} in flight gave {rate:.0f} tokens/s against "
                      f"{kept[1]:.0f}, less than {MIN_GAIN:.0%} more")
         return self._step_down(kept[0], now, floor)
@@ -167,14 +194,16 @@ class RateGate:
     def _judge_down(self, limit: int, rate: float, now: float, floor: int) -> int:
         kept = self._kept
         assert kept is not None
-        if rate >= kept[1] * (1 - MAX_LOSS):
+        best = max(kept[1], self._peak)
+        if rate >= best * (1 - MAX_LOSS):
             self.note = (f"held at {limit}: {kept[0]} -> {limit} in flight kept its tokens/s "
-                         f"({kept[1]:.0f} -> {rate:.0f})")
+                         f"({best:.0f} -> {rate:.0f})")
             self._kept = (limit, max(kept[1], rate))
+            self._peak = max(self._peak, rate)
             return self._step_down(limit, now, floor)
         self._down = False
         self.note = (f"held at {kept[0]}: {limit} in flight gave {rate:.0f} tokens/s against "
-                     f"{kept[1]:.0f}, more than {MAX_LOSS:.0%} less")
+                     f"{best:.0f}, more than {MAX_LOSS:.0%} less")
         return self._hold(kept[0], limit, now)
 
     def _step_down(self, kept: int, now: float, floor: int) -> int:
@@ -234,6 +263,8 @@ class Pacer:
             self.limit = min(self.ceiling, self._grown(queue, load, in_flight, now))
         elif not in_use:
             self.rate.forget()
+        else:  # a few wait (at most the held queue), or the server is still admitting them
+            self.rate.unsettle()
         return self.limit
 
     def _grown(self, queue: int, load: Load, in_flight: int, now: float) -> int:

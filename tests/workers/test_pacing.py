@@ -4,6 +4,7 @@ workers that pace against real servers: tests/workers/test_pool_size.py)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Callable
@@ -186,29 +187,72 @@ def run_against(pacer: Pacer, rate: Callable[[int], float], *, slots: int = 128,
     return limits
 
 
+# bench real's vLLM on CPU (270 rows, a 96-token cap, core 0): its tokens a second at a fixed
+# number in flight, each over 45 s once 25 s had passed (2026-12-05, /tmp-free: measured with
+# the bench's rows by keeping N requests in flight). Flat from 8 to 32, 9 % lower from 48 on.
+CPU_RATES = [(1, 20.0), (4, 76.7), (8, 83.5), (16, 86.3), (32, 86.0), (48, 78.9), (64, 77.9),
+             (96, 78.8), (128, 78.0)]
+
+
 def cpu_like(running: int) -> float:
-    """vLLM on these CPU cores: 80 tokens/s from 48 in flight, less beyond 64 (the plain
-    client took 1.174x as long at 128 as at 64)."""
-    if running <= 48:
-        return 80.0 * running / 48
-    return 80.0 if running <= 64 else 80.0 * (1 - 0.17 * (running - 64) / 64)
+    """The measured rates, joined by straight lines."""
+    if running <= 0:
+        return 0.0
+    for (x0, y0), (x1, y1) in itertools.pairwise(CPU_RATES):
+        if running <= x1:
+            return y0 + (y1 - y0) * (running - x0) / (x1 - x0)
+    return CPU_RATES[-1][1]
+
+
+def run_rows(limit_of: Callable[[], int], rows: int = 270, answer: int = 96,
+             rate: Callable[[int], float] = cpu_like, tick_s: float = 0.5,
+             seen: Callable[[Load, int, float], object] = lambda *_: None) -> float:
+    """bench real's run on the model: `rows` answers of `answer` tokens each, every request
+    running to its end (a lower limit only stops the refill), the server sharing its rate
+    among what runs. `seen` gets each reading (the load, what is held, the time). The
+    makespan."""
+    left, now, generated = rows, 0.0, 0.0
+    running: list[float] = []  # each request's tokens so far
+    while left or running:
+        while left and len(running) < limit_of():
+            running.append(0.0)
+            left -= 1
+        share = rate(len(running)) / len(running) * tick_s
+        generated += share * len(running)
+        running = [r + share for r in running if r + share < answer]
+        now += tick_s
+        seen(Load(len(running), 0, generated), len(running), now)
+    return now
+
+
+def test_on_the_measured_cpu_server_a_paced_run_is_as_fast_as_the_best_fixed_limit() -> None:
+    """bench real's setting on the model of its server: the best fixed limit (what the best
+    plain client is) against the pacer from its start. Starting at 64, above the flat part,
+    the pacer paid each step down with a whole answer's drain and took 1.059x (bench real
+    measured 1.075x); from 16, with the doubling undone and no step down that loses, ~1.01x."""
+    best = min(run_rows(functools.partial(int, c)) for c in (8, 16, 24, 32, 48, 64, 128))
+    pacer = Pacer(START_LIMIT, 2048)
+    limits: list[int] = []
+
+    def seen(load: Load, held: int, now: float) -> None:
+        limits.append(pacer.observe(load, held, now))
+
+    paced = run_rows(lambda: pacer.limit, seen=seen)
+    assert paced <= 1.03 * best, (paced, best, sorted(set(limits)))
+    assert max(limits) <= 2 * START_LIMIT  # one doubling tried, never 48 and beyond
 
 
 def test_a_server_that_admits_more_than_it_runs_well_is_held_where_its_rate_peaks() -> None:
     """vLLM on CPU queues nothing at 128, so the queue alone doubled the limit to 128 and the
-    run took 1.099x the best plain client (bench real); the token rate undoes the step to 80,
-    then probes down to the fewest in flight that keep the peak rate: 51 (80 tokens/s from 48
-    to 64), not 41 (68)."""
+    run took 1.099x the best plain client (bench real). The token rate undoes the doubling to
+    32 (no gain), then tries 13, which loses more than MAX_LOSS, and holds at 16."""
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     limits = run_against(pacer, cpu_like, seconds=300)
-    assert max(limits) == round(START_LIMIT * PROBE_GROWTH)  # one step up at a time, undone
-    down = round(START_LIMIT / PROBE_GROWTH)
-    assert limits[-1] == down, limits[-1]
-    assert min(limits) == round(down / PROBE_GROWTH)  # tried, lost 15 %, undone
-    assert sum(limits) / len(limits) < START_LIMIT  # the probes are short
-    # 80 is tried once (~12 s: a window of 8 of its steps at a second a step); the reprobes
-    # every REPROBE_S start from the limit kept, 51, and go no higher than 64.
-    assert limits.count(round(START_LIMIT * PROBE_GROWTH)) < 30
+    assert max(limits) == 2 * START_LIMIT  # the doubling, undone
+    assert limits[-1] == START_LIMIT
+    assert min(limits) == round(START_LIMIT / PROBE_GROWTH)  # tried, lost 1.2 %, undone
+    # The reprobes every REPROBE_S and more go a quarter up (20), no longer doubling.
+    assert sorted(set(limits)) == [13, 16, 20, 32]
 
 
 def test_each_probe_that_finds_nothing_doubles_the_hold_before_the_next() -> None:
@@ -217,10 +261,10 @@ def test_each_probe_that_finds_nothing_doubles_the_hold_before_the_next() -> Non
     60 s, then 120, 240, 480 (bench real at the full size paid the same drain twice)."""
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     limits = run_against(pacer, cpu_like, seconds=1200)
-    down = round(START_LIMIT / PROBE_GROWTH)
-    # Reprobes: each time the limit leaves its hold at 51 for 64.
+    up = round(START_LIMIT * PROBE_GROWTH)
+    # Reprobes: each time the limit leaves its hold at 16 for 20.
     starts = [i * 0.5 for i in range(1, len(limits))
-              if limits[i] == START_LIMIT and limits[i - 1] == down]
+              if limits[i] == up and limits[i - 1] == START_LIMIT]
     holds = [b - a for a, b in itertools.pairwise(starts)]
     assert len(starts) >= 4, starts
     assert all(later > 1.8 * earlier for earlier, later in itertools.pairwise(holds)), holds
@@ -238,7 +282,7 @@ def test_a_probe_that_pays_brings_the_hold_back_to_its_first_length() -> None:
 
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     limits = run_against(pacer, changing, slots=1024, seconds=1500)
-    assert max(limits[:1000]) == round(START_LIMIT * PROBE_GROWTH)
+    assert max(limits[:1000]) == 2 * START_LIMIT
     assert max(limits) > 200, max(limits)  # climbed once the rate paid
     # Holds at the limit the climb kept: the first is one REPROBE_S again (the one before the
     # climb had reached 240 s), then they double as the reprobes find nothing.
@@ -252,50 +296,52 @@ def test_a_probe_that_pays_brings_the_hold_back_to_its_first_length() -> None:
 
 def test_a_step_down_is_judged_once_what_was_sent_before_has_ended() -> None:
     """Requests sent at the old limit run to their end: a rate measured while the worker still
-    holds more than its new limit would be the old limit's."""
+    holds more than its new limit would be the old limit's. A server flat from 4 on."""
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     generated, now = 0.0, 0.0
 
     def read(in_flight: int) -> int:
         nonlocal generated, now
-        generated += cpu_like(min(in_flight, 128)) * 0.5
+        generated += (80.0 if in_flight >= 4 else 20.0 * in_flight) * 0.5
         now += 0.5
         return pacer.observe(Load(in_flight, 0, generated), in_flight, now)
 
-    for _ in range(200):  # up to 80, undone to a step below 64
+    for _ in range(200):  # doubled to 32, undone to a step below 16
         if read(pacer.limit) < START_LIMIT:
             break
     down = pacer.limit
     assert down == round(START_LIMIT / PROBE_GROWTH)
-    # The 80 sent before are all still running: a minute of readings changes nothing.
-    assert {read(round(START_LIMIT * PROBE_GROWTH)) for _ in range(120)} == {down}
+    # The 32 sent before are all still running: a minute of readings changes nothing.
+    assert {read(2 * START_LIMIT) for _ in range(120)} == {down}
     # Once they end, the step down is measured and judged (kept: the rate is flat here).
     limits = [read(pacer.limit) for _ in range(60)]
     assert min(limits) < down, limits
 
 
 def test_a_server_whose_rate_grows_with_the_batch_is_climbed_to_its_plateau() -> None:
-    """A GPU below its KV cache: each sequence adds its own tokens a second up to 400 running."""
+    """A GPU below its KV cache: each sequence adds its own tokens a second up to 400 running.
+    The limit doubles while a doubling pays half of itself (16 to 512), overshoots by one
+    (1024: nothing gained), and steps down to the plateau."""
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     limits = run_against(pacer, lambda running: 30.0 * min(running, 400), slots=1024,
                          seconds=120)
     first_300 = next(i for i, limit in enumerate(limits) if limit >= 300) * 0.5
-    assert first_300 < 60, first_300  # a few seconds a step
-    assert 320 <= limits[-1] <= 400 * PROBE_GROWTH, limits[-1]
-    assert max(limits) <= 400 * PROBE_GROWTH ** 2
+    assert first_300 < 30, first_300  # a few seconds a doubling
+    assert 400 <= limits[-1] <= 400 * PROBE_GROWTH, limits[-1]
+    assert max(limits) <= 2 * 512
 
 
 def test_a_rate_with_noise_walks_the_limit_neither_up_nor_down() -> None:
     """±2 % of noise on each reading, on the CPU-like server: a step is judged against 6 % up
-    and 3 % down of the best rate, so no run of lucky readings walks the limit away from the
-    peak (80 tokens/s from 48 to 64, 68 at 41)."""
+    and 1 % down of the best rate, each over 16 of the server's steps, so no run of lucky
+    readings walks the limit out of the flat part (8 to 32) into 48 and beyond (-9 %)."""
     draws = random.Random(48)
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     limits = run_against(pacer, cpu_like, seconds=600,
                          noise=lambda: draws.uniform(0.98, 1.02))
-    assert max(limits) <= round(START_LIMIT * PROBE_GROWTH), max(limits)
-    assert min(limits) >= round(START_LIMIT / PROBE_GROWTH ** 2), min(limits)
-    assert limits[-1] in (round(START_LIMIT / PROBE_GROWTH), START_LIMIT), limits[-1]
+    assert max(limits) <= 2 * START_LIMIT, max(limits)
+    assert min(limits) >= 8, min(limits)
+    assert 10 <= limits[-1] <= 20, limits[-1]
 
 
 def test_a_queue_still_ends_the_climb_where_the_slots_are_full() -> None:
@@ -304,7 +350,7 @@ def test_a_queue_still_ends_the_climb_where_the_slots_are_full() -> None:
     pacer = Pacer(start=START_LIMIT, ceiling=2048)
     limits = run_against(pacer, lambda running: 30.0 * running, slots=150, seconds=120)
     assert 150 < limits[-1] <= 150 + held_queue(150)
-    assert max(limits) == limits[-1]
+    assert max(limits) <= 2 * 128  # the doubling past the slots, cut at the next reading
 
 
 def test_workers_on_one_engine_hold_its_slots_between_them_while_requests_run_long() -> None:
@@ -323,7 +369,7 @@ def test_workers_on_one_engine_hold_its_slots_between_them_while_requests_run_lo
         for request in running:
             request[1] += tick_s
         held = [[r for r in mine if r[1] < service_s] for mine in held]
-        generated += cpu_like(len(running)) * tick_s
+        generated += 30.0 * len(running) * tick_s  # growing to the slots, as a GPU's
         total = sum(len(mine) for mine in held)
         # The gauges are the server's last step; the workers have refilled since (a fetch
         # takes milliseconds, a CPU step a second).
@@ -358,3 +404,27 @@ def test_an_engine_restarted_mid_window_is_measured_afresh() -> None:
     assert pacer.observe(Load(START_LIMIT, 0, 1_000_000.0), START_LIMIT, 0.0) == START_LIMIT
     restarted = run_against(pacer, lambda running: 30.0 * running, slots=1024, seconds=60)
     assert max(restarted) > START_LIMIT, restarted  # measured and stepped up after the restart
+
+
+def test_no_window_opens_while_the_server_is_still_admitting_the_prompts_sent() -> None:
+    """vLLM admits a step's prefill budget of new requests at a time, so for a few readings
+    after the prompts are sent its queue gauge flickers between 0 and a few while the rate is
+    still low. A window that settled in a reading of 0 there read the start low, and the next
+    step up looked like a gain (bench real's first window at 64 let 80 pass). The window's
+    settling starts over at each reading with requests waiting."""
+    pacer = Pacer(start=START_LIMIT, ceiling=2048)
+
+    def steady(count: int) -> float:  # the peak at 16, lower on either side
+        return 80.0 * min(1.0, count / 16) - 0.5 * max(0, count - 16)
+
+    generated, now, limits = 0.0, 0.0, []
+    for tick in range(240):
+        held = pacer.limit
+        admitting = tick < 12
+        generated += (20.0 if admitting else steady(held)) * 0.5
+        now += 0.5
+        waiting = 2 if admitting and tick % 2 else 0
+        limits.append(pacer.observe(Load(held - waiting, waiting, generated), held, now))
+    # The doubling to 32 (72 tokens/s against 80) is undone, not kept against a low start.
+    assert limits[-1] == START_LIMIT, limits
+    assert limits.count(2 * START_LIMIT) < 20, limits

@@ -20,7 +20,7 @@ from producer.enqueue import Enqueuer
 from tests.support.tasks import payloads
 from tests.support.waiting import wait_until
 from tests.support.workers import assert_one_line_exit, heartbeat_key, start_worker, stop
-from workers.pacing import held_queue
+from workers.pacing import START_LIMIT, held_queue
 
 # Starts real Celery worker processes: the fleet tier (tests/conftest.py).
 pytestmark = pytest.mark.fleet
@@ -95,7 +95,7 @@ def test_worker_paces_from_the_queue_of_an_engine_that_reports_no_slots(
     held = [int(b[b"engine_waiting"]) for b in full]
     # Once settled the queue stays small: the median reading, not the first overshoot.
     assert sorted(held)[len(held) // 2] <= 2 * held_queue(slots), held
-    assert "in-flight limit 64: vllm reports no slot count: found from its queue" \
+    assert f"in-flight limit {START_LIMIT}: vllm reports no slot count: found from its queue" \
         in log.read_text()
 
 
