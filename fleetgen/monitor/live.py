@@ -15,6 +15,7 @@ import binascii
 import hmac
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -194,6 +195,19 @@ class _Server(ThreadingHTTPServer):
         self.sampler, self.credentials = sampler, credentials
         self.html = page(sampler.run, sampler.interval_s).encode()
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """socketserver prints a request's error, traceback and all, to stderr: over the
+        operator's terminal, and into whatever else the process prints (a browser closing its
+        tab resets the connection mid-answer; a test's captured stderr got one from a page
+        a test before had left). A client gone away is logged at debug, anything else as a
+        warning."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            log.debug("status page: %s went away (%s)", client_address, error)
+        else:
+            log.warning("status page: a request from %s failed", client_address,
+                        exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -5,6 +5,7 @@ figures go stale: the run's Redis stops answering, or no worker is alive any mor
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 import redis
 
 from fleetgen.local.valkey import EmbeddedValkey
-from fleetgen.monitor.live import Credentials, LivePage
+from fleetgen.monitor.live import Credentials, LivePage, Sampler, make_server
 from fleetgen.queue.contract import worker_key
 from fleetgen.runstate.keys import RunKeys
 from tests.support.browser import chromium, console_errors, require_chromium
@@ -158,3 +159,26 @@ def test_the_page_says_the_run_is_not_moving_once_no_worker_is_alive(
         wait_until(lambda: state(browser)[1] == "ok", 10, "a green page again", poll_s=0.1)
     finally:
         live.stop()
+
+
+def test_a_client_gone_away_prints_nothing_over_the_terminal(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """socketserver's own handle_error prints a traceback to stderr: a browser closing its
+    tab mid-answer wrote 20 lines into another test's captured stderr (fresh-clone make test,
+    tests/exporter/test_bad_input.py). It is logged at debug now; another error is a warning,
+    never a print."""
+    server = make_server(Sampler(redis.Redis(port=1), RUN, 1.0), Credentials(USER, PASSWORD))
+    try:
+        with caplog.at_level(logging.DEBUG, logger="fleetgen"):
+            for error in (ConnectionResetError(104, "Connection reset by peer"),
+                          ValueError("a bug")):
+                try:
+                    raise error
+                except Exception:
+                    server.handle_error(None, ("127.0.0.1", 36516))
+    finally:
+        server.server_close()
+    assert capsys.readouterr().err == ""
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert levels[0][0] == logging.DEBUG and "went away" in levels[0][1], levels
+    assert levels[1][0] == logging.WARNING and "failed" in levels[1][1], levels

@@ -187,9 +187,9 @@ def run_against(pacer: Pacer, rate: Callable[[int], float], *, slots: int = 128,
     return limits
 
 
-# bench real's vLLM on CPU (270 rows, a 96-token cap, core 0): its tokens a second at a fixed
-# number in flight, each over 45 s once 25 s had passed (2026-12-05, /tmp-free: measured with
-# the bench's rows by keeping N requests in flight). Flat from 8 to 32, 9 % lower from 48 on.
+# bench real's vLLM on CPU (its rows, a 96-token cap, core 0): its tokens a second with a fixed
+# number kept in flight, each over 45 s once 25 s had passed (2026-12-05, as `python -m bench
+# real_rates` measures them). Flat from 8 to 32, 9 % lower from 48 on.
 CPU_RATES = [(1, 20.0), (4, 76.7), (8, 83.5), (16, 86.3), (32, 86.0), (48, 78.9), (64, 77.9),
              (96, 78.8), (128, 78.0)]
 
