@@ -26,6 +26,7 @@ BENCHES = {
     "affinity": "bench.affinity",
     "fleet_scale": "bench.fleet_scale",
     "real": "bench.real",
+    "real_rates": "bench.real_rates",
 }
 
 

@@ -39,8 +39,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench real", description=__doc__)
     p.add_argument("--rows", type=int, default=270)
     p.add_argument("--max-tokens", type=int, default=96, help="every answer's cap")
-    # 16 and 32 are where this CPU server's rate is flat (83-88 tokens/s from 8 to 32 in
-    # flight, 78-82 from 48; docs/engines.md); 256 is its 128 slots and 128 waiting.
+    # This CPU server's rate is about the same from 8 to 128 in flight (bench real_rates), so
+    # the best client is among the fewest; 256 is its 128 slots and 128 waiting.
     p.add_argument("--sweep", default="8,16,32,64,128",
                    help="the plain client's concurrencies, comma-separated")
     p.add_argument("--workers-per-engine", default="1,2",

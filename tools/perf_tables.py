@@ -458,6 +458,14 @@ def real_table(figs: Figures) -> str:
                      "in flight"], "lrrrr", rows)
 
 
+def real_rates_table(figs: Figures) -> str:
+    rates = figs["real_rates"]["rates"]
+    best = max(r["tokens_per_s"] for r in rates)
+    rows = [[str(r["in_flight"]), num(r["tokens_per_s"], 1), f"{r['tokens_per_s'] / best:.3f}"]
+            for r in rates]
+    return md_table(["in flight", "tokens/s", "× the best"], "rrr", rows)
+
+
 # block name -> (benches it reads, the function that renders it)
 TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "summary": ((), summary_table),  # renders what there is, names what is missing
@@ -475,6 +483,7 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "central-commands": (("central",), central_commands_table),
     "guard": (("guard",), guard_table),
     "real": (("real",), real_table),
+    "real-rates": (("real_rates",), real_rates_table),
     "scale": (("producer", "drainer", "central"), scale_table),
     "scale-memory": (("central",), scale_memory_table),
     "fleet-scale": (("fleet-scale", "central"), fleet_scale_table),

@@ -15,8 +15,9 @@ the queue without knowing W; growth stops as soon as any of them sees a queue. T
 cores play no part.
 
 Why also from the token rate: a server can admit more than it runs well. vLLM on CPU takes its
-128 sequences at once and queues nothing, yet generates fewer tokens a second with more in
-flight (bench real's server: 83-88 tokens/s from 8 to 32, 78-82 from 48 to 128). So while the
+128 sequences at once and queues nothing, yet generates no more tokens a second for them
+(bench real's server: 77-88 tokens/s at any count from 8 to 128, bench real_rates), so more in
+flight only lengthens each answer and the run's last ones with it. So while the
 server has never queued, a step up is kept only if the server's own counter of generated
 tokens (vllm:generation_tokens_total, ...) rose with it by MIN_GAIN. The first steps double the
 limit (slow start: kept doubling while a doubling gives at least half of itself, as on a GPU
@@ -32,9 +33,9 @@ hold that follows a probe which found nothing doubles, up to MAX_HOLD_S.
 
 Why it starts low (START_LIMIT): a step up cannot be taken back (its requests run to their end,
 a whole answer's time: 35-70 s on that CPU server, minutes for long answers on a GPU), while a
-limit too low costs only the steps until the next judgment. Started at 64, above the CPU
-server's flat part, each step down waited for a cohort of answers to end (bench real: 1.075x
-the best plain client); from 16 it is on the flat part at once, and a GPU's doublings reach
+limit too low costs only the steps until the next judgment. Started at 64, far above what the
+CPU server needs, each step down waited for a cohort of answers to end (bench real: 1.075x
+the best plain client); from 16 it is at that server's rate at once, and a GPU's doublings reach
 its hundreds within seconds. A step down counts only once this worker holds no more than its
 new limit: the requests sent before run to their end first. Beyond the slots a server has
 shown, steps are the held queue's size and judged the same way, never down (below its slots
