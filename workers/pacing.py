@@ -117,10 +117,11 @@ class RateGate:
         # Slow start: each step up doubles the limit while a doubling pays at least half of
         # itself (a GPU below its KV cache: 16 to 512 in five windows); the first that pays
         # less ends it, and the limit moves by quarters from there.
-        self.doubling = True
-        # The best tokens/s seen at any limit kept, over the whole run: each step down is
-        # judged against it, so that the reprobes, each measuring afresh from the limit in
-        # force, cannot walk the limit down MAX_LOSS at a time.
+        self._doubling = True
+        # The best tokens/s seen at any limit kept, over the whole run (never below the kept
+        # one's: `_keep` sets both): each step down is judged against it, so that the
+        # reprobes, each measuring afresh from the limit in force, cannot walk the limit down
+        # MAX_LOSS at a time.
         self._peak = 0.0
         self.note = ""  # the last decision, in words (the heartbeat carries it)
 
@@ -174,20 +175,18 @@ class RateGate:
 
     def _judge_up(self, limit: int, rate: float, now: float, step: int, floor: int) -> int:
         kept = self._kept
-        if kept is None or rate >= kept[1] * (1 + MIN_GAIN):
-            self._peak = max(self._peak, rate)
         if kept is None:
-            self._kept = (limit, rate)
-            return 2 * limit if self.doubling else limit + step
+            self._keep(limit, rate)
+            return 2 * limit if self._doubling else limit + step
         if rate >= kept[1] * (1 + MIN_GAIN):
             self._gained = True
             self.note = (f"{kept[0]} -> {limit} in flight raised its tokens/s "
                          f"{kept[1]:.0f} -> {rate:.0f}")
-            self._kept = (limit, rate)
+            self._keep(limit, rate)
             # A doubling keeps doubling while it gives at least half its size in tokens/s.
-            self.doubling = self.doubling and rate >= kept[1] * (1 + limit / kept[0]) / 2
-            return 2 * limit if self.doubling else limit + step
-        self.doubling = False
+            self._doubling = self._doubling and rate >= kept[1] * (1 + limit / kept[0]) / 2
+            return 2 * limit if self._doubling else limit + step
+        self._doubling = False
         self.note = (f"held at {kept[0]}: {limit} in flight gave {rate:.0f} tokens/s against "
                      f"{kept[1]:.0f}, less than {MIN_GAIN:.0%} more")
         return self._step_down(kept[0], now, floor)
@@ -195,17 +194,20 @@ class RateGate:
     def _judge_down(self, limit: int, rate: float, now: float, floor: int) -> int:
         kept = self._kept
         assert kept is not None
-        best = max(kept[1], self._peak)
+        best = self._peak
         if rate >= best * (1 - MAX_LOSS):
             self.note = (f"held at {limit}: {kept[0]} -> {limit} in flight kept its tokens/s "
                          f"({best:.0f} -> {rate:.0f})")
-            self._kept = (limit, max(kept[1], rate))
-            self._peak = max(self._peak, rate)
+            self._keep(limit, max(kept[1], rate))
             return self._step_down(limit, now, floor)
         self._down = False
         self.note = (f"held at {kept[0]}: {limit} in flight gave {rate:.0f} tokens/s against "
                      f"{best:.0f}, more than {MAX_LOSS:.0%} less")
         return self._hold(kept[0], limit, now)
+
+    def _keep(self, limit: int, rate: float) -> None:
+        self._kept = (limit, rate)
+        self._peak = max(self._peak, rate)
 
     def _step_down(self, kept: int, now: float, floor: int) -> int:
         """The next step below `kept`, or the hold at it once a step would pass the floor."""
