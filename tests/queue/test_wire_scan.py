@@ -3,12 +3,14 @@ real Valkey: exact answers, and never one reply holding the whole queue."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 import redis
 
+from fleetgen.queue.acks import ACKS
 from fleetgen.queue.contract import QUEUE, TaskPayload
 from fleetgen.queue.wire import (
     IN_FLIGHT,
@@ -27,6 +29,18 @@ def _message(run: str, line: int) -> bytes:
     payload = TaskPayload(run=run, line=line, id=f"{run}-{line}", input_ids=[1, 2, 3],
                           max_tokens=8, sampling={}, row={})
     return task_message(payload)
+
+
+@pytest.fixture
+def channel(redis_url: str) -> Iterator[Any]:
+    """A channel of fleetgen's transport, closed before the test's Valkey stops (an unclosed
+    one hands its messages back at exit, to a Valkey gone by then)."""
+    from kombu import Connection
+
+    from fleetgen.queue.broker import Transport
+
+    with Connection(redis_url, transport=Transport) as connection:
+        yield connection.default_channel
 
 
 def _fill(client: redis.Redis, queued: dict[str, range], unacked: dict[str, range]) -> None:
@@ -99,21 +113,18 @@ def test_queued_counts_the_shared_queue_and_every_workers_own(rclient: redis.Red
     assert queued(rclient) == 6
 
 
-def test_held_lines_come_from_the_in_flight_index_not_the_copies(redis_url: str,
+def test_held_lines_come_from_the_in_flight_index_not_the_copies(channel: Any,
                                                                  rclient: redis.Redis) -> None:
     """Messages held through fleetgen's transport are found from `IN_FLIGHT` (~50 bytes each)
     without reading their ~4.6 KB copies; an entry whose copy is gone (removed by a path that
     left it) is neither counted nor kept; an ack removes the entry with the copy."""
-    from kombu import Connection
-
-    from fleetgen.queue.broker import Transport
-
     rclient.delete(QUEUE, KOMBU_UNACKED, KOMBU_UNACKED_INDEX, IN_FLIGHT)
     rclient.lpush(QUEUE, *(_message("a", n) for n in range(1, 201)))
-    channel: Any = Connection(redis_url, transport=Transport).default_channel
     held = [channel.basic_get(QUEUE, no_ack=False) for _ in range(150)]
     assert rclient.hlen(IN_FLIGHT) == 150
     channel.basic_ack(held[0].delivery_tag)
+    # The ack's removal runs on the acks thread (fleetgen/queue/acks.py): read after it lands.
+    assert ACKS.settle(5), "the ack still waits on Valkey"
     rclient.hset(IN_FLIGHT, "gone", "7 a")  # its copy is not in `unacked`
     before = int(rclient.info("stats")["total_net_output_bytes"])
     found = slots_in_flight(rclient, "a")
@@ -125,17 +136,12 @@ def test_held_lines_come_from_the_in_flight_index_not_the_copies(redis_url: str,
     assert not rclient.hexists(IN_FLIGHT, "gone") and rclient.hlen(IN_FLIGHT) == 149
 
 
-def test_a_held_message_missing_from_the_index_is_still_in_flight(redis_url: str,
+def test_a_held_message_missing_from_the_index_is_still_in_flight(channel: Any,
                                                                   rclient: redis.Redis) -> None:
     """A copy without an IN_FLIGHT entry (an older worker's) is counted, even when a stale
     entry makes the index as long as the unacked hash; only such copies are read."""
-    from kombu import Connection
-
-    from fleetgen.queue.broker import Transport
-
     rclient.delete(QUEUE, KOMBU_UNACKED, KOMBU_UNACKED_INDEX, IN_FLIGHT)
     rclient.lpush(QUEUE, *(_message("a", n) for n in range(1, 101)))
-    channel: Any = Connection(redis_url, transport=Transport).default_channel
     for _ in range(100):
         channel.basic_get(QUEUE, no_ack=False)
     _fill(rclient, {}, {"a": range(500, 501), "b": range(600, 601)})  # copies, no entries
@@ -148,20 +154,16 @@ def test_a_held_message_missing_from_the_index_is_still_in_flight(redis_url: str
     assert read < 2 * len(_message("a", 1)) + 100 * 100 + 2000, read
 
 
-def test_unrenewed_leases_read_the_index_not_the_copies(redis_url: str,
+def test_unrenewed_leases_read_the_index_not_the_copies(channel: Any,
                                                         rclient: redis.Redis) -> None:
     """A dead holder's tags are told by run from their IN_FLIGHT entries; a copy is read only
     for a tag without one."""
-    from kombu import Connection
-
-    from fleetgen.queue.broker import Transport
     from fleetgen.queue.serverclock import server_time
     from fleetgen.queue.wire import LEASES, unrenewed_leases
 
     rclient.delete(QUEUE, KOMBU_UNACKED, KOMBU_UNACKED_INDEX, IN_FLIGHT, LEASES)
     rclient.lpush(QUEUE, *(_message("a", n) for n in range(1, 41)))
     rclient.lpush(QUEUE, *(_message("b", n) for n in range(1, 11)))
-    channel: Any = Connection(redis_url, transport=Transport).default_channel
     for _ in range(50):
         channel.basic_get(QUEUE, no_ack=False)
     later = server_time(rclient) + 1
