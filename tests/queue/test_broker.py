@@ -333,7 +333,7 @@ def test_an_ack_waits_on_valkey_off_the_calling_thread(redis_url: str,
     started = time.monotonic()
     channel.qos.ack("slow")
     returned_s = time.monotonic() - started
-    assert returned_s < 0.5, f"the ack waited {returned_s:.1f} s on the paused Valkey"
+    assert returned_s < 1.0, f"the ack waited {returned_s:.1f} s on the paused Valkey"
     assert channel.qos.held() == 0 and ACKS.pending() == 1
     assert rclient.hexists(KOMBU_UNACKED, "slow"), "the pause did not hold the ack's write"
     _settled()
