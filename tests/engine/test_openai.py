@@ -167,6 +167,15 @@ class LlamaLike(BaseHTTPRequestHandler):
         pass
 
 
+def test_llama_cpp_says_where_its_slot_count_comes_from() -> None:
+    """The limit's source on the terminal names the field read ("llama.cpp reports 2 running
+    requests (/props total_slots)"); it said "(None)" for llama.cpp."""
+    with serving(LlamaLike) as url:
+        limits = openai.llama_cpp_limits(url)
+    assert (limits.max_running_requests, limits.running_requests_from) == (
+        2, "/props total_slots")
+
+
 def test_llama_cpp_gets_its_own_name_for_the_repetition_penalty() -> None:
     """llama.cpp reads `repeat_penalty` (server-schema.cpp `make_llama_cmpl_schema`) and drops
     what its schema lacks: the client that detected llama.cpp renames it; vLLM and SGLang keep

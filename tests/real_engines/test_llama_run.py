@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from fleetgen import exitcodes
@@ -72,3 +73,27 @@ def test_run_refuses_a_server_whose_template_disagrees(
     assert "Traceback" not in done.stderr
     assert "starting run" not in done.stdout
     assert not (tmp_path / "out" / "llama" / ".fleetgen-state").exists()
+
+
+def test_bench_real_smoke_on_llama_cpp_holds_its_slots_from_the_start(
+        llama_server: list[LlamaServer], llama_binary: Path, llama_model: Path,
+        tmp_path: Path) -> None:
+    """`python -m bench real --engine llama` in small: llama.cpp reports its slots (/props
+    `total_slots`), so `fleetgen run` holds K + 1 from its first request, says where K came
+    from, and takes no longer than the plain client at K (loose: the server is not pinned)."""
+    from bench.real import fleetgen as bench_fleetgen
+    from bench.real import plain, write_rows
+
+    slots = 4
+    server = LlamaServer(llama_binary, llama_model, tmp_path / "llama.log",
+                         args=["-c", str(slots * 1024), "-np", str(slots), *OFFICIAL])
+    llama_server.append(server.start())
+    rows, ids = tmp_path / "rows.jsonl", tmp_path / "ids.json"
+    ids.write_bytes(orjson.dumps(write_rows(rows, 24)))
+    baseline = plain(server.url, ids, slots, 24)
+    run = bench_fleetgen(server.url, rows, 1, 24, tmp_path)
+    assert run.tokens == baseline.tokens == 24 * 24  # the random model never stops
+    assert max(run.series) == slots + 1, run.series
+    assert f"llama.cpp reports {slots} running requests (/props total_slots): K + 1 = " \
+        f"{slots + 1}" in (run.limit_line or ""), run.limit_line
+    assert run.makespan_s < 1.5 * baseline.makespan_s, (run.makespan_s, baseline.makespan_s)
