@@ -36,11 +36,13 @@ def test_k_plus_one_requests_one_waits(start_sim: StartSim, pool: ThreadPoolExec
         assert 'sglang:num_queue_reqs{model_name="fleetgen-sim"} 1.0' in client.get("/metrics").text
         latencies = sorted(f.result().json()["meta_info"]["e2e_latency"] for f in futures)
     assert all(latency >= service_s for latency in latencies)
-    assert latencies[1] < 1.8 * service_s
-    # The third waited for a slot: one service time of its own plus the rest of another's.
-    # Not 2x: its e2e latency counts from its own arrival, which on a loaded machine lands up
-    # to a few tens of ms after the first two (measured 0.548 s for 2 x 0.3 s under load 6).
-    assert latencies[2] >= 1.5 * service_s
+    # Told apart by differences, not by bounds on each: a loaded machine can stall the whole
+    # simulator a second (CI: 1.97 s for a 1 s answer that never waited), which lengthens
+    # every answer running then alike. The two admitted at once run side by side; the third
+    # waited for a slot: a service time of its own plus the rest of another's (not a whole
+    # one more: its e2e latency counts from its own arrival, which can land after theirs).
+    assert latencies[1] - latencies[0] < 0.5 * service_s, latencies
+    assert latencies[2] - latencies[1] >= 0.5 * service_s, latencies
 
 
 def test_waiting_requests_are_served_first_come_first_served(
@@ -133,25 +135,29 @@ def test_client_disconnect_frees_the_slot(start_sim: StartSim) -> None:
         assert stats(client)["requests_total"] == {"499": 1}
         quick = generate(client, [2], 1)
         assert quick.status_code == 200
-        assert quick.json()["meta_info"]["e2e_latency"] < 1.0
+        # Not behind the abandoned 500 tokens (10 s); seconds of slack for a loaded machine.
+        assert quick.json()["meta_info"]["e2e_latency"] < 5.0
 
 
 def test_busy_slot_seconds_is_the_sum_of_service_times(
     start_sim: StartSim, pool: ThreadPoolExecutor
 ) -> None:
-    # 100 ms a token (4.75 s of service): the 25 % slack is a second, more than a loaded
-    # machine holds a thread up (CI: 0.8 s), where 20 ms gave it 0.3 s.
-    sim = start_sim(max_running_requests=4, ttft_ms=50, tpot_ms=100,
+    sim = start_sim(max_running_requests=4, ttft_ms=50, tpot_ms=TPOT_MS,
                     output_tokens_mean=ENDLESS)
-    tokens = [5, 10, 10, 15, 5]  # five requests on four slots: one waits
-    expected_s = sum(0.05 + n * 0.1 for n in tokens)
-    with httpx.Client(base_url=sim.url, timeout=30) as client:
+    # Five requests on four slots: one waits, whichever arrives last, at least 0.55 s.
+    tokens = [25, 30, 30, 35, 25]
+    expected_s = sum(0.05 + n * TPOT_MS / 1000 for n in tokens)
+    with httpx.Client(base_url=sim.url, timeout=10) as client:
         futures = [pool.submit(generate, client, [i], n) for i, n in enumerate(tokens)]
-        assert all(f.result().status_code == 200 for f in futures)
+        latencies = [f.result().json()["meta_info"]["e2e_latency"] for f in futures]
         busy = stats(client)["busy_slot_seconds_total"]
         metric = [line for line in client.get("/metrics").text.splitlines()
                   if line.startswith("fleetgen_sim_busy_slot_seconds_total")]
-    assert expected_s <= busy <= expected_s * 1.25
+    assert expected_s <= busy
+    # The waiting one's wait is in its e2e latency, not in the busy slots: at least the
+    # shortest service (0.55 s) less the arrivals' spread. Against the answers' own latencies,
+    # not a bound of its own: a loaded machine stalling the simulator lengthens both alike.
+    assert busy <= sum(latencies) - 0.3, (busy, latencies)
     assert float(metric[0].split()[-1]) == pytest.approx(busy, rel=0.2)
 
 

@@ -73,7 +73,9 @@ def test_decode_time_follows_the_verify_steps(start_sim: StartSim) -> None:
         meta = spec_meta(client, PROMPTS[1], 200)
     latency, steps = float(meta["e2e_latency"]), int(meta["spec_verify_ct"])
     assert steps < 100
-    assert steps * 0.020 <= latency < steps * 0.020 + 1.0 < 200 * 0.020
+    # Below what 200 passes take (4 s): the slack is their difference, seconds, which a
+    # loaded machine stalling the simulator (CI: 1 s) cannot eat, where a fixed 1 s could be.
+    assert steps * 0.020 <= latency < 200 * 0.020, (steps, latency)
 
 
 def test_no_spec_fields_without_an_algorithm(start_sim: StartSim) -> None:
