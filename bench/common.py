@@ -93,13 +93,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def save(name: str, data: dict[str, Any],
-         arguments: dict[str, Any] | None = None) -> Path:
+def save(name: str, data: dict[str, Any], arguments: dict[str, Any] | None = None,
+         command: str | None = None) -> Path:
     """Write bench/figures/<name>.json: the figures plus the machine, the date, the sizes
-    (the bench's arguments) and the git commit they were measured at."""
+    (the bench's arguments) and the git commit they were measured at. `command` is what
+    ran it where that is not `python -m bench <name>`."""
     FIGURES_DIR.mkdir(parents=True, exist_ok=True)
     data = {"bench": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "run": os.environ.get(RUN_ENV) or f"python -m bench {name} (alone)",
+            "run": os.environ.get(RUN_ENV) or f"{command or f'python -m bench {name}'} (alone)",
             "commit": git_commit(), "machine": machine(),
             "arguments": {k: str(v) if isinstance(v, Path) else v
                           for k, v in (arguments or {}).items()},

@@ -251,7 +251,8 @@ def main(argv: list[str]) -> int:
         name = "real" if args.engine == "vllm" else f"real-{args.engine}"
         path = save(name, figures, {"rows": args.rows, "max_tokens": args.max_tokens,
                                     "sweep": sweep, "workers_per_engine": shares,
-                                    "server": args.engine_url or server.named()})
+                                    "server": args.engine_url or server.named()},
+                    command=f"python -m bench real --engine {args.engine}")
         print(f"figures: {path.relative_to(ROOT)}")
     return 0
 
