@@ -90,11 +90,13 @@ def test_bench_real_smoke_on_llama_cpp_holds_its_slots_from_the_start(
     server = LlamaServer(llama_binary, llama_model, tmp_path / "llama.log",
                          args=["-c", str(slots * 1024), "-np", str(slots), *OFFICIAL])
     llama_server.append(server.start())
+    # ~8 s of answers on a quiet machine: the terminal names the limit once it has held over
+    # two of its looks (fleetgen/cli/runview.py, 2 s apart); a 2 s run ends before.
     rows, ids = tmp_path / "rows.jsonl", tmp_path / "ids.json"
-    ids.write_bytes(orjson.dumps(write_rows(rows, 24)))
-    baseline = plain(server.url, ids, slots, 24)
-    run = bench_fleetgen(server.url, rows, 1, 24, tmp_path)
-    assert run.tokens == baseline.tokens == 24 * 24  # the random model never stops
+    ids.write_bytes(orjson.dumps(write_rows(rows, 60)))
+    baseline = plain(server.url, ids, slots, 48)
+    run = bench_fleetgen(server.url, rows, 1, 48, tmp_path)
+    assert run.tokens == baseline.tokens == 60 * 48  # the random model never stops
     assert max(run.series) == slots + 1, run.series
     assert f"llama.cpp reports {slots} running requests (/props total_slots): K + 1 = " \
         f"{slots + 1}" in (run.limit_line or ""), run.limit_line
