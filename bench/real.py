@@ -12,7 +12,7 @@ arg_utils.py `get_batch_defaults`). Each client in turn runs pinned to core 1:
   with `--workers-per-engine 2`.
 `--engine llama` runs the same against llama.cpp's server (the tiny Qwen3.6-vocabulary GGUF of
 tests/support/llama.py, `-np SLOTS`, one thread, core 0), which reports its slots (/props
-`total_slots`): there fleetgen's limit is the slots plus a small queue from its first request,
+`total_slots`): there fleetgen's limit is the slots plus one (K + 1) from its first request,
 and the figures go to bench/figures/real-llama.json.
 The random model never stops on its own, so every client asks for the same tokens. fleetgen's
 makespan is its first request's start to its last answer (from the results' `finished_at` and
@@ -152,9 +152,10 @@ def fleetgen(url: str, rows: Path, workers: int, max_tokens: int, work: Path) ->
 class PinnedServer:
     """The real server on core 0, the vLLM tier's or llama.cpp's (or a URL given)."""
 
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        self.url, self._work = args.engine_url, work
-        self._engine, self._slots = args.engine, args.llama_slots
+    def __init__(self, work: Path, url: str | None = None, engine: str = "vllm",
+                 llama_slots: int = 8) -> None:
+        self.url, self._work = url, work
+        self._engine, self._slots = engine, llama_slots
         self._server: Any = None
 
     def __enter__(self) -> str:
@@ -222,7 +223,7 @@ def main(argv: list[str]) -> int:
         rows = work / "rows.jsonl"
         ids_path = work / "ids.json"
         ids_path.write_bytes(orjson.dumps(write_rows(rows, args.rows)))
-        server = PinnedServer(args, work)
+        server = PinnedServer(work, args.engine_url, args.engine, args.llama_slots)
         with server as url:
             plains = [plain(url, ids_path, c, args.max_tokens) for c in sweep]
             runs = [fleetgen(url, rows, w, args.max_tokens, work) for w in shares]

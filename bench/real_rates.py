@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
         work = Path(tmp)
         ids = work / "ids.json"
         ids.write_bytes(orjson.dumps(write_rows(work / "rows.jsonl", 270)))
-        with PinnedServer(args.engine_url, work) as url:
+        with PinnedServer(work, args.engine_url) as url:
             argv_client = [sys.executable, "-m", "bench.real_rates", "--client", "--ids",
                            str(ids), "--engine-url", url, "--counts", args.counts,
                            "--max-tokens", str(args.max_tokens), "--warm-s", str(args.warm_s),

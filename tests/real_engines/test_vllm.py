@@ -244,6 +244,21 @@ def test_bench_real_smoke_the_token_rate_holds_the_limit_below_the_servers_128(
     assert run.makespan_s < 1.5 * baseline.makespan_s, (run.makespan_s, baseline.makespan_s)
 
 
+def test_bench_real_rates_smoke_reads_the_servers_own_token_counter(
+        vllm: VllmServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench real_rates` in small, on the module's server: its pinned client keeps
+    each count in flight and the rate is the server's `vllm:generation_tokens_total` over the
+    window, a positive figure per count (the bench's call of PinnedServer once broke unseen)."""
+    from bench.real_rates import main
+
+    assert main(["--engine-url", vllm.url, "--counts", "2,4", "--max-tokens", "8",
+                 "--warm-s", "1", "--window-s", "3", "--no-save"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["2"], ["4"])]
+    assert [r[0] for r in rows] == ["2", "4"], rows
+    assert all(float(r[1]) > 0 for r in rows), rows
+
+
 def test_the_servers_template_is_fleetgens_token_for_token(vllm: VllmServer,
                                                            tmp_path: Path) -> None:
     """vLLM renders each row's messages with the model directory's chat_template.jinja: the
