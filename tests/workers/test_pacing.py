@@ -189,7 +189,7 @@ def run_against(pacer: Pacer, rate: Callable[[int], float], *, slots: int = 128,
 
 # bench real's vLLM on CPU (its rows, a 96-token cap, core 0): its tokens a second with a fixed
 # number kept in flight, each over 45 s once 25 s had passed, measured twice on 2026-12-05 (by
-# hand, then by `python -m bench real_rates`: bench/figures/real-rates.json). Lower at 4; from 8
+# hand, then by `python -m bench real_rates`: bench/figures/real_rates.json). Lower at 4; from 8
 # to 128 within 77-88 tokens/s, with no order that held in both.
 CPU_RATES = [(1, 20.0), (4, 76.7), (8, 83.5), (16, 86.3), (32, 86.0), (48, 78.9), (64, 77.9),
              (96, 78.8), (128, 78.0)]
