@@ -461,6 +461,10 @@ def test_a_remote_control_reply_never_holds_the_loop_on_a_slow_valkey(
                    "the worker's heartbeat", check=lambda: _alive(worker, worker_log))
         # Once outside the pause: the worker answers (and its producer pool has a channel).
         assert app.control.ping(destination=[name], timeout=10) == [{name: {"ok": "pong"}}]
+        # The worker writes a reply's line once its publish returns, which can be after the
+        # caller took the reply: this one's line is waited for, or it reads as the next one's.
+        wait_until(lambda: CONTROL_REPLY.search(worker_log.read_text()) is not None, 15,
+                   "the worker's line for its first reply")
         since = worker_log.stat().st_size
         put_fanout = kombu_redis.Channel._put_fanout
 
@@ -499,6 +503,8 @@ def test_a_remote_control_reply_never_holds_the_loop_on_a_slow_valkey(
         # The fault landed: the reply was sent inside the pause and taken only after it, and
         # the caller got it then.
         pinger.join(PAUSE_S + 20)
+        wait_until(lambda: CONTROL_REPLY.search(_since(worker_log, since)) is not None, 15,
+                   "the worker's line for its reply")
         published = [(thread, round(float(s) - paused_wall, 1), round(float(a) - paused_wall, 1))
                      for thread, s, a in CONTROL_REPLY.findall(_since(worker_log, since))]
         print(f"\n[control reply off the loop] seen during the {PAUSE_S:g} s write pause: {at} "
