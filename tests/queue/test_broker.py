@@ -10,6 +10,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
@@ -40,9 +41,23 @@ def _settled() -> None:
     assert ACKS.settle(5), "an ack still waits on Valkey"
 
 
+_OPEN: list[Any] = []  # the connections of this test's channels
+
+
+@pytest.fixture(autouse=True)
+def _close_channels() -> Iterator[None]:
+    """Each channel closed before the test's Valkey stops: one left open hands back what it
+    holds from kombu's exit hook (`restore_unacked_once`), to a Valkey gone by then, and
+    prints a traceback per channel at the end of the run."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _channel(url: str) -> broker.Channel:
     app = make_app(url, visibility_timeout_s=60)
     conn = app.connection_for_write()
+    _OPEN.append(conn)
     assert isinstance(conn.transport, broker.Transport)
     channel = conn.default_channel
     assert isinstance(channel, broker.Channel)
