@@ -251,7 +251,11 @@ class LlamaServer(EngineProcess):
 
     @property
     def argv(self) -> list[str]:
-        return [str(self.binary), "-m", str(self.model), *self.args,
+        # One thread (`args` may say otherwise; llama.cpp takes the last): its default of one a
+        # core syncs them at every step, and a descheduled one holds the other. In make test
+        # beside a busy loop the llama smoke ran at 265-364 ms a token and timed out (300 s).
+        # Alone beside two busy loops: 67 ms a token with 2 threads (150 s), 39 ms with 1 (76 s).
+        return [str(self.binary), "-m", str(self.model), "-t", "1", "-tb", "1", *self.args,
                 "--host", "127.0.0.1", "--port", str(self.port)]
 
     def kill(self) -> None:
