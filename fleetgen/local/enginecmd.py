@@ -19,22 +19,42 @@ GPU = "{gpu}"
 EXAMPLE = ("python -m sglang.launch_server --model-path /models/m --context-length 8192 "
            "--port {port}")
 DEVICE_FILE = re.compile(r"nvidia(\d+)$")
+# A shell's `NAME=value` before the program: the environment of that one command.
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 @dataclass(frozen=True)
 class EngineCommand:
     """The user's launch line, split as a shell would (no shell runs it: a pipe or `&&` needs
-    `bash -c '...'`), with `{port}` and `{gpu}` filled in per engine."""
+    `bash -c '...'`), with `{port}` and `{gpu}` filled in per engine. Leading `NAME=value`
+    words are taken as a shell takes them, the engine's environment (`env`), not its program:
+    `SGLANG_USE_CPU_ENGINE=1 python -m sglang.launch_server ...` works as typed. fleetgen's own
+    CUDA_VISIBLE_DEVICES (the engine's GPU group) is set after them: the group wins."""
 
     template: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def program(self) -> str:
         return self.template[0]
 
     def argv(self, port: int, gpus: Sequence[str]) -> list[str]:
-        return [word.replace(PORT, str(port)).replace(GPU, ",".join(gpus))
-                for word in self.template]
+        return [_fill(word, port, gpus) for word in self.template]
+
+    def environment(self, port: int, gpus: Sequence[str]) -> dict[str, str]:
+        return {name: _fill(value, port, gpus) for name, value in self.env}
+
+
+def _fill(word: str, port: int, gpus: Sequence[str]) -> str:
+    return word.replace(PORT, str(port)).replace(GPU, ",".join(gpus))
+
+
+def _split_assignments(words: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    env: list[tuple[str, str]] = []
+    while words and ASSIGNMENT.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env.append((name, value))
+    return env, words
 
 
 def parse_engine_cmd(cmd: str, which: Callable[[str], str | None] = shutil.which,
@@ -45,8 +65,10 @@ def parse_engine_cmd(cmd: str, which: Callable[[str], str | None] = shutil.which
         words = shlex.split(cmd)
     except ValueError as exc:
         raise ConfigError(f"--engine-cmd does not split into words ({exc}): {cmd!r}") from None
+    env, words = _split_assignments(words)
     if not words:
-        raise ConfigError(f"--engine-cmd is empty; e.g. --engine-cmd '{EXAMPLE}'")
+        what = "sets variables but names no program" if env else "is empty"
+        raise ConfigError(f"--engine-cmd {what}; e.g. --engine-cmd '{EXAMPLE}'")
     if not any(PORT in word for word in words):
         raise ConfigError(f"--engine-cmd must contain {PORT}, where fleetgen puts each "
                           f"engine's port: e.g. --engine-cmd '{EXAMPLE}'")
@@ -56,7 +78,7 @@ def parse_engine_cmd(cmd: str, which: Callable[[str], str | None] = shutil.which
         where = "is not an executable file" if "/" in program else "is not on PATH"
         raise ConfigError(f"--engine-cmd: program {program!r} {where}; give its full path "
                           "or activate the environment that has it")
-    return EngineCommand(tuple(words))
+    return EngineCommand(tuple(words), tuple(env))
 
 
 def _executable(path: str) -> str | None:

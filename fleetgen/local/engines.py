@@ -223,7 +223,8 @@ class SupervisedEngine:
             self.proc = subprocess.Popen(
                 dying_with_parent(self.command.argv(self.port, self.gpus)), stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": ",".join(self.gpus)})
+                env={**os.environ, **self.env, **self.command.environment(self.port, self.gpus),
+                     "CUDA_VISIBLE_DEVICES": ",".join(self.gpus)})
         self._started_at = time.monotonic()
 
     def _await_ready(self) -> str | None:

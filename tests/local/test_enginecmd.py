@@ -32,7 +32,23 @@ def test_port_and_gpu_are_filled_in_per_engine() -> None:
         "--json", '{"a": 1}']
 
 
+def test_a_shells_variable_prefix_is_the_engines_environment() -> None:
+    # As typed for the CPU SGLang (docs/engines.md): before, the program was
+    # 'SGLANG_USE_CPU_ENGINE=1', "not on PATH".
+    cmd = parse_engine_cmd("SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1 LOG=/l/{gpu} python -m "
+                           "sglang.launch_server --port {port}", which=found)
+    assert cmd.program == "python"
+    assert cmd.argv(30001, ("2",)) == ["python", "-m", "sglang.launch_server", "--port",
+                                       "30001"]
+    assert cmd.environment(30001, ("2",)) == {"SGLANG_USE_CPU_ENGINE": "1",
+                                              "OMP_NUM_THREADS": "1", "LOG": "/l/2"}
+    # `env NAME=value prog` is a program of its own, left as it is.
+    plain = parse_engine_cmd("env A=1 python --port {port}", which=lambda n: f"/usr/bin/{n}")
+    assert plain.program == "env" and plain.environment(1, ("0",)) == {}
+
+
 @pytest.mark.parametrize(("cmd", "says"), [
+    ("A=1 B=2", "sets variables but names no program"),
     ("python -m sglang.launch_server --port 30000", "must contain {port}"),
     ("", "is empty"),
     ("python 'unclosed", "does not split"),

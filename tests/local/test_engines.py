@@ -255,3 +255,22 @@ def test_an_engine_that_cannot_be_started_at_all_fails_and_is_settled(tmp_path: 
         assert said[0].startswith("engine0 failed to start: ") and "/no/such/server" in said[0]
     finally:
         engines.stop()
+
+
+def test_a_launch_lines_variables_reach_the_engine_and_the_group_wins(tmp_path: Path) -> None:
+    # `NAME=value prog ...` as a shell line (SGLang on CPU needs SGLANG_USE_CPU_ENGINE=1):
+    # the engine sees the variables, {gpu} filled in, and its own GPU group whatever the
+    # line says of CUDA_VISIBLE_DEVICES.
+    seen = tmp_path / "env.txt"
+    script = ("import os, sys; open(sys.argv[1], 'w').write(os.environ['FLEETGEN_T'] + ' ' "
+              "+ os.environ['CUDA_VISIBLE_DEVICES']); os.execv(sys.executable, [sys.executable]"
+              " + sys.argv[2:])")
+    cmd = (f"FLEETGEN_T=gpu{{gpu}} CUDA_VISIBLE_DEVICES=7 {shlex.quote(sys.executable)} -c "
+           f"{shlex.quote(script)} {seen} -m fleetgen.simulator --port {{port}} --ttft-ms 0")
+    engines = engines_of(tmp_path, cmd)
+    engines.start(Said())
+    try:
+        wait_until(lambda: ready(engines), 30)
+    finally:
+        engines.stop()
+    assert seen.read_text() == "gpu0 0"
