@@ -16,6 +16,14 @@ from fleetgen.errors import ConfigError, EngineError, PermanentError
 from workers.pacing import START_LIMIT, LimitPlan
 from workers.settings import WorkerSettings
 
+# A reported slot count above this is a bound, not a batch to fill: SGLang sizes
+# `max_running_requests` from its token pool when not given one (0.5.23 on CPU reports 4,096
+# for a 65,536-token pool), and holding K + 1 sent every prompt of a 120-row run at once, to
+# the first server ready. Above it the worker paces by the server's token rate, as for vLLM,
+# with K + 1 as the ceiling; at or below it (a batch size set by hand, a CUDA-graph-sized
+# server, every simulator of the suite) K + 1 is held from the start.
+PACE_REPORTED_ABOVE = 256
+
 log = logging.getLogger("fleetgen.worker")
 
 WAIT_LOG_EVERY_S = 30.0
@@ -130,6 +138,9 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
     share of them), else paced from its queue, else FALLBACK_LIMIT with a warning."""
     share = settings.share()
     size = None if limits.servers_behind else proto.pool_size(limits)
+    if size and reader is not None and reader.gauges.generated is not None \
+            and (limits.max_running_requests or 0) > PACE_REPORTED_ABOVE:
+        return _paced_below_slots(limits, settings, reader, share_of(size, share))
     if size:
         why = (f"{limits.engine} reports {limits.max_running_requests} running requests "
                f"({limits.running_requests_from}): K + 1 = {size}")
@@ -163,6 +174,20 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
     return LimitPlan(pool=FALLBACK_LIMIT, limit=FALLBACK_LIMIT,
                      source=f"{limits.engine} reports neither its slot count nor its queue on "
                             f"/metrics: {FALLBACK_LIMIT}; pass -c to set it")
+
+
+def _paced_below_slots(limits: ServerLimits, settings: WorkerSettings, reader: LoadReader,
+                       ceiling: int) -> LimitPlan:
+    share = settings.share()
+    start = min(START_LIMIT, ceiling)
+    if share[1] > 1:
+        start = share_of(start, share)
+    why = (f"{limits.engine} reports {limits.max_running_requests} running requests "
+           f"({limits.running_requests_from}), more than {PACE_REPORTED_ABOVE}: a bound, so "
+           f"found from its queue and token rate ({reader.gauges.generated}) up to "
+           f"{ceiling}, starting at {start}")
+    return LimitPlan(pool=ceiling, limit=start, source=why, paced=True,
+                     slots=limits.max_running_requests)
 
 
 def fixed_plan(concurrency: int, limits: ServerLimits) -> LimitPlan:

@@ -171,6 +171,35 @@ def test_the_plan_takes_the_reported_slots_then_the_queue_then_a_fallback() -> N
         plan_limit(PROTOCOLS["sglang"], router, settings_of(), None)
 
 
+class SglangReader:
+    gauges = Gauges("sglang:num_running_reqs", "sglang:num_queue_reqs",
+                    "sglang:generation_tokens_total")
+
+
+def test_a_slot_count_sized_from_the_token_pool_is_a_ceiling_paced_up_to() -> None:
+    # The real SGLang 0.5.23 on CPU reports 4,096 (its token pool's share): K + 1 = 4097 sent
+    # a whole 120-row run at once, to the first server ready, and left a second one idle.
+    cpu = ServerLimits(context_length=4096, max_running_requests=4096,
+                       running_requests_from="internal_states")
+    plan = plan_limit(PROTOCOLS["sglang"], cpu, settings_of(),
+                      SglangReader())  # type: ignore[arg-type]
+    assert (plan.pool, plan.limit, plan.paced, plan.slots) == (4097, START_LIMIT, True, 4096)
+    assert "more than 256: a bound" in plan.source
+    # Without the token counter there is nothing to judge a step by: K + 1 as before.
+    blind = plan_limit(PROTOCOLS["sglang"], cpu, settings_of(), Reader())  # type: ignore[arg-type]
+    assert (blind.limit, blind.paced) == (4097, False)
+    # A count set by hand (or a CUDA-graph batch) at or below 256 is held from the start.
+    set_by_hand = ServerLimits(context_length=8192, max_running_requests=256,
+                               running_requests_from="internal_states")
+    held = plan_limit(PROTOCOLS["sglang"], set_by_hand, settings_of(),
+                      SglangReader())  # type: ignore[arg-type]
+    assert (held.limit, held.paced) == (257, False)
+    halves = [plan_limit(PROTOCOLS["sglang"], cpu, settings_of(FLEETGEN_ENGINE_SHARE=f"{i}/2"),
+                         SglangReader()) for i in (1, 2)]  # type: ignore[arg-type]
+    assert [(h.pool, h.limit) for h in halves] == [(2049, START_LIMIT // 2),
+                                                   (2048, START_LIMIT // 2)]
+
+
 def run_against(pacer: Pacer, rate: Callable[[int], float], *, slots: int = 128,
                 seconds: float = 300.0, tick_s: float = 0.5,
                 noise: Callable[[], float] = lambda: 1.0) -> list[int]:
