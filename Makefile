@@ -70,7 +70,7 @@ $(VLLM_STAMP):
 # (tests/support/sglang_cpu/: what each is and why). 2 min 10 s here on quiet cores, 3.4 GB;
 # rebuilt when any file of that folder changes.
 $(SGLANG_STAMP): $(addprefix $(SGLANG_CPU)/,install.sh requirements.txt constraints.txt patch_torchvision.py sgl_kernel/__init__.py)
-	$(SGLANG_CPU)/install.sh $(SGLANG)
+	PY=$(PY) $(SGLANG_CPU)/install.sh $(SGLANG)
 
 demo: $(STAMP)
 	$(BIN)/fleetgen demo

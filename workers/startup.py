@@ -16,13 +16,14 @@ from fleetgen.errors import ConfigError, EngineError, PermanentError
 from workers.pacing import START_LIMIT, LimitPlan
 from workers.settings import WorkerSettings
 
-# A reported slot count above this is a bound, not a batch to fill: SGLang sizes
-# `max_running_requests` from its token pool when not given one (0.5.23 on CPU reports 4,096
-# for a 65,536-token pool), and holding K + 1 sent every prompt of a 120-row run at once, to
-# the first server ready. Above it the worker paces by the server's token rate, as for vLLM,
-# with K + 1 as the ceiling; at or below it (a batch size set by hand, a CUDA-graph-sized
-# server, every simulator of the suite) K + 1 is held from the start.
-PACE_REPORTED_ABOVE = 256
+# A reported slot count this large is SGLang's own default, a bound, not a batch to fill. Without
+# --max-running-requests, SGLang 0.5.23 takes max(min(tokens / context * 512, 4096), 2048),
+# at most tokens // 2 (mem_cache/kv_cache_configurator.py `resolve_max_num_reqs`): 4,096 for
+# the CPU tier's 65,536-token pool, where K + 1 = 4097 sent a whole 120-row run at once, to
+# the first server ready. Such a worker paces by the server's token rate, as for vLLM, with
+# K + 1 as its ceiling; a count below it (given by hand, or a pool under 4,096 tokens) is held
+# as K + 1 from the start.
+SGLANG_DEFAULT_SLOTS_LEAST = 2048
 
 log = logging.getLogger("fleetgen.worker")
 
@@ -138,10 +139,8 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
     share of them), else paced from its queue, else FALLBACK_LIMIT with a warning."""
     share = settings.share()
     size = None if limits.servers_behind else proto.pool_size(limits)
-    if size and reader is not None and reader.gauges.generated is not None \
-            and (limits.max_running_requests or 0) > PACE_REPORTED_ABOVE:
-        return _paced_below_slots(limits, settings, reader, share_of(size, share))
-    if size:
+    bound = size is not None and _a_default_bound(limits, reader)
+    if size and not bound:
         why = (f"{limits.engine} reports {limits.max_running_requests} running requests "
                f"({limits.running_requests_from}): K + 1 = {size}")
         if share[1] > 1:
@@ -149,14 +148,20 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
             why += f", {size} for this process ({share[0]} of {share[1]})"
         return LimitPlan(pool=size, limit=size, source=why, slots=limits.max_running_requests)
     if reader is not None:
-        ceiling = settings.max_in_flight
+        ceiling = share_of(size, share) if size else settings.max_in_flight
         gauges = reader.gauges
         signals = gauges.waiting if gauges.generated is None else \
             f"{gauges.waiting}, and its token rate: {gauges.generated}"
-        why = (f"the SGLang router in front of {limits.servers_behind} server(s): found from "
-               f"their queues ({signals}), shared with whichever workers use them"
-               if limits.servers_behind else
-               f"{limits.engine} reports no slot count: found from its queue ({signals})")
+        if limits.servers_behind:
+            why = (f"the SGLang router in front of {limits.servers_behind} server(s): found "
+                   f"from their queues ({signals}), shared with whichever workers use them")
+        elif size:
+            why = (f"{limits.engine} reports {limits.max_running_requests} running requests "
+                   f"({limits.running_requests_from}), SGLang's own default "
+                   f"({SGLANG_DEFAULT_SLOTS_LEAST} or more): a bound, found from its queue "
+                   f"({signals}) up to {ceiling}")
+        else:
+            why = f"{limits.engine} reports no slot count: found from its queue ({signals})"
         start = min(START_LIMIT, ceiling)
         if share[1] > 1 and not limits.servers_behind:
             # The N processes on one engine start at START_LIMIT together, as one would: each
@@ -176,18 +181,11 @@ def plan_limit(proto: EngineProtocol, limits: ServerLimits, settings: WorkerSett
                             f"/metrics: {FALLBACK_LIMIT}; pass -c to set it")
 
 
-def _paced_below_slots(limits: ServerLimits, settings: WorkerSettings, reader: LoadReader,
-                       ceiling: int) -> LimitPlan:
-    share = settings.share()
-    start = min(START_LIMIT, ceiling)
-    if share[1] > 1:
-        start = share_of(start, share)
-    why = (f"{limits.engine} reports {limits.max_running_requests} running requests "
-           f"({limits.running_requests_from}), more than {PACE_REPORTED_ABOVE}: a bound, so "
-           f"found from its queue and token rate ({reader.gauges.generated}) up to "
-           f"{ceiling}, starting at {start}")
-    return LimitPlan(pool=ceiling, limit=start, source=why, paced=True,
-                     slots=limits.max_running_requests)
+def _a_default_bound(limits: ServerLimits, reader: LoadReader | None) -> bool:
+    """The reported slots are SGLang's own default (SGLANG_DEFAULT_SLOTS_LEAST) and the token
+    rate can be read to pace below them."""
+    return reader is not None and reader.gauges.generated is not None and \
+        (limits.max_running_requests or 0) >= SGLANG_DEFAULT_SLOTS_LEAST
 
 
 def fixed_plan(concurrency: int, limits: ServerLimits) -> LimitPlan:

@@ -39,7 +39,8 @@ from workers.pacing import START_LIMIT
 
 # The server's start (20-50 s on quiet cores, minutes on loaded ones), twice.
 pytestmark = pytest.mark.timeout(1500)
-CAP = 32
+CAP = 32  # the budget of the length-rule probes
+MIN_OUTPUT = 16  # fleetgen's default --min-output-tokens
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +68,13 @@ def sglang(python: Path, model: Path,
 
 
 def edge_prompts(path: Path) -> set[str]:
-    """Varied rows, and rows at the edge: one whose cap lands exactly on the context, the
-    input limit's last token (5 left: below --min-output-tokens), the input limit itself."""
-    make_prompts(path, 8, seed=3)
-    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-    rows += [row_of(CONTEXT - CAP, "cap-on-context"), row_of(INPUT_LIMIT - 1, "limit-less-1"),
-             row_of(INPUT_LIMIT, "at-input-limit")]
+    """Rows near the context, so that the default budget (all the context leaves, no cap) is
+    short on this CPU: leaving exactly --min-output-tokens' 16, 15 (rejected), the input
+    limit's last token (5 left: rejected), the input limit itself (rejected), and three that
+    leave tens of tokens."""
+    rows = [row_of(CONTEXT - 2 - MIN_OUTPUT, "room-16"), row_of(CONTEXT - 2 - 15, "room-15"),
+            row_of(INPUT_LIMIT - 1, "limit-less-1"), row_of(INPUT_LIMIT, "at-input-limit")]
+    rows += [row_of(CONTEXT - room, f"room-{room}") for room in (40, 70, 100)]
     write_jsonl(path, rows)
     return {row["id"] for row in rows}
 
@@ -103,21 +105,24 @@ def test_doctor_then_run_at_the_budgets_edge(sglang: SglangServer, tmp_path: Pat
     assert f"refuses a {INPUT_LIMIT}-token input" in doctor.stdout, doctor.stdout
     prompts = tmp_path / "p.jsonl"
     expected = edge_prompts(prompts)
+    # The defaults (no cap: each answer may use all the context leaves), but --token-ids, so
+    # the ids can be counted against the budget.
     done = subprocess.run(fleetgen_cli("run", prompts.name, "--engine-url", sglang.url,
-                                       "--out", "out/s", "--max-output-tokens", str(CAP),
-                                       "--token-ids"),
+                                       "--out", "out/s", "--token-ids"),
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = assert_exactly_once(tmp_path / "out" / "s", expected)
-    assert sorted(r["id"] for r in data["rejected"]) == ["at-input-limit", "limit-less-1"]
+    assert sorted(r["id"] for r in data["rejected"]) == ["at-input-limit", "limit-less-1",
+                                                         "room-15"]
     assert not data["failures"]
     for r in data["results"]:
-        budget = min(CAP, CONTEXT - r["prompt_tokens"] - 2)
+        budget = CONTEXT - r["prompt_tokens"] - 2  # the rule the test above found
         assert r["max_tokens"] == budget, r["id"]
         # Never a silent cut: the random model ends at its budget, exactly, or at a stop.
         assert (r["finish_reason"] == "length" and r["completion_tokens"] == budget) or \
             (r["finish_reason"] == "stop" and r["completion_tokens"] <= budget), r
         assert len(r["output_ids"]) == r["completion_tokens"]
+    assert {r["id"]: r["max_tokens"] for r in data["results"]}["room-16"] == MIN_OUTPUT
     # 4,096 reported slots (sized from the token pool on this CPU) are a ceiling: the worker
     # starts at START_LIMIT and paces, where it held K + 1 = 4097 and sent the run at once.
     assert f"limit {START_LIMIT}" in done.stdout + done.stderr, done.stdout[-2000:]
@@ -128,14 +133,18 @@ def test_the_readme_engine_cmd_with_the_shells_variables(python: Path, model: Pa
                                                           tmp_path: Path) -> None:
     """`fleetgen run --engine-cmd` typed as a shell line (`NAME=value python -m
     sglang.launch_server ... --port {port}`): before, exit 3, "program
-    'SGLANG_USE_CPU_ENGINE=1' is not on PATH". The run completes; no SGLang, worker or Valkey
-    process is left."""
+    'SGLANG_USE_CPU_ENGINE=1' is not on PATH". The run completing shows the variable reached
+    the server: without it this SGLang's scheduler dies at its start (seen here:
+    `ModuleNotFoundError: No module named 'vllm'`, its rotary kernel). No SGLang, worker or
+    Valkey process is left."""
     prompts = tmp_path / "p.jsonl"
     make_prompts(prompts, 6, seed=5)
     expected = {orjson.loads(line)["id"] for line in prompts.read_bytes().splitlines()}
     variables = " ".join(f"{name}={value}" for name, value in ENGINE_ENV.items())
     line = f"{variables} {shlex.quote(str(python))} {shlex.join(launch_args(model, '{port}'))}"
     mark = new_mark()
+    # No GPU here: CUDA_VISIBLE_DEVICES=0 and --gpus 0 give the one engine its group. The cap
+    # keeps the varied rows' answers (otherwise ~3,500 tokens each) to seconds on one core.
     done = subprocess.run(
         fleetgen_cli("run", prompts.name, "--engine-cmd", line, "--gpus", "0", "--out", "out",
                      "--max-output-tokens", "16"),

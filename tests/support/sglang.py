@@ -12,7 +12,6 @@ processes share them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -20,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from fleetgen.local.engines import signal_group, wait_group_gone
 from fleetgen.local.ports import PortLease
 from tests.support.engine_proc import EngineProcess
-from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV = ROOT / ".venv" / "sglang"
@@ -79,18 +78,11 @@ class SglangServer(EngineProcess):
         return {**os.environ, **ENGINE_ENV}
 
     def kill(self) -> None:
+        """SIGKILL to the whole group (the server, its scheduler and detokenizer), and a wait
+        until every one of them is gone, as fleetgen's own supervisor waits."""
         proc = self.proc
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-            def gone() -> bool:
-                try:
-                    os.killpg(proc.pid, 0)
-                except ProcessLookupError:
-                    return True
-                return False
-
-            wait_until(gone, 60, "SGLang's processes to exit", poll_s=0.2)
+            signal_group(proc.pid, signal.SIGKILL)
+            assert wait_group_gone(proc.pid, 60, proc.poll), "SGLang's processes outlived SIGKILL"
+            proc.wait()
         self.proc = None

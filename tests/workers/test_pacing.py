@@ -184,16 +184,17 @@ def test_a_slot_count_sized_from_the_token_pool_is_a_ceiling_paced_up_to() -> No
     plan = plan_limit(PROTOCOLS["sglang"], cpu, settings_of(),
                       SglangReader())  # type: ignore[arg-type]
     assert (plan.pool, plan.limit, plan.paced, plan.slots) == (4097, START_LIMIT, True, 4096)
-    assert "more than 256: a bound" in plan.source
+    assert "SGLang's own default (2048 or more): a bound" in plan.source
+    assert plan.source.endswith("up to 4097")
     # Without the token counter there is nothing to judge a step by: K + 1 as before.
     blind = plan_limit(PROTOCOLS["sglang"], cpu, settings_of(), Reader())  # type: ignore[arg-type]
     assert (blind.limit, blind.paced) == (4097, False)
-    # A count set by hand (or a CUDA-graph batch) at or below 256 is held from the start.
-    set_by_hand = ServerLimits(context_length=8192, max_running_requests=256,
+    # A count below SGLang's own least default is the user's --max-running-requests: held.
+    set_by_hand = ServerLimits(context_length=8192, max_running_requests=2047,
                                running_requests_from="internal_states")
     held = plan_limit(PROTOCOLS["sglang"], set_by_hand, settings_of(),
                       SglangReader())  # type: ignore[arg-type]
-    assert (held.limit, held.paced) == (257, False)
+    assert (held.limit, held.paced) == (2048, False)
     halves = [plan_limit(PROTOCOLS["sglang"], cpu, settings_of(FLEETGEN_ENGINE_SHARE=f"{i}/2"),
                          SglangReader()) for i in (1, 2)]  # type: ignore[arg-type]
     assert [(h.pool, h.limit) for h in halves] == [(2049, START_LIMIT // 2),

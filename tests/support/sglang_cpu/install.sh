@@ -8,7 +8,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-.venv/sglang}"
 rm -rf "$venv"
-python3 -m venv "$venv"
+"${PY:-python3}" -m venv "$venv"
 pip="$venv/bin/pip"
 "$pip" install -q --upgrade pip
 "$pip" install -q torch==2.13.0
