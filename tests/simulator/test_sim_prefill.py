@@ -123,10 +123,19 @@ def test_ttft_grows_with_uncached_tokens_and_not_with_cached_ones(start_sim: Sta
         assert stats(client)["cached_tokens_total"] == 3999
         assert ('sglang:cached_tokens_total{model_name="fleetgen-sim",cache_source="device"} '
                 '3999.0') in client.get("/metrics").text
+        # Each quick answer played twice and judged by the quicker: a stall of the whole
+        # simulator on a loaded machine (a fresh-clone make test saw a cached answer take
+        # 1.72 s against the uncached 0.71 s) lengthens one answer, not what the cache saves.
+        quick = {"cached": min(again["e2e_latency"], latency(client, long_prompt)),
+                 "short": min(short["e2e_latency"], latency(client, [8, 9, 10]))}
     assert (first["cached_tokens"], again["cached_tokens"]) == (0, 3999)
     assert first["e2e_latency"] >= 0.39
-    assert again["e2e_latency"] < first["e2e_latency"] / 3
-    assert short["e2e_latency"] < first["e2e_latency"] / 3
+    assert quick["cached"] < first["e2e_latency"] / 3
+    assert quick["short"] < first["e2e_latency"] / 3
+
+
+def latency(client: httpx.Client, ids: list[int]) -> float:
+    return float(generate(client, ids, 1).json()["meta_info"]["e2e_latency"])
 
 
 def test_a_next_turn_hits_the_cache_with_the_answer_it_extends(start_sim: StartSim) -> None:
